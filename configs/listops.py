@@ -1,0 +1,35 @@
+"""LRA ListOps (google-research/long-range-arena listops, transformer_base).
+
+Presets: ``--config=configs/listops.py`` (LRA defaults) or ``--config=configs/listops.py:tiny``
+(a CPU-sized model that trains in minutes on the generated demo set).
+"""
+from configs.base import get_base_config
+
+
+def get_config(preset: str = "") -> "ml_collections.ConfigDict":
+  config = get_base_config()
+  config.task = "listops"
+  config.data.data_dir = "data/listops"   # basic_{train,val,test}.tsv
+  config.data.max_length = 2000
+  # LRA: 4 layers, 8 heads, 512/512/1024, batch 32, 0.05 rsqrt, 5000 steps, warmup 1000, wd 0.1.
+  if preset == "tiny":
+    config.data.data_dir = "data/listops_tiny"
+    config.data.max_length = 512
+    config.model.num_layers = 2
+    config.model.num_heads = 4
+    config.model.emb_dim = 64
+    config.model.qkv_dim = 64
+    config.model.mlp_dim = 128
+    config.model.classifier_dim = 128
+    config.model.dropout_rate = 0.0
+    config.optim.learning_rate = 0.05
+    config.optim.warmup_steps = 100
+    config.optim.weight_decay = 0.0
+    config.batch_size = 32
+    config.num_train_steps = 600
+    config.eval_every_steps = 200
+    config.checkpoint_every_steps = 200
+    config.log_every_steps = 20
+  elif preset:
+    raise ValueError(f"unknown preset {preset!r} for configs/listops.py; known: '', 'tiny'")
+  return config

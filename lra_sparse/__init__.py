@@ -1,0 +1,1 @@
+"""lra-sparse: Long Range Arena with dense and sparse attention in JAX/Flax."""

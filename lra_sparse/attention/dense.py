@@ -1,0 +1,84 @@
+"""Dense softmax attention: softmax(Q K^T / sqrt(d) + padding) V."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+
+from lra_sparse.attention.registry import AttentionDims, register_attention
+
+IMPLEMENTATIONS = ("auto", "xla", "cudnn", "reference")
+
+
+def _on_gpu() -> bool:
+  return jax.default_backend() == "gpu"
+
+
+def dense_attention_reference(q, k, v, mask=None, *, dropout_rate=0.0, dropout_rng=None):
+  """Explicit formulation (used for attention dropout and as the test reference)."""
+  scale = q.shape[-1] ** -0.5
+  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * scale
+  if mask is not None:
+    scores = jnp.where(mask[:, None, None, :], scores, -jnp.inf)
+  # A row with no real key gets zeros, not NaN.
+  row_max = jnp.max(scores, axis=-1, keepdims=True)
+  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  unnorm = jnp.exp(scores - row_max)
+  denom = jnp.sum(unnorm, axis=-1, keepdims=True)
+  probs = unnorm / jnp.where(denom > 0, denom, 1.0)
+  if dropout_rate > 0.0 and dropout_rng is not None:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+  return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+
+
+def dense_attention(q, k, v, mask=None, *, implementation: str = "auto"):
+  """Dense attention with the semantics of ``jax.nn.dot_product_attention``.
+
+  q, k, v: ``[batch, length, heads, head_dim]``; mask: bool ``[batch, length]`` key padding
+  (True = real token). ``implementation``: "xla", "cudnn" (GPU, bf16/fp16; padding must sit at
+  the end of each row, as all our loaders produce), "reference" (explicit einsum/softmax, safe
+  for fully padded rows), or "auto" (cuDNN on a GPU for half precision, else XLA).
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"unknown dense attention implementation {implementation!r}; "
+                     f"choose one of {IMPLEMENTATIONS}")
+  if q.ndim != 4 or k.shape != q.shape[:1] + k.shape[1:] or v.shape[:-1] != k.shape[:-1]:
+    raise ValueError(f"q, k, v must be [batch, length, heads, head_dim]; got "
+                     f"{q.shape}, {k.shape}, {v.shape}")
+  if mask is not None and mask.shape != k.shape[:2]:
+    raise ValueError(f"mask must be bool [batch, length] = {k.shape[:2]}, got {mask.shape}")
+  if implementation == "reference":
+    return dense_attention_reference(q, k, v, mask)
+  if implementation == "auto":
+    implementation = ("cudnn" if _on_gpu() and q.dtype in (jnp.bfloat16, jnp.float16)
+                      else "xla")
+  if implementation == "cudnn":
+    # cuDNN refuses a broadcast [B,1,1,L] mask: key padding goes in as sequence lengths.
+    lengths = None if mask is None else jnp.sum(mask, axis=-1, dtype=jnp.int32)
+    return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
+                                        implementation="cudnn")
+  bias_mask = None if mask is None else mask[:, None, None, :]
+  return jax.nn.dot_product_attention(q, k, v, mask=bias_mask, implementation="xla")
+
+
+class DenseAttention(nn.Module):
+  dims: AttentionDims
+  implementation: str = "auto"
+
+  @nn.compact
+  def __call__(self, q, k, v, *, mask, inputs=None, deterministic=True):
+    del inputs
+    if self.dims.dropout_rate > 0.0 and not deterministic:
+      return dense_attention_reference(q, k, v, mask, dropout_rate=self.dims.dropout_rate,
+                                       dropout_rng=self.make_rng("dropout"))
+    return dense_attention(q, k, v, mask, implementation=self.implementation)
+
+
+@register_attention("dense")
+def _build_dense(config, dims: AttentionDims) -> nn.Module:
+  implementation = config.get("implementation", "auto")
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"config.attention.implementation={implementation!r}; "
+                     f"choose one of {IMPLEMENTATIONS}")
+  return DenseAttention(dims=dims, implementation=implementation)

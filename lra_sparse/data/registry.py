@@ -1,0 +1,75 @@
+"""Registry of LRA tasks and the split arrays every loader returns.
+
+A task loader turns its on-disk format into plain numpy arrays, one dict per split:
+
+- classification tasks: ``{"inputs": int32 [N, max_length], "targets": int32 [N]}``
+- retrieval (dual encoder): ``{"inputs1": ..., "inputs2": ..., "targets": ...}``
+
+Token id 0 is padding (always at the end of a row); the model derives the key padding mask as
+``tokens != 0``, so every real token must have an id >= 1.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+PAD_ID = 0
+SPLITS = ("train", "val", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+  name: str
+  num_classes: int
+  vocab_size: int                     # including PAD_ID
+  input_names: tuple[str, ...] = ("inputs",)
+  model_kind: str = "classifier"      # "classifier" | "dual_encoder"
+
+
+class Task(Protocol):
+  def spec(self, config: Any) -> TaskSpec: ...
+  def load_split(self, config: Any, split: str) -> dict[str, np.ndarray]: ...
+
+
+_TASKS: dict[str, Callable[[], Task]] = {}
+
+
+def register_task(name: str):
+  """Class decorator: registers a task class (instantiated without arguments) under ``name``."""
+  def decorate(cls):
+    if name in _TASKS:
+      raise ValueError(f"task {name!r} is registered twice")
+    _TASKS[name] = cls
+    return cls
+  return decorate
+
+
+def task_names() -> list[str]:
+  return sorted(_TASKS)
+
+
+def get_task(name: str) -> Task:
+  if name not in _TASKS:
+    raise ValueError(f"unknown task {name!r} (config.task); known tasks: {', '.join(task_names())}")
+  return _TASKS[name]()
+
+
+def check_split_arrays(arrays: dict[str, np.ndarray], spec: TaskSpec, where: str) -> None:
+  """One clear error if a loader returned arrays that break the contract above."""
+  names = set(spec.input_names) | {"targets"}
+  if set(arrays) != names:
+    raise ValueError(f"{where}: expected arrays {sorted(names)}, got {sorted(arrays)}")
+  n = len(arrays["targets"])
+  if n == 0:
+    raise ValueError(f"{where}: the split is empty")
+  for key in spec.input_names:
+    a = arrays[key]
+    if a.ndim != 2 or len(a) != n or not np.issubdtype(a.dtype, np.integer):
+      raise ValueError(f"{where}: {key} must be integer [N={n}, length], got {a.dtype}{a.shape}")
+    if a.min() < 0 or a.max() >= spec.vocab_size:
+      raise ValueError(f"{where}: {key} token ids outside [0, {spec.vocab_size})")
+  t = arrays["targets"]
+  if t.min() < 0 or t.max() >= spec.num_classes:
+    raise ValueError(f"{where}: labels outside [0, {spec.num_classes})")
