@@ -1,0 +1,134 @@
+"""The LRA transformer encoder (Flax Linen) with a pluggable attention core.
+
+Follows google-research/long-range-arena's transformer_base: token embedding + learned positions,
+pre-LayerNorm blocks (attention, MLP) with dropout, final LayerNorm, CLS or mean pooling.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import flax.linen as nn
+
+from lra_sparse.attention import AttentionDims, build_attention
+from lra_sparse.data.registry import PAD_ID
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def compute_dtype(model_config) -> Any:
+  if model_config.dtype not in DTYPES:
+    raise ValueError(f"config.model.dtype={model_config.dtype!r}; choose one of {list(DTYPES)}")
+  return DTYPES[model_config.dtype]
+
+
+def padded_length(max_length: int, model_config) -> int:
+  """Sequence length inside the encoder: tokens (+ CLS), rounded up to ``pad_multiple``."""
+  length = max_length + (1 if model_config.pooling == "cls" else 0)
+  multiple = max(1, int(model_config.pad_multiple))
+  return -(-length // multiple) * multiple
+
+
+def validate_model_config(model_config) -> None:
+  mc = model_config
+  if mc.qkv_dim % mc.num_heads:
+    raise ValueError(f"config.model.num_heads={mc.num_heads} must divide "
+                     f"config.model.qkv_dim={mc.qkv_dim}")
+  if mc.pooling not in ("cls", "mean"):
+    raise ValueError(f"config.model.pooling={mc.pooling!r}; choose 'cls' or 'mean'")
+  for name in ("num_layers", "num_heads", "emb_dim", "qkv_dim", "mlp_dim", "classifier_dim"):
+    if int(mc[name]) <= 0:
+      raise ValueError(f"config.model.{name}={mc[name]} must be positive")
+  for name in ("dropout_rate", "attention_dropout_rate"):
+    if not 0.0 <= mc[name] < 1.0:
+      raise ValueError(f"config.model.{name}={mc[name]} must be in [0, 1)")
+  compute_dtype(mc)
+
+
+class MultiHeadAttention(nn.Module):
+  """q/k/v/out projections around the configured attention core."""
+  model_config: Any
+  attention_config: Any
+  length: int
+
+  @nn.compact
+  def __call__(self, x, mask, deterministic):
+    mc = self.model_config
+    dtype = compute_dtype(mc)
+    head_dim = mc.qkv_dim // mc.num_heads
+    dims = AttentionDims(num_heads=mc.num_heads, head_dim=head_dim, model_dim=mc.emb_dim,
+                         length=self.length, dropout_rate=mc.attention_dropout_rate,
+                         dtype=dtype)
+    project = lambda name: nn.DenseGeneral((mc.num_heads, head_dim), dtype=dtype, name=name)
+    q, k, v = project("query")(x), project("key")(x), project("value")(x)
+    out = build_attention(self.attention_config, dims)(
+        q, k, v, mask=mask, inputs=x, deterministic=deterministic)
+    return nn.DenseGeneral(mc.emb_dim, axis=(-2, -1), dtype=dtype, name="out")(out)
+
+
+class EncoderBlock(nn.Module):
+  model_config: Any
+  attention_config: Any
+  length: int
+
+  @nn.compact
+  def __call__(self, x, mask, deterministic):
+    mc = self.model_config
+    dtype = compute_dtype(mc)
+    y = nn.LayerNorm(dtype=dtype)(x)
+    y = MultiHeadAttention(mc, self.attention_config, self.length, name="attention")(
+        y, mask, deterministic)
+    x = x + nn.Dropout(mc.dropout_rate)(y, deterministic=deterministic)
+    y = nn.LayerNorm(dtype=dtype)(x)
+    y = nn.Dense(mc.mlp_dim, dtype=dtype)(y)
+    y = nn.gelu(y)
+    y = nn.Dropout(mc.dropout_rate)(y, deterministic=deterministic)
+    y = nn.Dense(mc.emb_dim, dtype=dtype)(y)
+    return x + nn.Dropout(mc.dropout_rate)(y, deterministic=deterministic)
+
+
+class Encoder(nn.Module):
+  """tokens int [batch, max_length] (0 = padding) -> pooled features [batch, emb_dim]."""
+  model_config: Any
+  attention_config: Any
+  vocab_size: int
+  max_length: int
+
+  @nn.compact
+  def __call__(self, tokens, *, deterministic: bool):
+    mc = self.model_config
+    dtype = compute_dtype(mc)
+    if tokens.ndim != 2 or tokens.shape[1] != self.max_length:
+      raise ValueError(f"tokens must be [batch, {self.max_length}], got {tokens.shape}")
+    length = padded_length(self.max_length, mc)
+    mask = tokens != PAD_ID
+    x = nn.Embed(self.vocab_size, mc.emb_dim, name="embed")(tokens)
+    if mc.pooling == "cls":
+      cls = self.param("cls", nn.initializers.normal(0.02), (1, 1, mc.emb_dim))
+      x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, mc.emb_dim)), x], axis=1)
+      mask = jnp.concatenate([jnp.ones((x.shape[0], 1), bool), mask], axis=1)
+    extra = length - x.shape[1]
+    x = jnp.pad(x, ((0, 0), (0, extra), (0, 0)))
+    mask = jnp.pad(mask, ((0, 0), (0, extra)))
+    positions = self.param("pos_embed", nn.initializers.normal(0.02), (1, length, mc.emb_dim))
+    x = (x + positions).astype(dtype)
+    x = nn.Dropout(mc.dropout_rate)(x, deterministic=deterministic)
+    for i in range(mc.num_layers):
+      x = EncoderBlock(mc, self.attention_config, length, name=f"block_{i}")(
+          x, mask, deterministic)
+    x = nn.LayerNorm(dtype=dtype, name="final_norm")(x)
+    if mc.pooling == "cls":
+      return x[:, 0]
+    weights = mask[..., None].astype(x.dtype)
+    return jnp.sum(x * weights, axis=1) / jnp.maximum(jnp.sum(weights, axis=1), 1.0)
+
+
+class ClassifierHead(nn.Module):
+  model_config: Any
+  num_classes: int
+
+  @nn.compact
+  def __call__(self, features):
+    dtype = compute_dtype(self.model_config)
+    y = nn.relu(nn.Dense(self.model_config.classifier_dim, dtype=dtype)(features))
+    return nn.Dense(self.num_classes, dtype=jnp.float32)(y).astype(jnp.float32)
