@@ -1,0 +1,144 @@
+"""The trainer: loss goes down, workdir files, resume, data parallelism, bad configs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from lra_sparse import train
+from lra_sparse.data import pipeline
+
+
+def _read_metrics(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_listops_tiny_run_lowers_loss_and_writes_files(tmp_path, tiny_config, listops_dir):
+  config = tiny_config("listops", **{"data.data_dir": listops_dir, "data.max_length": 128,
+                                     "num_train_steps": 30, "optim.learning_rate": 0.01})
+  result = train.train_and_evaluate(config, str(tmp_path))
+  for name in ("config.json", "metrics.jsonl", "result.json"):
+    assert os.path.exists(tmp_path / name), name
+  records = _read_metrics(tmp_path)
+  train_losses = [r["loss"] for r in records if r["split"] == "train"]
+  assert len(train_losses) == 6
+  assert np.mean(train_losses[-2:]) < np.mean(train_losses[:2])
+  assert {r["split"] for r in records} == {"train", "val", "test"}
+  saved = json.loads((tmp_path / "result.json").read_text())
+  assert saved["step"] == 30 and saved["test"]["accuracy"] == result["test"]["accuracy"]
+  assert json.loads((tmp_path / "config.json").read_text())["task"] == "listops"
+
+
+class _Interrupt(RuntimeError):
+  pass
+
+
+def test_resume_after_interruption_matches_uninterrupted_run(tmp_path, tiny_config, monkeypatch):
+  config = tiny_config(num_train_steps=30, checkpoint_every_steps=10)
+  reference = train.train_and_evaluate(config, str(tmp_path / "straight"))
+
+  real_dataset = pipeline.train_dataset
+
+  class Killing:
+    """Training data that 'kills' the run when step 25 is requested."""
+
+    def __init__(self, *args, **kwargs):
+      self._inner = real_dataset(*args, **kwargs)
+
+    def __getitem__(self, step):
+      if step == 25:
+        raise _Interrupt("killed")
+      return self._inner[step]
+
+  monkeypatch.setattr(train, "train_dataset", Killing)
+  with pytest.raises(_Interrupt):
+    train.train_and_evaluate(config, str(tmp_path / "resumed"))
+  assert not (tmp_path / "resumed" / "result.json").exists()
+  monkeypatch.setattr(train, "train_dataset", real_dataset)
+  resumed = train.train_and_evaluate(config, str(tmp_path / "resumed"))
+  assert resumed["step"] == 30
+  np.testing.assert_allclose(resumed["test"]["loss"], reference["test"]["loss"], rtol=1e-5)
+  steps = [r["step"] for r in _read_metrics(tmp_path / "resumed") if r["split"] == "train"]
+  # Killed while running step 26 (after logging 25); resumed from the step-20 checkpoint.
+  assert steps == [5, 10, 15, 20, 25, 25, 30]
+
+
+_DEVICE_SCRIPT = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import jax
+from conftest import make_tiny_config
+from lra_sparse import train
+config = make_tiny_config(num_train_steps=6, log_every_steps=1, eval_every_steps=6,
+                          checkpoint_every_steps=6)
+train.train_and_evaluate(config, {workdir!r})
+print(json.dumps({{"devices": jax.local_device_count()}}))
+"""
+
+
+@pytest.mark.parametrize("num_devices", [2])
+def test_two_cpu_devices_match_one_device(tmp_path, num_devices):
+  losses = {}
+  for count in (1, num_devices):
+    workdir = str(tmp_path / f"dev{count}")
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={count}",
+               JAX_PLATFORMS="cpu")
+    script = _DEVICE_SCRIPT.format(tests=os.path.dirname(__file__), workdir=workdir)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["devices"] == count
+    losses[count] = [r["loss"] for r in _read_metrics(workdir) if r["split"] == "train"]
+  assert len(losses[1]) == 6
+  np.testing.assert_allclose(losses[num_devices], losses[1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"attention.kind": "nonexistent"}, "unknown attention kind 'nonexistent'"),
+    ({"model.num_heads": 3}, "num_heads=3 must divide config.model.qkv_dim=32"),
+    ({"task": "nope"}, "unknown task 'nope'"),
+    ({"optim.schedule": "linear"}, "config.optim.schedule='linear'"),
+    ({"eval_dtype": "float16"}, "config.eval_dtype='float16'"),
+    ({"model.dtype": "float64"}, "config.model.dtype='float64'"),
+])
+def test_bad_config_gets_one_clear_error(tmp_path, tiny_config, overrides, message):
+  with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    train.train_and_evaluate(tiny_config(**overrides), str(tmp_path))
+
+
+def test_missing_data_directory_is_named(tmp_path, tiny_config):
+  config = tiny_config("listops", **{"data.data_dir": str(tmp_path / "absent")})
+  with pytest.raises(FileNotFoundError, match="absent"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+
+
+def test_rsqrt_schedule_matches_lra_formula():
+  schedule = train.rsqrt_schedule(0.05, 1000)
+  for step in (0, 499, 999, 1999, 4999):
+    s = step + 1
+    expected = 0.05 * min(1.0, s / 1000) / np.sqrt(max(s, 1000))
+    np.testing.assert_allclose(float(schedule(step)), expected, rtol=1e-6)
+
+
+def test_init_from_copies_shared_params_and_eval_dtype(tmp_path, tiny_config):
+  base = tiny_config(num_train_steps=10)
+  train.train_and_evaluate(base, str(tmp_path / "pre"))
+  finetune = tiny_config(num_train_steps=10, init_from=str(tmp_path / "pre"),
+                         eval_dtype="bfloat16")
+  finetune.model.pooling = "cls"
+  result = train.train_and_evaluate(finetune, str(tmp_path / "ft"))
+  records = _read_metrics(tmp_path / "ft")
+  init = [r for r in records if r["split"] == "init_from"]
+  assert init and init[0]["fresh_params"] == 0
+  assert np.isfinite(result["test"]["loss"])
+  bad = tiny_config(num_train_steps=10, init_from=str(tmp_path / "pre"))
+  bad.model.emb_dim = 48
+  bad.model.qkv_dim = 48
+  with pytest.raises(ValueError, match="has shape"):
+    train.train_and_evaluate(bad, str(tmp_path / "bad"))
