@@ -14,7 +14,7 @@ def get_config(preset: str = "") -> "ml_collections.ConfigDict":
   # LRA: 4 layers, 8 heads, 512/512/1024, batch 32, 0.05 rsqrt, 5000 steps, warmup 1000, wd 0.1.
   if preset == "tiny":
     config.data.data_dir = "data/listops_tiny"
-    config.data.max_length = 512
+    config.data.max_length = 100
     config.model.num_layers = 2
     config.model.num_heads = 4
     config.model.emb_dim = 64
@@ -26,7 +26,7 @@ def get_config(preset: str = "") -> "ml_collections.ConfigDict":
     config.optim.warmup_steps = 100
     config.optim.weight_decay = 0.0
     config.batch_size = 32
-    config.num_train_steps = 600
+    config.num_train_steps = 800
     config.eval_every_steps = 200
     config.checkpoint_every_steps = 200
     config.log_every_steps = 20

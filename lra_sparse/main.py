@@ -18,6 +18,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not FLAGS["verbosity"].present:
+    # Library INFO chatter (orbax, absl) drowns the progress bar; --verbosity=0 brings it back.
+    logging.set_verbosity(logging.WARNING)
   result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   logging.info("result: %s", result)
   print(f"test accuracy {result['test']['accuracy']:.4f} | majority-class accuracy "

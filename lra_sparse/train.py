@@ -13,7 +13,6 @@ import os
 import time
 from typing import Any
 
-from absl import logging
 import flax
 import flax.linen as nn
 import jax
@@ -261,13 +260,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   params = variables.pop("params")
   if config.init_from:
     params, fresh, unused = load_params_from(config.init_from, params)
-    logging.info("init_from %s: %d new parameters freshly initialised: %s; %d unused: %s",
-                 config.init_from, len(fresh), fresh, len(unused), unused)
+    tqdm.write(f"init_from {config.init_from}: {len(fresh)} new parameters freshly "
+               f"initialised {fresh}; {len(unused)} unused {unused}")
     writer.write(0, "init_from", {"fresh_params": len(fresh), "unused_params": len(unused)})
   state = TrainState.create(apply_fn=model.apply, params=params, tx=make_optimizer(config),
                             model_state=variables or None)
   num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
-  logging.info("model: %d parameters; devices: %s", num_params, devices)
+  tqdm.write(f"model: {num_params:,} parameters; {len(devices)} device(s): "
+             f"{devices[0].platform}")
 
   manager = ocp.CheckpointManager(
       os.path.join(workdir, "checkpoints"),
@@ -277,7 +277,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
     state = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(abstract))
     start_step = int(state.step)
-    logging.info("resumed from %s at step %d", workdir, start_step)
+    tqdm.write(f"resumed from {workdir} at step {start_step}")
   state = jax.device_put(state, replicated)
 
   train_step = jax.jit(make_train_step(model), donate_argnums=(0,))

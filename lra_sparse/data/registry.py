@@ -11,6 +11,7 @@ Token id 0 is padding (always at the end of a row); the model derives the key pa
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any, Callable, Protocol
 
 import numpy as np
@@ -34,6 +35,16 @@ class Task(Protocol):
 
 
 _TASKS: dict[str, Callable[[], Task]] = {}
+# Built-in tasks register themselves when their module is imported; importing lazily keeps
+# `python -m lra_sparse.data.<task>` (the generators' CLIs) free of double imports.
+_BUILTIN_TASK_MODULES = {
+    "listops": "lra_sparse.data.listops",
+    "text": "lra_sparse.data.text",
+    "retrieval": "lra_sparse.data.retrieval",
+    "image": "lra_sparse.data.image",
+    "pathfinder": "lra_sparse.data.pathfinder",
+    "pathx": "lra_sparse.data.pathfinder",
+}
 
 
 def register_task(name: str):
@@ -47,10 +58,12 @@ def register_task(name: str):
 
 
 def task_names() -> list[str]:
-  return sorted(_TASKS)
+  return sorted(set(_TASKS) | set(_BUILTIN_TASK_MODULES))
 
 
 def get_task(name: str) -> Task:
+  if name not in _TASKS and name in _BUILTIN_TASK_MODULES:
+    importlib.import_module(_BUILTIN_TASK_MODULES[name])
   if name not in _TASKS:
     raise ValueError(f"unknown task {name!r} (config.task); known tasks: {', '.join(task_names())}")
   return _TASKS[name]()

@@ -1,0 +1,98 @@
+"""Times one LRA-default training step (ListOps shape) per attention setting; prints a table.
+
+  python benchmarks/bench_train_step.py [--variants=fp32:xla,bf16:xla,bf16:cudnn] \
+      [--batch=32 --length=2000] [--out=FILE]
+
+Random tokens (no data needed), the full trainer step (forward, backward, AdamW update), median
+wall time of --reps steps after --warmup steps, all variants in one process.
+"""
+from __future__ import annotations
+
+import time
+
+from absl import app, flags
+import jax
+import ml_collections
+import numpy as np
+
+from configs.listops import get_config
+from lra_sparse import train
+from lra_sparse.data import get_task
+from lra_sparse.models import build_model
+
+flags.DEFINE_list("variants", ["fp32:xla", "bf16:xla", "bf16:cudnn"],
+                  "dtype:attention entries; attention is a dense implementation "
+                  "(xla|cudnn|reference) or kind=<kind> (e.g. kind=dfss).")
+flags.DEFINE_integer("batch", 32, "Global batch size.")
+flags.DEFINE_integer("length", 2000, "Tokens per example.")
+flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
+flags.DEFINE_integer("reps", 10, "Timed steps.")
+flags.DEFINE_string("out", "", "Also write the table here.")
+FLAGS = flags.FLAGS
+
+
+def make_config(variant: str) -> ml_collections.ConfigDict:
+  dtype, attention = variant.split(":")
+  config = get_config()
+  config.model.dtype = {"fp32": "float32", "bf16": "bfloat16"}[dtype]
+  config.data.max_length = FLAGS.length
+  config.batch_size = FLAGS.batch
+  if attention.startswith("kind="):
+    config.attention.kind = attention[len("kind="):]
+  else:
+    config.attention.implementation = attention
+  return config
+
+
+def time_variant(variant: str) -> tuple[float, float]:
+  config = make_config(variant)
+  spec = get_task("listops").spec(config)
+  model = build_model(ml_collections.FrozenConfigDict(config), spec)
+  rng = np.random.default_rng(0)
+  batch = {"inputs": rng.integers(1, spec.vocab_size, (FLAGS.batch, FLAGS.length), np.int32),
+           "targets": rng.integers(0, spec.num_classes, (FLAGS.batch,), np.int32)}
+  variables = dict(jax.jit(lambda r: model.init(r, batch, deterministic=True))(
+      jax.random.key(0)))
+  variables.pop("aux_loss", None)
+  variables.pop("aux_metrics", None)
+  params = variables.pop("params")
+  state = train.TrainState.create(apply_fn=model.apply, params=params,
+                                  tx=train.make_optimizer(config), model_state=variables or None)
+  step = jax.jit(train.make_train_step(model), donate_argnums=(0,))
+  key = jax.random.key(1)
+  for _ in range(1 + FLAGS.warmup):
+    state, metrics = step(state, batch, key)
+  jax.block_until_ready(metrics)
+  times = []
+  for _ in range(FLAGS.reps):
+    start = time.perf_counter()
+    state, metrics = step(state, batch, key)
+    jax.block_until_ready(metrics)
+    times.append(time.perf_counter() - start)
+  return float(np.median(times)), float(metrics["loss"])
+
+
+def main(argv):
+  del argv
+  rows = []
+  for variant in FLAGS.variants:
+    try:
+      seconds, loss = time_variant(variant)
+      rows.append((variant, f"{seconds * 1e3:.1f}", f"{1 / seconds:.2f}", f"{loss:.3f}"))
+    except Exception as e:  # one failing variant must not hide the others
+      rows.append((variant, "failed", type(e).__name__, str(e).splitlines()[0][:80]))
+    print(rows[-1], flush=True)
+  device = jax.devices()[0]
+  header = (f"ListOps-shaped train step: batch {FLAGS.batch}, length {FLAGS.length}, 4 layers, "
+            f"512 wide, 8 heads, AdamW; device {device.device_kind}; jax {jax.__version__}; "
+            f"median of {FLAGS.reps} after {FLAGS.warmup} warm-up\n\n")
+  table = ("| variant | ms/step | steps/s | loss |\n|---|---|---|---|\n" +
+           "\n".join("| " + " | ".join(r) + " |" for r in rows) + "\n")
+  print(header + table)
+  if FLAGS.out:
+    with open(FLAGS.out, "w") as f:
+      f.write(header + table)
+
+
+if __name__ == "__main__":
+  app.run(main)
