@@ -11,6 +11,10 @@ def get_config(preset: str = "") -> "ml_collections.ConfigDict":
   config.task = "listops"
   config.data.data_dir = "data/listops"   # basic_{train,val,test}.tsv
   config.data.max_length = 2000
+  # The official files write every node in parentheses; LRA's tokenizer dropped them, so its
+  # models saw operators, "]" and digits only, and 500 < length < 2000 fits max_length 2000.
+  # True keeps "(" and ")" as tokens (about 3x longer sequences).
+  config.data.keep_parentheses = False
   # LRA: 4 layers, 8 heads, 512/512/1024, batch 32, 0.05 rsqrt, 5000 steps, warmup 1000, wd 0.1.
   if preset == "tiny":
     config.data.data_dir = "data/listops_tiny"
