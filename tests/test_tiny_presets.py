@@ -1,0 +1,119 @@
+"""Every task's tiny preset, and every attention kind, trains 30 steps through the one trainer."""
+from __future__ import annotations
+
+import gzip
+import importlib
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+
+from lra_sparse import train
+
+
+def _write_idx(path: str, array: np.ndarray) -> None:
+  """IDX as Fashion-MNIST ships it: magic (0, 0, type 0x08 = uint8, ndim), big-endian dims."""
+  header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I",
+                                                                       *array.shape)
+  with gzip.open(path, "wb") as f:
+    f.write(header + array.astype(np.uint8).tobytes())
+
+
+def _image_dir(root) -> str:
+  """Fashion-MNIST-format files whose class is readable from the image (bright stripe row)."""
+  rng = np.random.default_rng(0)
+  for prefix, n in (("train", 320), ("t10k", 64)):
+    labels = rng.integers(0, 10, n)
+    images = rng.integers(0, 60, (n, 28, 28))
+    images[np.arange(n), labels * 2 + 4, :] = 255
+    _write_idx(os.path.join(root, f"{prefix}-images-idx3-ubyte.gz"), images)
+    _write_idx(os.path.join(root, f"{prefix}-labels-idx1-ubyte.gz"), labels)
+  return str(root)
+
+
+def _pathfinder_dir(root, resolution=32) -> str:
+  from lra_sparse.data import pathfinder
+  pathfinder.write_dataset(str(root), resolution=resolution, difficulty="easy", num_images=320,
+                           seed=0)
+  return str(root)
+
+
+def _task_setup(task: str, tmp_path, listops_dir) -> dict:
+  """Per-task overrides pointing the tiny preset at data written for the test."""
+  if task == "listops":
+    return {"data.data_dir": listops_dir, "data.max_length": 128}
+  if task == "text":
+    from lra_sparse.data.text import write_tiny_aclimdb
+    write_tiny_aclimdb(str(tmp_path / "imdb"), num_train=320, num_test=64)
+    return {"data.data_dir": str(tmp_path / "imdb"), "data.max_length": 192}
+  if task == "retrieval":
+    from lra_sparse.data.retrieval import write_tiny_aan
+    write_tiny_aan(str(tmp_path / "aan"), num_train=320, num_eval=32, num_test=32)
+    return {"data.data_dir": str(tmp_path / "aan"), "data.max_length": 192}
+  if task == "image":
+    os.makedirs(tmp_path / "fmnist")
+    return {"data.data_dir": _image_dir(tmp_path / "fmnist"), "data.max_examples": 320}
+  if task == "pathfinder":
+    return {"data.data_dir": _pathfinder_dir(tmp_path / "pf")}
+  raise AssertionError(task)
+
+
+def _short(config, **overrides):
+  config.num_train_steps = 30
+  config.log_every_steps = 5
+  config.eval_every_steps = 30
+  config.checkpoint_every_steps = 30
+  config.optim.warmup_steps = 5
+  config.num_eval_batches = 2
+  for key, value in overrides.items():
+    node = config
+    *path, last = key.split(".")
+    for part in path:
+      node = node[part]
+    node[last] = value
+  return config
+
+
+def _train_losses(workdir) -> list[float]:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f]
+  return [r["loss"] for r in records if r["split"] == "train"]
+
+
+def _assert_trains(config, workdir):
+  result = train.train_and_evaluate(config, str(workdir))
+  losses = _train_losses(workdir)
+  assert len(losses) == 6 and all(np.isfinite(losses)), losses
+  assert np.mean(losses[-2:]) < np.mean(losses[:2]), losses
+  assert np.isfinite(result["test"]["loss"])
+  return result
+
+
+@pytest.mark.parametrize("task", ["listops", "text", "retrieval", "image", "pathfinder"])
+def test_tiny_preset_trains(task, tmp_path, listops_dir):
+  config = importlib.import_module(f"configs.{task}").get_config("tiny")
+  overrides = _task_setup(task, tmp_path, listops_dir)
+  overrides.setdefault("batch_size", 16)
+  _assert_trains(_short(config, **overrides), tmp_path / "run")
+
+
+@pytest.mark.parametrize("attention", [
+    {"attention.kind": "dfss", "attention.n": 2, "attention.m": 4},
+    {"attention.kind": "dfss", "attention.n": 1, "attention.m": 2},
+    {"attention.kind": "dsa", "attention.sparsity": 0.9, "attention.sigma": 0.25},
+    {"attention.kind": "dsa", "attention.sparsity": 0.9, "attention.quant_bits": 4,
+     "attention.vector": 4},
+    {"attention.kind": "nystrom", "attention.num_landmarks": 16, "attention.nm": ""},
+    {"attention.kind": "nystrom", "attention.num_landmarks": 16, "attention.nm": "2:4"},
+], ids=lambda a: "-".join(str(v) for v in a.values()))
+def test_attention_kind_trains_on_listops(attention, tmp_path, listops_dir):
+  config = importlib.import_module("configs.listops").get_config("tiny")
+  overrides = {"data.data_dir": listops_dir, "data.max_length": 128, "batch_size": 16,
+               "optim.learning_rate": 0.01, **attention}
+  result = _assert_trains(_short(config, **overrides), tmp_path / "run")
+  if attention["attention.kind"] == "dsa":
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+      val = [json.loads(l) for l in f if '"val"' in l][-1]
+    assert 0.0 <= val["dsa_hit_rate"] <= 1.0 and val["dsa_mse"] >= 0.0
