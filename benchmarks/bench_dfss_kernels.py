@@ -1,0 +1,237 @@
+"""Benchmark DFSS attention kernels against dense attention on one GPU; prints ONE markdown table.
+
+Rows: XLA dense (jax.nn.dot_product_attention implementation="xla"), cuDNN dense
+(implementation="cudnn", bf16 only), DFSS pure-JAX reference, DFSS Triton fused (flash-style,
+the default) and DFSS Triton compressed (SDDMM+prune / softmax / SpMM pipeline).
+Forward and forward+backward (jax.grad of <out, cotangent> w.r.t. q, k, v), median of many
+timed runs after warm-up (each sample = a burst of back-to-back calls / burst size, inputs
+rotated among 3 random sets, block_until_ready at the end of the burst).
+
+Memory: "A bytes" is what the method holds for the attention matrix between forward and
+backward (dense: L^2 probabilities in the input dtype, plus the fp32 logits XLA materialises;
+compressed: L^2*N/M values + 1 bit per key of metadata; fused: one fp32 log-sum-exp per row),
+reported with its ratio to dense; "temp MiB" is XLA's compiled temp-buffer size of the
+fwd+bwd program (memory_analysis), which bounds the peak of the whole step.
+
+Usage: python benchmarks/bench_dfss_kernels.py [--out FILE] [--dtypes bf16,fp32] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from kernels import dfss_reference, dfss_triton  # noqa: E402
+
+DTYPES = {"bf16": (jnp.bfloat16, 2, 4), "fp32": (jnp.float32, 1, 2)}  # paper defaults
+
+
+def _block(x):
+    jax.tree_util.tree_map(lambda a: a.block_until_ready(), x)
+
+
+def time_fn(fn, input_sets, target_s=0.4, min_samples=7, max_samples=41):
+    """Median ms per call; bursts of back-to-back calls, inputs rotated."""
+    for args in input_sets:  # warm-up (compile) on every input set
+        _block(fn(*args))
+    t0 = time.perf_counter()
+    _block(fn(*input_sets[0]))
+    est = max(time.perf_counter() - t0, 1e-5)
+    burst = int(min(max(1, 0.02 / est), 50))
+    n_samples = int(min(max(min_samples, target_s / (est * burst)), max_samples))
+    samples = []
+    for s in range(n_samples):
+        t0 = time.perf_counter()
+        out = None
+        for j in range(burst):
+            out = fn(*input_sets[(s * burst + j) % len(input_sets)])
+        _block(out)
+        samples.append((time.perf_counter() - t0) / burst * 1e3)
+    return statistics.median(samples), samples
+
+
+def temp_mib(fn, *args):
+    try:
+        ma = jax.jit(fn).lower(*args).compile().memory_analysis()
+        return ma.temp_size_in_bytes / 2**20
+    except Exception:  # pragma: no cover
+        return float("nan")
+
+
+def make_methods(dtype, n, m, with_triton):
+    meths = {}
+    meths["XLA dense"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla")
+    if dtype != jnp.float32:
+        meths["cuDNN dense"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
+    meths["DFSS pure-JAX"] = lambda q, k, v: dfss_reference.dfss_attention_reference(q, k, v, n=n, m=m)
+    if with_triton:
+        meths["DFSS Triton fused"] = lambda q, k, v: dfss_triton.dfss_attention_triton(q, k, v, n=n, m=m)
+        meths["DFSS Triton compressed"] = lambda q, k, v: dfss_triton.dfss_attention_triton(
+            q, k, v, n=n, m=m, impl="compressed")
+    return meths
+
+
+def fwd_bwd(f):
+    def g(q, k, v, ct):
+        return jax.grad(lambda q, k, v: jnp.sum((f(q, k, v) * ct).astype(jnp.float32)), argnums=(0, 1, 2))(q, k, v)
+    return g
+
+
+def a_bytes(name, b, h, l, dtype, n, m):
+    isz = jnp.dtype(dtype).itemsize
+    bh = b * h
+    dense = bh * l * l * isz
+    if name.endswith("dense") or name == "DFSS pure-JAX":
+        return dense, dense
+    if name == "DFSS Triton compressed":
+        return bh * l * l * n // m * isz + bh * l * l // 8, dense
+    return bh * l * 4, dense  # fused: log-sum-exp per row
+
+
+def sweep(dtype, n, m, b, l, h, d, log):
+    """Try a few tile configs of the fused kernels; keep the fastest (fwd, then fwd+bwd)."""
+    key = jax.random.PRNGKey(123)
+    sets = [tuple(jax.random.normal(kk, (b, l, h, d), dtype) for kk in jax.random.split(jax.random.fold_in(key, i), 3))
+            for i in range(2)]
+    f = lambda q, k, v: dfss_triton.dfss_attention_triton(q, k, v, n=n, m=m)  # noqa: E731
+    best = None
+    for cfg in [dict(BM=128, BN=128, num_warps=8, num_stages=3), dict(BM=128, BN=64, num_warps=4, num_stages=3),
+                dict(BM=64, BN=128, num_warps=4, num_stages=3)]:
+        dfss_triton.set_config("fwd", dtype, d, **cfg)
+        try:
+            t, _ = time_fn(jax.jit(f), sets, target_s=0.2)
+        except Exception as e:  # pragma: no cover
+            log(f"sweep fwd {cfg}: failed {type(e).__name__}: {str(e)[:200]}")
+            continue
+        log(f"sweep fwd {cfg}: {t:.3f} ms")
+        if best is None or t < best[0]:
+            best = (t, cfg)
+    dfss_triton.set_config("fwd", dtype, d, **best[1])
+    log(f"sweep fwd best {best}")
+    ct = jax.random.normal(key, (b, l, h, d), dtype)
+    sets_b = [s + (ct,) for s in sets]
+    best = None
+    for cfg in [None, dict(BM=32, BN=128, num_warps=8, num_stages=2), dict(BM=64, BN=64, num_warps=4, num_stages=2)]:
+        dfss_triton.set_config("bwd", dtype, d, **(cfg or {}))
+        try:
+            t, _ = time_fn(jax.jit(fwd_bwd(f)), sets_b, target_s=0.2)
+        except Exception as e:  # pragma: no cover
+            log(f"sweep bwd {cfg}: failed {type(e).__name__}: {str(e)[:200]}")
+            continue
+        log(f"sweep fwd+bwd {cfg}: {t:.3f} ms")
+        if best is None or t < best[0]:
+            best = (t, cfg)
+    dfss_triton.set_config("bwd", dtype, d, **(best[1] or {}))
+    log(f"sweep fwd+bwd best {best}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=None, help="also write the table (markdown) here")
+    p.add_argument("--dtypes", default="bf16,fp32")
+    p.add_argument("--shapes", default="32x1024,16x2048,8x4096", help="BATCHxLENGTH list")
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--sweep", action="store_true", help="tune fused tile configs first (bf16)")
+    p.add_argument("--skip-reference", action="store_true")
+    p.add_argument("--log", default=None)
+    args = p.parse_args(argv)
+
+    logf = open(args.log, "a") if args.log else None
+
+    def log(msg):
+        print(msg, flush=True)
+        if logf:
+            logf.write(msg + "\n")
+            logf.flush()
+
+    dev = jax.devices()[0]
+    with_triton = dfss_triton.is_available()
+    try:
+        import triton
+        tver = triton.__version__
+    except Exception:
+        tver = "n/a"
+    try:
+        import jax_triton
+        jtver = getattr(jax_triton, "__version__", "?")
+    except Exception:
+        jtver = "n/a"
+    header = (f"device: {getattr(dev, 'device_kind', dev.platform)} ({dev.platform}); jax {jax.__version__}; "
+              f"triton {tver}; jax-triton {jtver}; date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+              f"heads {args.heads}, head_dim {args.dim}; times = median ms after warm-up")
+    log(header)
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    rows = []
+    h, d = args.heads, args.dim
+    if args.sweep and with_triton and "bf16" in args.dtypes:
+        sweep(jnp.bfloat16, 2, 4, 16, 2048, h, d, log)
+    for dname in args.dtypes.split(","):
+        dtype, n, m = DTYPES[dname]
+        for b, l in shapes:
+            key = jax.random.PRNGKey(l + b)
+            sets = []
+            for i in range(3):
+                ks = jax.random.split(jax.random.fold_in(key, i), 4)
+                sets.append(tuple(jax.random.normal(kk, (b, l, h, d), dtype) for kk in ks))
+            fsets = [s[:3] for s in sets]
+            res = {}
+            for name, f in make_methods(dtype, n, m, with_triton).items():
+                if name == "DFSS pure-JAX" and args.skip_reference:
+                    continue
+                r = {}
+                try:
+                    r["fwd"], _ = time_fn(jax.jit(f), fsets)
+                except Exception as e:
+                    log(f"{dname} {b}x{l} {name} fwd failed: {type(e).__name__}: {str(e)[:300]}")
+                    r["fwd"] = float("nan")
+                try:
+                    g = jax.jit(fwd_bwd(f))
+                    r["fb"], _ = time_fn(g, sets)
+                    r["temp"] = temp_mib(fwd_bwd(f), *sets[0])
+                except Exception as e:
+                    log(f"{dname} {b}x{l} {name} fwd+bwd failed: {type(e).__name__}: {str(e)[:300]}")
+                    r["fb"] = float("nan")
+                    r["temp"] = float("nan")
+                r["abytes"], r["dense"] = a_bytes(name, b, h, l, dtype, n, m)
+                res[name] = r
+                log(f"{dname} {n}:{m} B={b} L={l} {name}: fwd {r['fwd']:.3f} ms, fwd+bwd {r['fb']:.3f} ms, "
+                    f"temp {r['temp']:.0f} MiB")
+            x = res["XLA dense"]
+            c = res.get("cuDNN dense")
+            for name, r in res.items():
+                def ratio(base, key):
+                    if base is None or not np.isfinite(base[key]) or not np.isfinite(r[key]):
+                        return "-"
+                    return f"{base[key] / r[key]:.2f}x"
+                rows.append([dname, f"{n}:{m}", str(b), str(l), name,
+                             f"{r['fwd']:.3f}", ratio(x, "fwd"), ratio(c, "fwd"),
+                             f"{r['fb']:.3f}", ratio(x, "fb"), ratio(c, "fb"),
+                             f"{r['abytes'] / 2**20:.1f} ({r['abytes'] / r['dense']:.3f})",
+                             f"{r['temp']:.0f}"])
+    cols = ["dtype", "N:M", "B", "L", "method", "fwd ms", "fwd vs XLA", "fwd vs cuDNN",
+            "fwd+bwd ms", "f+b vs XLA", "f+b vs cuDNN", "A MiB (vs dense)", "temp MiB f+b"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    table = "\n".join(lines)
+    print()
+    print(table, flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(header + "\n\n" + "Ratios are speed-ups (baseline time / method time); >1 means faster.\n\n"
+                    + table + "\n")
+
+
+if __name__ == "__main__":
+    main()

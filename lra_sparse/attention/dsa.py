@@ -1,0 +1,288 @@
+"""DSA: dynamic sparse attention with a trained low-rank prediction path (DSA paper, Sec. 3).
+
+    P      in sqrt(3/k) * {-1, 0, +1}^{d x k}   (+-1 with prob 1/6 each, 0 with prob 2/3)
+    Q~_h = X P W~q_h,  K~_h = X P W~k_h          (W~q_h, W~k_h in R^{k x k}, trainable)
+    S~_h = Q~_h K~_h^T / sqrt(head_dim)          (scaled like S; see below)
+    M    = top-k of S~ per row (keep ceil((1 - sparsity) * n_real) keys) or S~ >= threshold
+    A    = softmax(S restricted to M) with the REAL scores S = Q K^T / sqrt(head_dim);  O = A V
+    loss += mse_weight * MSE(S, S~)              (sown as aux_loss "dsa_mse")
+
+Choices (the papers leave these open):
+- P is not a parameter: it is a pure function of the module's path and (d, k), drawn with
+  numpy's PCG64 from a fixed seed (config.seed does not change it). It is identical across
+  runs, restarts and ``init_from`` loads without being stored in checkpoints, and the
+  optimizer (and decoupled weight decay) can never touch it. The same P serves the query and
+  the key predictor, as in the paper; each layer draws its own.
+- d is the model width (the block input ``inputs`` is X), k = round(sigma * d).
+- The paper writes S = QK^T "omitting the scaling factor". Both S and S~ here carry
+  1/sqrt(head_dim), so the MSE compares the logits the softmax actually sees (the paper's
+  unscaled MSE divided by head_dim; the constant is absorbed by mse_weight).
+- MSE is the mean over heads and over (real query, real key) pairs; its gradient reaches both
+  the predictor (W~) and the main q/k projections through S.
+- top-k keeps ceil((1 - sparsity) * n_real) keys of each row, where n_real is the number of real
+  keys of that example (sparsity 0 is dense). Padded keys are never selected.
+- Column-vector granularity V in {1, 4, 8}: V consecutive query rows share the kept columns,
+  chosen from the mean of S~ over the real rows of the group.
+- Fake quantisation (quant_bits 2/4/8) of X and of W~: symmetric, per tensor (X's scale from
+  its real tokens only), straight-through gradient.
+- S~ is also sown into "intermediates" (stored only when a caller makes that collection
+  mutable, as lra_sparse.analysis does; Flax's init never stores it).
+- Metrics: "dsa_mse" always; "dsa_hit_rate" (share of predicted keys that are in the exact
+  top-k of S with the same per-row count) only when ``deterministic`` (eval), since its extra
+  top-k over S would slow training.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import flax.linen as nn
+
+from lra_sparse.attention.dfss import masked_softmax
+from lra_sparse.attention.registry import (AUX_LOSS, AUX_METRICS, AttentionDims,
+                                           register_attention)
+
+SELECTIONS = ("topk", "threshold")
+QUANT_BITS = (0, 2, 4, 8)
+VECTORS = (1, 4, 8)
+PROJECTION_SEED = 20220601  # fixed: P must be reproducible without being stored
+
+
+def predictor_rank(sigma: float, model_dim: int) -> int:
+  """k = round(sigma * d)."""
+  return int(round(sigma * model_dim))
+
+
+def random_projection(seed: int, model_dim: int, rank: int) -> np.ndarray:
+  """P in sqrt(3/k) * {-1, 0, +1}^{d x k}: -1 / +1 with probability 1/6 each, 0 with 2/3.
+
+  Drawn with numpy (PCG64) outside any trace: P is a compile-time constant, so it costs no
+  random-number compilation and no per-step work.
+  """
+  u = np.random.Generator(np.random.PCG64(seed)).random((model_dim, rank))
+  signs = np.where(u < 1.0 / 6.0, -1.0, np.where(u < 1.0 / 3.0, 1.0, 0.0))
+  return (signs * math.sqrt(3.0 / rank)).astype(np.float32)
+
+
+def projection_seed(module_path) -> int:
+  """Deterministic seed of the module at ``module_path`` (a tuple of names)."""
+  digest = zlib.crc32("/".join(str(p) for p in module_path).encode())
+  return PROJECTION_SEED * 2**32 + digest
+
+
+def fake_quantize(x, bits: int, valid=None):
+  """Symmetric per-tensor fake quantisation to ``bits`` (0 = identity), straight-through.
+
+  ``valid`` (broadcastable bool) restricts the entries that set the scale (real tokens).
+  """
+  if bits == 0:
+    return x
+  levels = 2 ** (bits - 1) - 1          # INT2 -> {-1, 0, 1}, INT4 -> [-7, 7], INT8 -> [-127, 127]
+  magnitude = jnp.abs(x) if valid is None else jnp.where(valid, jnp.abs(x), 0.0)
+  scale = jax.lax.stop_gradient(jnp.max(magnitude)) / levels
+  scale = jnp.where(scale > 0, scale, 1.0)
+  quantized = jnp.clip(jnp.round(x / scale), -levels, levels) * scale
+  return x + jax.lax.stop_gradient(quantized - x)
+
+
+def keep_counts(mask, sparsity: float, length: int):
+  """Per-example number of kept keys ceil((1 - sparsity) * n_real), at least 1: int32 [batch]."""
+  n_real = (jnp.full((1,), length, jnp.float32) if mask is None
+            else jnp.sum(mask, axis=-1).astype(jnp.float32))
+  # - 1e-6 so that e.g. 0.1 * 30 = 3.0000000000000004 keeps 3, not 4.
+  return jnp.maximum(jnp.ceil((1.0 - sparsity) * n_real - 1e-6), 1.0).astype(jnp.int32)
+
+
+def static_keep(sparsity: float, length: int) -> int:
+  """The largest per-row keep count, the static k of top_k."""
+  return max(1, min(length, math.ceil((1.0 - sparsity) * length - 1e-6)))
+
+
+def topk_mask(scores, counts, max_keep: int):
+  """bool, same shape as ``scores`` [batch, ..., L]: the ``counts[b]`` largest of every row.
+
+  Entries that must never be chosen should be -inf and counts must not exceed the number of
+  finite entries. lax.top_k (not a full sort) gives each row's counts[b]-th largest value t;
+  the mask is then one elementwise pass, no scatter: keep s > t, and of the entries equal to t
+  the lowest-index ones top_k chose (it lists equal values lower index first).
+  """
+  values, indices = jax.lax.top_k(scores, max_keep)
+  counts = counts.reshape(counts.shape + (1,) * (scores.ndim - 1))     # [batch, 1, .., 1]
+  chosen = jnp.arange(max_keep) < counts                               # [batch, 1, .., K]
+  last = jnp.take_along_axis(values, jnp.broadcast_to(counts - 1, values.shape[:-1] + (1,)),
+                             axis=-1)                                  # [..., 1] threshold t
+  tied = chosen & (values == last)
+  last_tied_index = jnp.max(jnp.where(tied, indices, -1), axis=-1, keepdims=True)
+  position = jnp.arange(scores.shape[-1])
+  return (scores > last) | ((scores == last) & (position <= last_tied_index))
+
+
+def predicted_mask(predicted_scores, *, mask=None, sparsity: float = 0.9, vector: int = 1,
+                   selection: str = "topk", threshold: float = 0.0):
+  """The DSA mask from S~ [batch, heads, L, L]: bool, same shape; padded keys never kept."""
+  batch, heads, length, _ = predicted_scores.shape
+  scores = jax.lax.stop_gradient(predicted_scores.astype(jnp.float32))
+  if vector > 1:
+    if length % vector:
+      raise ValueError(f"sequence length {length} is not a multiple of the column-vector "
+                       f"size {vector}")
+    rows = (jnp.ones((batch, length), jnp.float32) if mask is None
+            else mask.astype(jnp.float32))
+    rows = rows.reshape(batch, 1, length // vector, vector, 1)
+    grouped = scores.reshape(batch, heads, length // vector, vector, length)
+    scores = (jnp.sum(grouped * rows, axis=3)
+              / jnp.maximum(jnp.sum(rows, axis=3), 1.0))          # [b, h, L/V, L]
+  if mask is not None:
+    scores = jnp.where(mask[:, None, None, :], scores, -jnp.inf)
+  if selection == "topk":
+    keep = topk_mask(scores, keep_counts(mask, sparsity, length), static_keep(sparsity, length))
+  elif selection == "threshold":
+    keep = scores >= threshold
+  else:
+    raise ValueError(f"unknown DSA selection {selection!r}; choose one of {SELECTIONS}")
+  if vector > 1:
+    keep = jnp.repeat(keep, vector, axis=2)
+  if mask is not None:
+    keep = keep & mask[:, None, None, :]
+  return keep
+
+
+def attention_under_mask(q, k, v, keep, *, mask=None, dropout_rate: float = 0.0,
+                         dropout_rng=None, scores=None):
+  """softmax(S restricted to ``keep``) V with the real S = Q K^T / sqrt(d); empty rows -> 0."""
+  if scores is None:
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    scores = scores * jnp.float32(q.shape[-1] ** -0.5)
+  if mask is not None:
+    keep = keep & mask[:, None, None, :]
+  probs = masked_softmax(jnp.where(keep, scores, -jnp.inf), keep)
+  if dropout_rate > 0.0 and dropout_rng is not None:
+    drop_keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+    probs = jnp.where(drop_keep, probs / (1.0 - dropout_rate), 0.0)
+  return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v,
+                    preferred_element_type=jnp.float32).astype(q.dtype)
+
+
+class DSAAttention(nn.Module):
+  """Attention core for ``config.attention.kind = "dsa"``."""
+  dims: AttentionDims
+  sigma: float = 0.25
+  sparsity: float = 0.9
+  quant_bits: int = 0
+  mse_weight: float = 1.0
+  vector: int = 1
+  selection: str = "topk"
+  threshold: float = 0.0
+
+  def projection(self) -> jax.Array:
+    """This layer's fixed P [model_dim, k]."""
+    rank = predictor_rank(self.sigma, self.dims.model_dim)
+    return jnp.asarray(random_projection(projection_seed(self.scope.path), self.dims.model_dim,
+                                         rank))
+
+  @nn.compact
+  def __call__(self, q, k, v, *, mask, inputs=None, deterministic=True):
+    dims = self.dims
+    if inputs is None or inputs.shape != q.shape[:2] + (dims.model_dim,):
+      raise ValueError(f"DSA needs the block input [batch, length, {dims.model_dim}] as "
+                       f"inputs=, got {None if inputs is None else inputs.shape}")
+    rank = predictor_rank(self.sigma, dims.model_dim)
+    init = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
+    w_query = self.param("predictor_query", init, (dims.num_heads, rank, rank), jnp.float32)
+    w_key = self.param("predictor_key", init, (dims.num_heads, rank, rank), jnp.float32)
+
+    real_tokens = None if mask is None else mask[..., None]
+    x = fake_quantize(inputs.astype(jnp.float32), self.quant_bits, real_tokens)
+    xp = jnp.einsum("bld,dk->blk", x, self.projection())
+    compute = q.dtype
+    q_pred = jnp.einsum("blk,hkj->blhj", xp, fake_quantize(w_query, self.quant_bits))
+    k_pred = jnp.einsum("blk,hkj->blhj", xp, fake_quantize(w_key, self.quant_bits))
+    scale = jnp.float32(q.shape[-1] ** -0.5)
+    predicted = jnp.einsum("bqhj,bkhj->bhqk", q_pred.astype(compute), k_pred.astype(compute),
+                           preferred_element_type=jnp.float32) * scale
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+
+    # MSE(S, S~) over real (query, key) pairs; gradients reach both paths.
+    if mask is None:
+      mse = jnp.mean(jnp.square(scores - predicted))
+    else:
+      pairs = (mask[:, None, :, None] & mask[:, None, None, :]).astype(jnp.float32)
+      total = jnp.sum(jnp.square(scores - predicted) * pairs)
+      mse = total / jnp.maximum(jnp.sum(pairs) * dims.num_heads, 1.0)
+    self.sow(AUX_LOSS, "dsa_mse", self.mse_weight * mse)
+    self.sow(AUX_METRICS, "dsa_mse", mse)
+
+    # Stored only when a caller asks for "intermediates" (lra_sparse.analysis does).
+    self.sow("intermediates", "predicted_scores", predicted)
+    keep = predicted_mask(predicted, mask=mask, sparsity=self.sparsity, vector=self.vector,
+                          selection=self.selection, threshold=self.threshold)
+    if deterministic:
+      self.sow(AUX_METRICS, "dsa_hit_rate", hit_rate(keep, scores, mask=mask,
+                                                     sparsity=self.sparsity))
+    use_dropout = dims.dropout_rate > 0.0 and not deterministic
+    return attention_under_mask(
+        q, k, v, keep, mask=mask, scores=scores,
+        dropout_rate=dims.dropout_rate if use_dropout else 0.0,
+        dropout_rng=self.make_rng("dropout") if use_dropout else None)
+
+
+def oracle_topk_mask(scores, *, mask=None, sparsity: float):
+  """Exact top-k of the real scores S per row (the DSA oracle), same counts as the predictor."""
+  length = scores.shape[-1]
+  scores = jax.lax.stop_gradient(scores.astype(jnp.float32))
+  if mask is not None:
+    scores = jnp.where(mask[:, None, None, :], scores, -jnp.inf)
+  keep = topk_mask(scores, keep_counts(mask, sparsity, length), static_keep(sparsity, length))
+  return keep if mask is None else keep & mask[:, None, None, :]
+
+
+def hit_rate(keep, scores, *, mask=None, sparsity: float):
+  """Share of predicted keys (over real query rows) that are in the exact top-k of S."""
+  oracle = oracle_topk_mask(scores, mask=mask, sparsity=sparsity)
+  rows = (jnp.ones(keep.shape[:1] + (1, keep.shape[2], 1), bool) if mask is None
+          else mask[:, None, :, None])
+  predicted = keep & rows
+  hits = jnp.sum(predicted & oracle, dtype=jnp.float32)
+  return hits / jnp.maximum(jnp.sum(predicted, dtype=jnp.float32), 1.0)
+
+
+@register_attention("dsa")
+def _build_dsa(config, dims: AttentionDims) -> nn.Module:
+  """Validates config.attention.{sigma, sparsity, quant_bits, mse_weight, vector, selection,
+  threshold} against ``dims``."""
+  sigma = config.get("sigma", 0.25)
+  sparsity = config.get("sparsity", 0.9)
+  quant_bits = config.get("quant_bits", 0)
+  mse_weight = config.get("mse_weight", 1.0)
+  vector = config.get("vector", 1)
+  selection = config.get("selection", "topk")
+  threshold = config.get("threshold", 0.0)
+  if not isinstance(sigma, (int, float)) or not 0.0 < sigma <= 1.0:
+    raise ValueError(f"config.attention.sigma={sigma!r} must be in (0, 1] (sigma = k / d)")
+  rank = predictor_rank(sigma, dims.model_dim)
+  if rank < 1:
+    raise ValueError(f"config.attention.sigma={sigma} gives a predictor rank "
+                     f"round(sigma * {dims.model_dim}) = 0; use sigma >= "
+                     f"{0.5 / dims.model_dim:.3g}")
+  if not isinstance(sparsity, (int, float)) or not 0.0 <= sparsity < 1.0:
+    raise ValueError(f"config.attention.sparsity={sparsity!r} must be in [0, 1)")
+  if isinstance(quant_bits, bool) or quant_bits not in QUANT_BITS:
+    raise ValueError(f"config.attention.quant_bits={quant_bits!r}; choose one of {QUANT_BITS} "
+                     f"(0 = float predictor)")
+  if not isinstance(mse_weight, (int, float)) or mse_weight < 0:
+    raise ValueError(f"config.attention.mse_weight={mse_weight!r} must be >= 0")
+  if isinstance(vector, bool) or vector not in VECTORS:
+    raise ValueError(f"config.attention.vector={vector!r}; choose one of {VECTORS}")
+  if dims.length % vector:
+    raise ValueError(f"sequence length {dims.length} is not a multiple of "
+                     f"config.attention.vector={vector}")
+  if selection not in SELECTIONS:
+    raise ValueError(f"config.attention.selection={selection!r}; choose one of {SELECTIONS}")
+  if not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+    raise ValueError(f"config.attention.threshold={threshold!r} must be a finite number")
+  return DSAAttention(dims=dims, sigma=float(sigma), sparsity=float(sparsity),
+                      quant_bits=int(quant_bits), mse_weight=float(mse_weight),
+                      vector=int(vector), selection=selection, threshold=float(threshold))

@@ -1,0 +1,795 @@
+r"""Runs a sweep of training runs: one subprocess per run, skipping finished ones.
+
+Usage (from the repository root)::
+
+  python -m lra_sparse.sweep --sweep=experiments/dfss_table4.py --root=runs/dfss_table4
+  python -m lra_sparse.sweep --sweep=experiments/dfss_table4.py:tiny --root=runs/t4 --dry_run
+  python -m lra_sparse.sweep --sweep=experiments/dfss_table4.py --root=runs/dfss_table4 --status
+  python -m lra_sparse.sweep ... --parallel=gpus     # one run per local GPU at a time
+
+A sweep spec is a python file whose ``get_sweep(preset="")`` returns a :class:`Sweep`; the
+optional ``:preset`` after the path (``experiments/x.py:tiny``) is passed to it, like the
+config files. A sweep is a list of :class:`Group`\ s, each one config file (+ preset), fixed
+overrides, and axes: ``product`` (every combination), ``zip`` (lists walked together),
+``variants`` (a list of override dicts, e.g. dense vs. DFSS 1:2) and ``seeds``; the runs of a
+group are the product of the variants, the zipped lists, the product axes and the seeds.
+
+An override value may be a :class:`Ref` to a run of an earlier group
+(``init_from=Ref("pretrain")``): it becomes that run's workdir, the run waits for it, and is
+marked ``blocked`` if it failed.
+
+Every run gets a deterministic name (group, config, variant label, axis values, seed) and the
+workdir ``<root>/<name>``. A run is finished iff ``<workdir>/result.json`` exists; re-running a
+sweep skips finished runs and launches the others with the same workdir (the trainer resumes
+from its last checkpoint). A run that exits non-zero (or exits without result.json) gets
+``<workdir>/sweep_error.txt`` (return code, command, the tail of its log) and the sweep moves on.
+See WORKSPACE.md for the layout of the sweep root.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import difflib
+import hashlib
+import importlib.util
+import inspect
+import itertools
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Iterable, Mapping, Sequence
+
+from absl import app
+from absl import flags
+
+RESULT_FILE = "result.json"
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+ERROR_FILE = "sweep_error.txt"
+LOG_FILE = "sweep_run.log"
+RUNNING_FILE = "sweep_running.json"
+MANIFEST_FILE = "sweep.json"
+GPU_ENV_VAR = "LRA_SWEEP_GPUS"      # "4" (count) or "0,2,3" (ids); overrides nvidia-smi
+MAX_NAME_LENGTH = 150
+ERROR_TAIL_LINES = 60
+DEFAULT_MAIN = (sys.executable, "-m", "lra_sparse.main")
+
+FINISHED, RUNNING, FAILED, PENDING, BLOCKED = "finished", "running", "failed", "pending", "blocked"
+_MISSING = object()
+
+
+# ----------------------------------------------------------------------------- spec structures
+
+
+@dataclasses.dataclass(frozen=True)
+class Ref:
+  """The workdir of one run of an earlier group of the same sweep.
+
+  The referenced run is the one in ``group`` that agrees with the referring run on every key in
+  ``same`` ("config" = config file and preset; other names are override keys such as "seed")
+  and whose overrides contain ``match``. Exactly one run must qualify.
+  """
+  group: str
+  same: tuple[str, ...] = ("config", "seed")
+  match: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """A labelled set of overrides; the label replaces its key=value parts in run names."""
+  label: str
+  overrides: Mapping[str, Any]
+
+
+@dataclasses.dataclass
+class Group:
+  """Runs sharing one config file: fixed overrides x variants x zip x product x seeds."""
+  config: str                                   # "configs/listops.py" or "configs/listops.py:tiny"
+  name: str = ""                                # name prefix; needed when several groups exist
+  overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  variants: Sequence[Mapping[str, Any] | Variant] = (dict(),)
+  zip: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
+  product: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
+  seeds: Sequence[int] = (0,)
+
+
+@dataclasses.dataclass
+class Sweep:
+  name: str
+  groups: Sequence[Group]
+
+
+@dataclasses.dataclass
+class RunPlan:
+  """One run of an expanded sweep."""
+  name: str
+  group: str
+  config: str                                   # config file path, without preset
+  preset: str
+  overrides: dict[str, Any]                     # Ref values resolved to workdir paths
+  workdir: str
+  depends_on: list[str]
+
+  @property
+  def config_arg(self) -> str:
+    return f"{self.config}:{self.preset}" if self.preset else self.config
+
+  def command(self, main_command: Sequence[str] = DEFAULT_MAIN) -> list[str]:
+    args = [*main_command, f"--config={self.config_arg}", f"--workdir={self.workdir}"]
+    args += [f"--config.{key}={format_flag_value(value)}"
+             for key, value in sorted(self.overrides.items())]
+    return args
+
+
+# ----------------------------------------------------------------------------- loading specs
+
+
+def split_spec_arg(spec_arg: str) -> tuple[str, str]:
+  """``"experiments/x.py:tiny"`` -> ``("experiments/x.py", "tiny")``."""
+  path, sep, preset = spec_arg.rpartition(":")
+  if sep and path.endswith(".py") and "/" not in preset:
+    return path, preset
+  return spec_arg, ""
+
+
+def load_python_file(path: str):
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"spec file {path!r} does not exist")
+  module_name = "_lra_spec_" + re.sub(r"\W", "_", os.path.abspath(path))
+  spec = importlib.util.spec_from_file_location(module_name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def call_spec_function(spec_arg: str, function_name: str) -> Any:
+  """Loads ``path[:preset]`` and returns ``function_name(preset)`` (or ``function_name()``)."""
+  path, preset = split_spec_arg(spec_arg)
+  module = load_python_file(path)
+  function = getattr(module, function_name, None)
+  if not callable(function):
+    raise ValueError(f"{path} defines no {function_name}()")
+  if not preset:
+    return function()
+  if not inspect.signature(function).parameters:
+    raise ValueError(f"{path}: {function_name}() takes no preset, but {preset!r} was given")
+  return function(preset)
+
+
+def load_sweep(spec_arg: str) -> Sweep:
+  sweep = call_spec_function(spec_arg, "get_sweep")
+  if not isinstance(sweep, Sweep):
+    raise ValueError(f"{spec_arg}: get_sweep() must return lra_sparse.sweep.Sweep, "
+                     f"got {type(sweep).__name__}")
+  return sweep
+
+
+# ----------------------------------------------------------------------------- expansion
+
+
+def format_flag_value(value: Any) -> str:
+  """The text after ``--config.key=`` that ml_collections parses back to ``value``."""
+  if isinstance(value, Ref):
+    raise ValueError(f"unresolved {value!r}")
+  if value is None:
+    raise ValueError("None cannot be passed as a --config override")
+  if isinstance(value, float):
+    return repr(value)
+  return str(value)
+
+
+def format_name_value(value: Any) -> str:
+  """A short, filesystem-safe rendering of an axis value for run names."""
+  if isinstance(value, bool):
+    text = str(value).lower()
+  elif isinstance(value, float):
+    text = format(value, "g")
+  elif value == "":
+    text = "none"
+  else:
+    text = str(value)
+  return re.sub(r"[^A-Za-z0-9.+-]", "_", text.replace(":", "-"))
+
+
+def _short_keys(keys: Iterable[str]) -> dict[str, str]:
+  """Last dotted component of each key, or the full key where two keys would collide."""
+  keys = sorted(set(keys))
+  last = {key: key.rsplit(".", 1)[-1] for key in keys}
+  counts: dict[str, int] = {}
+  for short in last.values():
+    counts[short] = counts.get(short, 0) + 1
+  return {key: (last[key] if counts[last[key]] == 1 else key) for key in keys}
+
+
+def _canonical(value: Any) -> str:
+  return json.dumps(value, sort_keys=True, default=repr)
+
+
+def _group_axis_combinations(group: Group,
+                             where: str) -> list[tuple[str, set[str], dict[str, Any]]]:
+  """(variant label, keys the label names, axis overrides incl. seed) per run of the group.
+
+  The order is deterministic: variants, zip, product (keys sorted), seeds.
+  """
+  variants = [(variant.label, dict(variant.overrides)) if isinstance(variant, Variant)
+              else ("", dict(variant)) for variant in group.variants] or [("", {})]
+  labels = [label for label, _ in variants if label]
+  if len(set(labels)) != len(labels) or any(re.search(r"[^A-Za-z0-9.+=-]", l) for l in labels):
+    raise ValueError(f"{where}: variant labels must be distinct and use only letters, digits "
+                     f"and . + = -, got {labels}")
+  zip_keys = sorted(group.zip)
+  zip_lengths = {len(group.zip[key]) for key in zip_keys}
+  if len(zip_lengths) > 1:
+    raise ValueError(f"{where}: zip lists have different lengths "
+                     f"{ {key: len(group.zip[key]) for key in zip_keys} }")
+  zipped = ([dict(zip(zip_keys, values)) for values in zip(*(group.zip[key] for key in zip_keys))]
+            if zip_keys else [{}])
+  product_keys = sorted(group.product)
+  for key in product_keys:
+    if isinstance(group.product[key], (str, bytes)) or not len(group.product[key]):
+      raise ValueError(f"{where}: product axis {key!r} must be a non-empty list")
+  products = [dict(zip(product_keys, values))
+              for values in itertools.product(*(group.product[key] for key in product_keys))]
+  seeds = list(group.seeds)
+  if not seeds:
+    raise ValueError(f"{where}: seeds must not be empty")
+  combos = []
+  for (label, variant), zipped_values, product_values, seed in itertools.product(
+      variants, zipped, products, seeds):
+    parts = [variant, zipped_values, product_values, dict(group.overrides)]
+    seen: set[str] = set()
+    for part in parts:
+      clash = seen & set(part)
+      if clash:
+        raise ValueError(f"{where}: {sorted(clash)} set by more than one of "
+                         "variants/zip/product/overrides")
+      seen |= set(part)
+    if "seed" in seen:
+      raise ValueError(f"{where}: set seeds with Group(seeds=...), not as an override")
+    axis_values = {**variant, **zipped_values, **product_values, "seed": seed}
+    # Keys named by the variant label stay out of the key=value part of the run name.
+    combos.append((label, set(variant) if label else set(), axis_values))
+  return combos
+
+
+def expand_sweep(sweep: Sweep, root: str, validate: bool = True) -> list[RunPlan]:
+  """All runs of a sweep, in launch order (groups in order; a Ref points to an earlier group)."""
+  if not sweep.groups:
+    raise ValueError(f"sweep {sweep.name!r} has no groups")
+  group_names = [group.name for group in sweep.groups if group.name]
+  if len(set(group_names)) != len(group_names):
+    raise ValueError(f"sweep {sweep.name!r}: group names must be distinct, got {group_names}")
+  root = os.path.abspath(root)
+  runs: list[RunPlan] = []
+  runs_by_group: dict[str, list[RunPlan]] = {}
+  names: dict[str, dict[str, Any]] = {}
+  for index, group in enumerate(sweep.groups):
+    where = f"sweep {sweep.name!r} group {group.name or index!r}"
+    config_path, preset = split_spec_arg(group.config)
+    if validate:
+      validate_overrides(config_path, preset, group, where)
+    combos = _group_axis_combinations(group, where)
+    # Axis keys (variants/zip/product) name the runs, seed always does; fixed overrides do not.
+    axis_keys = sorted({key for _, _, combo in combos for key in combo} - {"seed"})
+    short = _short_keys(axis_keys)
+    config_label = os.path.splitext(os.path.basename(config_path))[0] + (
+        f"-{preset}" if preset else "")
+    group_runs = []
+    for label, labelled_keys, combo in combos:
+      parts = ([group.name] if group.name else []) + [config_label] + ([label] if label else [])
+      parts += [f"{short[key]}={format_name_value(combo[key])}" for key in axis_keys
+                if key in combo and key not in labelled_keys and not isinstance(combo[key], Ref)]
+      parts.append(f"seed={combo['seed']}")
+      name = "__".join(parts)
+      overrides = {**dict(group.overrides), **combo}
+      identity = {"group": group.name, "config": group.config,
+                  "overrides": {k: (repr(v) if isinstance(v, Ref) else v)
+                                for k, v in overrides.items()}}
+      if len(name) > MAX_NAME_LENGTH:
+        digest = hashlib.sha1(_canonical(identity).encode()).hexdigest()[:8]
+        name = f"{name[:MAX_NAME_LENGTH - 10]}__{digest}"
+      if name in names:
+        raise ValueError(f"{where}: two runs get the name {name!r}: {names[name]} and "
+                         f"{identity}; make the axis values distinct")
+      names[name] = identity
+      resolved, depends_on = {}, []
+      for key, value in overrides.items():
+        if isinstance(value, Ref):
+          target = _resolve_ref(value, overrides, group.config, runs_by_group, where, key)
+          resolved[key] = target.workdir
+          depends_on.append(target.name)
+        else:
+          resolved[key] = value
+      run = RunPlan(name=name, group=group.name, config=config_path, preset=preset,
+                    overrides=resolved, workdir=os.path.join(root, name),
+                    depends_on=sorted(set(depends_on)))
+      group_runs.append(run)
+    if group.name:
+      runs_by_group[group.name] = group_runs
+    runs.extend(group_runs)
+  return runs
+
+
+def _resolve_ref(ref: Ref, overrides: Mapping[str, Any], config_arg: str,
+                 runs_by_group: Mapping[str, list[RunPlan]], where: str, key: str) -> RunPlan:
+  """The one run of ``ref.group`` that ``ref`` selects for a run with these overrides."""
+  if ref.group not in runs_by_group:
+    raise ValueError(f"{where}: {key}={ref!r} names no earlier group "
+                     f"(earlier groups: {sorted(runs_by_group)})")
+  candidates = []
+  for run in runs_by_group[ref.group]:
+    ok = True
+    for same_key in ref.same:
+      if same_key == "config":
+        ok &= run.config_arg == config_arg
+      else:
+        if same_key not in overrides:
+          raise ValueError(f"{where}: {ref!r} compares {same_key!r}, which this run does not set")
+        ok &= run.overrides.get(same_key, _MISSING) == overrides[same_key]
+    for match_key, match_value in ref.match.items():
+      ok &= run.overrides.get(match_key, _MISSING) == match_value
+    if ok:
+      candidates.append(run)
+  if len(candidates) != 1:
+    raise ValueError(f"{where}: {key}={ref!r} must match exactly one run of group "
+                     f"{ref.group!r}, matched {len(candidates)}: {[r.name for r in candidates]}")
+  return candidates[0]
+
+
+
+def validate_overrides(config_path: str, preset: str, group: Group, where: str) -> None:
+  """One clear error for a missing config file, unknown preset, or unknown override key."""
+  config = load_config(config_path, preset)
+  keys = set(group.overrides) | set(group.zip) | set(group.product)
+  for variant in group.variants:
+    keys |= set(variant.overrides if isinstance(variant, Variant) else variant)
+  known = sorted(flatten_config(config.to_dict()))
+  for key in sorted(keys):
+    if key not in known:
+      hint = difflib.get_close_matches(key, known, n=1)
+      raise ValueError(f"{where}: override {key!r} is not a field of {config_path}"
+                       + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+
+
+def load_config(config_path: str, preset: str = ""):
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"config file {config_path!r} does not exist "
+                            "(paths are relative to the directory the sweep runs in)")
+  # Config files import ``configs.base``: the directory above configs/ must be importable.
+  for directory in (os.getcwd(), os.path.dirname(os.path.dirname(os.path.abspath(config_path)))):
+    if directory not in sys.path:
+      sys.path.insert(0, directory)
+  module = load_python_file(config_path)
+  return module.get_config(preset) if preset else module.get_config()
+
+
+def flatten_config(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, Mapping):
+      flat.update(flatten_config(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+# ----------------------------------------------------------------------------- run state
+
+
+def _read_running(workdir: str) -> dict[str, Any] | None:
+  try:
+    with open(os.path.join(workdir, RUNNING_FILE)) as f:
+      info = json.load(f)
+  except (OSError, ValueError):
+    return None
+  if info.get("host") != socket.gethostname():
+    return info                        # another host: cannot check, assume it is alive
+  try:
+    os.kill(int(info["pid"]), 0)
+  except (OSError, KeyError, ValueError, TypeError):
+    return None                        # stale marker of a dead process
+  return info
+
+
+def last_logged_step(workdir: str) -> int | None:
+  """Largest ``step`` in metrics.jsonl (unparsable lines ignored), None if nothing logged."""
+  step = None
+  try:
+    with open(os.path.join(workdir, METRICS_FILE)) as f:
+      for line in f:
+        try:
+          record = json.loads(line)
+          value = int(record["step"])
+        except (ValueError, KeyError, TypeError):
+          continue
+        step = value if step is None else max(step, value)
+  except OSError:
+    return None
+  return step
+
+
+def run_state(run: RunPlan, states: Mapping[str, str] | None = None) -> str:
+  """finished | running | failed | blocked (a dependency failed) | pending."""
+  if os.path.exists(os.path.join(run.workdir, RESULT_FILE)):
+    return FINISHED
+  if _read_running(run.workdir) is not None:
+    return RUNNING
+  if os.path.exists(os.path.join(run.workdir, ERROR_FILE)):
+    return FAILED
+  if states is not None and any(states.get(dep) in (FAILED, BLOCKED) for dep in run.depends_on):
+    return BLOCKED
+  return PENDING
+
+
+def all_states(runs: Sequence[RunPlan]) -> dict[str, str]:
+  states: dict[str, str] = {}
+  for run in runs:                        # dependencies come first (earlier groups)
+    states[run.name] = run_state(run, states)
+  return states
+
+
+def error_summary(workdir: str) -> str:
+  try:
+    with open(os.path.join(workdir, ERROR_FILE)) as f:
+      lines = [line.strip() for line in f if line.strip()]
+  except OSError:
+    return ""
+  header = lines[0] if lines else ""
+  last = lines[-1] if len(lines) > 1 else ""
+  return f"{header} | {last}" if last else header
+
+
+# ----------------------------------------------------------------------------- launching
+
+
+class Launcher:
+  """Starts a run as a subprocess; tests replace ``start`` to avoid real training."""
+
+  def __init__(self, main_command: Sequence[str] = DEFAULT_MAIN):
+    self.main_command = list(main_command)
+
+  def start(self, run: RunPlan, env: Mapping[str, str], log_file) -> subprocess.Popen:
+    return subprocess.Popen(run.command(self.main_command), stdout=log_file,
+                            stderr=subprocess.STDOUT, env=dict(env))
+
+
+def detect_gpus() -> list[str]:
+  """Local GPU ids: $LRA_SWEEP_GPUS (count or ids), else $CUDA_VISIBLE_DEVICES, else nvidia-smi."""
+  value = os.environ.get(GPU_ENV_VAR, "").strip()
+  if value:
+    if value.isdigit() and "," not in value:
+      return [str(i) for i in range(int(value))]
+    return [part.strip() for part in value.split(",") if part.strip()]
+  visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+  if visible and visible != "-1":
+    return [part.strip() for part in visible.split(",") if part.strip()]
+  try:
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+  except (OSError, subprocess.SubprocessError):
+    return []
+  if listing.returncode != 0:
+    return []
+  return [str(i) for i, line in enumerate(
+      line for line in listing.stdout.splitlines() if line.startswith("GPU "))]
+
+
+def _tail(path: str, num_lines: int) -> str:
+  try:
+    with open(path, errors="replace") as f:
+      return "".join(f.readlines()[-num_lines:])
+  except OSError:
+    return "(no log)"
+
+
+def _now() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_json_atomic(path: str, payload: Any) -> None:
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(payload, f, indent=2, sort_keys=False)
+    f.write("\n")
+  os.replace(tmp, path)
+
+
+def write_manifest(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[RunPlan],
+                   main_command: Sequence[str], outcomes: Mapping[str, Mapping[str, Any]]) -> None:
+  states = all_states(runs)
+  payload = {
+      "sweep": sweep.name,
+      "spec": spec_arg,
+      "updated": _now(),
+      "main_command": list(main_command),
+      "counts": {state: sum(1 for s in states.values() if s == state)
+                 for state in (FINISHED, RUNNING, FAILED, BLOCKED, PENDING)},
+      "runs": [{
+          "name": run.name,
+          "group": run.group,
+          "workdir": run.name,
+          "config": run.config_arg,
+          "overrides": run.overrides,
+          "depends_on": run.depends_on,
+          "state": states[run.name],
+          **dict(outcomes.get(run.name, {})),
+      } for run in runs],
+  }
+  _write_json_atomic(os.path.join(root, MANIFEST_FILE), payload)
+
+
+def check_manifest_owner(root: str, sweep_name: str) -> None:
+  path = os.path.join(root, MANIFEST_FILE)
+  if not os.path.exists(path):
+    return
+  try:
+    with open(path) as f:
+      owner = json.load(f).get("sweep")
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{path} is unreadable ({e}); remove it or use another --root") from e
+  if owner != sweep_name:
+    raise ValueError(f"{root} holds sweep {owner!r} (see {path}); use another --root for "
+                     f"sweep {sweep_name!r}")
+
+
+@dataclasses.dataclass
+class _Active:
+  run: RunPlan
+  process: Any
+  log_file: Any
+  slot: str | None
+  started: float
+
+
+def run_sweep(spec_arg: str, root: str, *, parallel: str = "none",
+              launcher: Launcher | None = None, run_filter: str = "",
+              poll_seconds: float = 0.5, show_progress: bool = True) -> dict[str, str]:
+  """Launches every unfinished run of the sweep; returns the final state of each run."""
+  sweep = load_sweep(spec_arg)
+  os.makedirs(root, exist_ok=True)
+  check_manifest_owner(root, sweep.name)
+  runs = expand_sweep(sweep, root)
+  launcher = launcher or Launcher()
+  if parallel == "gpus":
+    slots: list[str | None] = list(detect_gpus()) or [None]
+    if slots == [None]:
+      print("sweep: no GPU found, running one run at a time", file=sys.stderr)
+  elif parallel == "none":
+    slots = [None]
+  else:
+    raise ValueError(f"--parallel must be 'none' or 'gpus', got {parallel!r}")
+
+  selected = {run.name for run in runs if not run_filter or re.search(run_filter, run.name)}
+  states = all_states(runs)
+  outcomes: dict[str, dict[str, Any]] = {}
+  queue = [run for run in runs if run.name in selected and states[run.name] != FINISHED]
+  skipped_running = [run.name for run in queue if states[run.name] == RUNNING]
+  queue = [run for run in queue if states[run.name] != RUNNING]
+  for name in skipped_running:
+    print(f"sweep: {name} is running in another process; not launching it", file=sys.stderr)
+  write_manifest(sweep, spec_arg, root, runs, launcher.main_command, outcomes)
+  print(f"sweep {sweep.name}: {len(runs)} runs, {sum(s == FINISHED for s in states.values())} "
+        f"finished, {len(queue)} to launch", file=sys.stderr)
+
+  progress = None
+  if show_progress and queue:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    progress = tqdm(total=len(queue), desc=sweep.name, unit="run")
+  free_slots = list(slots)
+  active: list[_Active] = []
+  done_states: dict[str, str] = {}   # states decided during this call
+
+  def dependency_status(dep: str) -> str:
+    """ok: finished; wait: launched or queued by this call; bad: will not finish here."""
+    if any(a.run.name == dep for a in active) or any(r.name == dep for r in queue):
+      return "wait"
+    plan = next(run for run in runs if run.name == dep)
+    return "ok" if os.path.exists(os.path.join(plan.workdir, RESULT_FILE)) else "bad"
+
+  try:
+    while queue or active:
+      launched = False
+      for run in list(queue):
+        if not free_slots:
+          break
+        dep_status = {dep: dependency_status(dep) for dep in run.depends_on}
+        bad = [dep for dep, status in dep_status.items() if status == "bad"]
+        if bad:
+          queue.remove(run)
+          done_states[run.name] = BLOCKED
+          outcomes[run.name] = {"blocked_by": bad}
+          print(f"sweep: {run.name} blocked: dependency {', '.join(bad)} not finished",
+                file=sys.stderr)
+          if progress:
+            progress.update(1)
+          continue
+        if "wait" in dep_status.values():
+          continue
+        queue.remove(run)
+        slot = free_slots.pop(0)
+        outcomes[run.name] = {"started": _now(), "slot": slot}
+        try:
+          active.append(_start(run, slot, launcher))
+        except OSError as e:             # e.g. the interpreter cannot be executed
+          free_slots.append(slot)
+          done_states[run.name] = _record_failure(run, f"could not start: {e}", launcher)
+          outcomes[run.name]["returncode"] = None
+          if progress:
+            progress.update(1)
+          continue
+        launched = True
+      if progress and launched:
+        progress.set_postfix_str(", ".join(a.run.name for a in active)[:80])
+      finished_any = False
+      for entry in list(active):
+        returncode = entry.process.poll()
+        if returncode is None:
+          continue
+        active.remove(entry)
+        free_slots.append(entry.slot)
+        state = _finish(entry, returncode, launcher)
+        done_states[entry.run.name] = state
+        outcomes[entry.run.name].update(
+            {"ended": _now(), "returncode": returncode,
+             "seconds": round(time.time() - entry.started, 1)})
+        write_manifest(sweep, spec_arg, root, runs, launcher.main_command, outcomes)
+        if progress:
+          progress.update(1)
+        finished_any = True
+      if not launched and not finished_any and (active or queue):
+        if not active:                   # queued runs wait on nothing that can finish
+          for run in queue:
+            done_states[run.name] = BLOCKED
+          queue.clear()
+          break
+        time.sleep(poll_seconds)
+  except KeyboardInterrupt:
+    for entry in active:
+      entry.process.terminate()
+    for entry in active:
+      try:
+        entry.process.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        entry.process.kill()
+      entry.log_file.close()
+      _remove(os.path.join(entry.run.workdir, RUNNING_FILE))
+    write_manifest(sweep, spec_arg, root, runs, launcher.main_command, outcomes)
+    raise
+  finally:
+    if progress:
+      progress.close()
+  write_manifest(sweep, spec_arg, root, runs, launcher.main_command, outcomes)
+  final = all_states(runs)
+  final.update({name: state for name, state in done_states.items() if state == BLOCKED})
+  return final
+
+
+def _remove(path: str) -> None:
+  try:
+    os.remove(path)
+  except OSError:
+    pass
+
+
+def _start(run: RunPlan, slot: str | None, launcher: Launcher) -> _Active:
+  os.makedirs(run.workdir, exist_ok=True)
+  _remove(os.path.join(run.workdir, ERROR_FILE))    # a retry: the log keeps the old output
+  env = dict(os.environ)
+  if slot is not None:
+    env["CUDA_VISIBLE_DEVICES"] = slot
+  log_file = open(os.path.join(run.workdir, LOG_FILE), "a")
+  log_file.write(f"==== {_now()} sweep launch (slot {slot}): "
+                 f"{' '.join(run.command(launcher.main_command))}\n")
+  log_file.flush()
+  try:
+    process = launcher.start(run, env, log_file)
+  except OSError:
+    log_file.close()
+    raise
+  _write_json_atomic(os.path.join(run.workdir, RUNNING_FILE),
+                     {"pid": process.pid, "host": socket.gethostname(), "started": _now(),
+                      "slot": slot})
+  return _Active(run=run, process=process, log_file=log_file, slot=slot, started=time.time())
+
+
+def _finish(entry: _Active, returncode: int, launcher: Launcher) -> str:
+  entry.log_file.close()
+  run = entry.run
+  _remove(os.path.join(run.workdir, RUNNING_FILE))
+  if returncode == 0 and os.path.exists(os.path.join(run.workdir, RESULT_FILE)):
+    return FINISHED
+  reason = (f"return code {returncode}" if returncode != 0
+            else f"return code 0 but no {RESULT_FILE} was written")
+  return _record_failure(run, reason, launcher)
+
+
+def _record_failure(run: RunPlan, reason: str, launcher: Launcher) -> str:
+  """Writes sweep_error.txt (reason, command, log tail); the sweep goes on with other runs."""
+  _remove(os.path.join(run.workdir, RUNNING_FILE))
+  with open(os.path.join(run.workdir, ERROR_FILE), "w") as f:
+    f.write(f"{reason}\n")
+    f.write(f"time: {_now()}\n")
+    f.write(f"command: {' '.join(run.command(launcher.main_command))}\n")
+    f.write(f"---- last {ERROR_TAIL_LINES} lines of {LOG_FILE} ----\n")
+    f.write(_tail(os.path.join(run.workdir, LOG_FILE), ERROR_TAIL_LINES))
+  print(f"sweep: {run.name} failed ({reason}); see {os.path.join(run.workdir, ERROR_FILE)}",
+        file=sys.stderr)
+  return FAILED
+
+
+# ----------------------------------------------------------------------------- views
+
+
+def describe_runs(runs: Sequence[RunPlan], show_overrides: bool) -> str:
+  """One line per run: state, name, then overrides (dry run) or progress/error (status)."""
+  states = all_states(runs)
+  name_width = max(len(run.name) for run in runs)
+  lines = []
+  for run in runs:
+    state = states[run.name]
+    if show_overrides:
+      shown = []
+      for key, value in sorted(run.overrides.items()):
+        if run.depends_on and value in {os.path.join(os.path.dirname(run.workdir), dep)
+                                        for dep in run.depends_on}:
+          shown.append(f"{key}=<{os.path.basename(value)}>")
+        else:
+          shown.append(f"{key}={format_flag_value(value)}")
+      detail = f"--config={run.config_arg} " + " ".join(shown)
+    else:
+      step = last_logged_step(run.workdir)
+      detail = f"step {step}" if step is not None else ""
+      if state == FAILED:
+        detail = (detail + "  " if detail else "") + error_summary(run.workdir)
+      if state == BLOCKED:
+        detail = "waits on " + ", ".join(run.depends_on)
+    lines.append(f"{state:<9} {run.name:<{name_width}}  {detail}".rstrip())
+  counts = {s: sum(1 for v in states.values() if v == s)
+            for s in (FINISHED, RUNNING, FAILED, BLOCKED, PENDING)}
+  lines.append(f"{len(runs)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
+  return "\n".join(lines)
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Defined only when run as a program, so importing this module (specs do) adds no flags."""
+  flags.DEFINE_string("sweep", None, "Sweep spec: experiments/<name>.py[:preset].")
+  flags.DEFINE_string("root", None, "Sweep root: one workdir per run under it.")
+  flags.DEFINE_bool("dry_run", False, "List the runs (state, name, overrides); launch nothing.")
+  flags.DEFINE_bool("status", False, "Show finished/running/failed/blocked/pending per run.")
+  flags.DEFINE_enum("parallel", "none", ["none", "gpus"],
+                    "none: one run at a time; gpus: one run per local GPU "
+                    "(CUDA_VISIBLE_DEVICES).")
+  flags.DEFINE_string("runs", "", "Only launch runs whose name matches this regular expression.")
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not FLAGS.sweep or not FLAGS.root:
+    raise app.UsageError("--sweep and --root are required")
+  if FLAGS.dry_run or FLAGS.status:
+    sweep = load_sweep(FLAGS.sweep)
+    runs = expand_sweep(sweep, FLAGS.root)
+    print(f"sweep {sweep.name} ({FLAGS.sweep}) under {os.path.abspath(FLAGS.root)}")
+    print(describe_runs(runs, show_overrides=FLAGS.dry_run))
+    return
+  states = run_sweep(FLAGS.sweep, FLAGS.root, parallel=FLAGS.parallel, run_filter=FLAGS.runs)
+  counts = {s: sum(1 for v in states.values() if v == s)
+            for s in (FINISHED, RUNNING, FAILED, BLOCKED, PENDING)}
+  print(f"sweep done: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
+  if counts[FAILED] or counts[BLOCKED]:
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  # Run through the imported module so that the Sweep/Group classes the spec file imports are
+  # the very classes this code checks against (``python -m`` loads this file as __main__).
+  from lra_sparse import sweep as _sweep_module  # pylint: disable=g-import-not-at-top
+  _sweep_module.define_flags()
+  app.run(_sweep_module.main)

@@ -1,0 +1,573 @@
+"""DFSS, DSA and Nystromformer against independent float64 numpy references."""
+import functools
+import math
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs.base import get_base_config
+from lra_sparse.attention import (AttentionDims, build_attention, dense_attention,
+                                  dfss_attention, nm_mask, nystrom_attention)
+from lra_sparse.attention import dsa as dsa_lib
+
+# Jitted entry points: one compilation per shape instead of one per primitive (eager mode).
+dfss_attention = jax.jit(dfss_attention, static_argnames=("n", "m", "backend", "dropout_rate"))
+nystrom_attention = jax.jit(nystrom_attention,
+                            static_argnames=("num_landmarks", "pinv_iters", "nm"))
+dense_reference = jax.jit(functools.partial(dense_attention, implementation="reference"))
+
+
+def _init(core, *args, seed=0, **kwargs):
+  """Parameters with the structure core.init gives (traced only: no init compilation), filled
+  with seeded normals scaled by 1/sqrt(fan_in)."""
+  shapes = jax.eval_shape(core.init, jax.random.PRNGKey(0), *args, **kwargs)
+  rng = np.random.default_rng(seed)
+  fill = lambda s: (rng.normal(size=s.shape) / math.sqrt(s.shape[-2])).astype(np.float32)
+  return {"params": jax.tree.map(fill, shapes.get("params", {}))}
+
+
+def _apply(core, variables, *args, **kwargs):
+  static = ("deterministic", "mutable", "method")
+  kwargs = {k: tuple(v) if k == "mutable" else v for k, v in kwargs.items()}
+  return jax.jit(core.apply, static_argnames=static)(variables, *args, **kwargs)
+
+
+B, L, H, D = 2, 32, 2, 8
+LENGTHS = np.array([29, 13])  # real tokens per example; padding at the end
+
+
+def _qkv(seed=0, shape=(B, L, H, D)):
+  rng = np.random.default_rng(seed)
+  return [rng.normal(size=shape).astype(np.float32) for _ in range(3)]
+
+
+def _mask(lengths=LENGTHS, length=L):
+  return np.arange(length)[None, :] < np.asarray(lengths)[:, None]
+
+
+# ----------------------------------------------------------------------------- numpy references
+def np_nm_mask_brute(scores, n, m):
+  """Python loops: sort each group by (-value, index) and keep the first n."""
+  flat = scores.reshape(-1, scores.shape[-1])
+  keep = np.zeros(flat.shape, bool)
+  for r, row in enumerate(flat):
+    for g in range(0, len(row), m):
+      order = sorted(range(m), key=lambda i: (-row[g + i], i))
+      for i in order[:n]:
+        keep[r, g + i] = True
+  return keep.reshape(scores.shape)
+
+
+def np_nm_mask(scores, n, m):
+  """Vectorised: a stable argsort of -scores inside each group (ties -> lower index)."""
+  groups = scores.reshape(scores.shape[:-1] + (-1, m))
+  order = np.argsort(-groups, axis=-1, kind="stable")
+  rank = np.argsort(order, axis=-1, kind="stable")
+  return (rank < n).reshape(scores.shape)
+
+
+def np_softmax_where(logits, keep):
+  """Softmax over entries where keep (and finite); empty rows -> 0."""
+  keep = keep & np.isfinite(logits)
+  safe = np.where(keep, logits, -np.inf)
+  row_max = np.max(safe, axis=-1, keepdims=True)
+  row_max = np.where(np.isfinite(row_max), row_max, 0.0)
+  unnorm = np.where(keep, np.exp(np.where(keep, logits, 0.0) - row_max), 0.0)
+  denom = unnorm.sum(-1, keepdims=True)
+  return unnorm / np.where(denom > 0, denom, 1.0)
+
+
+def np_scores(q, k, mask):
+  q, k = q.astype(np.float64), k.astype(np.float64)
+  s = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+  if mask is not None:
+    s = np.where(mask[:, None, None, :], s, -np.inf)
+  return s
+
+
+def np_dfss(q, k, v, n, m, mask=None):
+  s = np_scores(q, k, mask)
+  p = np_softmax_where(s, np_nm_mask(s, n, m))
+  return np.einsum("bhqk,bkhd->bqhd", p, v.astype(np.float64))
+
+
+def np_topk_attention(q, k, v, mask, sparsity):
+  """Oracle top-k attention: each row keeps its ceil((1-s) n_real) largest real scores."""
+  s = np_scores(q, k, mask)
+  keep = np.zeros(s.shape, bool)
+  for b in range(s.shape[0]):
+    count = max(1, math.ceil((1 - sparsity) * mask[b].sum() - 1e-6))
+    order = np.argsort(-s[b], axis=-1, kind="stable")[..., :count]
+    np.put_along_axis(keep[b], order, True, axis=-1)
+  p = np_softmax_where(s, keep)
+  return np.einsum("bhqk,bkhd->bqhd", p, v.astype(np.float64)), keep
+
+
+def np_nystrom_official(q, k, v, mask, num_landmarks, iters=6, nm=None, conv=None):
+  """float64 port of mlpen/Nystromformer LRA/code/attention_nystrom.py (+ N:M option)."""
+  q, k, v = [np.swapaxes(x.astype(np.float64), 1, 2) for x in (q, k, v)]   # [b, h, L, d]
+  maskf = mask.astype(np.float64)
+  b, h, length, d = q.shape
+  q = q * maskf[:, None, :, None] / math.sqrt(math.sqrt(d))
+  k = k * maskf[:, None, :, None] / math.sqrt(math.sqrt(d))
+  q_land = q.reshape(b, h, num_landmarks, length // num_landmarks, d).mean(-2)
+  k_land = k.reshape(b, h, num_landmarks, length // num_landmarks, d).mean(-2)
+
+  def softmax(x, prune):
+    keep = np_nm_mask(x, *nm) if (prune and nm) else np.ones(x.shape, bool)
+    return np_softmax_where(x, keep)
+
+  kernel_1 = softmax(q @ np.swapaxes(k_land, -1, -2), True)
+  kernel_2 = softmax(q_land @ np.swapaxes(k_land, -1, -2), False)
+  kernel_3 = softmax(q_land @ np.swapaxes(k, -1, -2) - 1e9 * (1 - maskf[:, None, None, :]), True)
+  eye = np.eye(num_landmarks)
+  z = 1 / np.max(np.sum(kernel_2, axis=-2)) * np.swapaxes(kernel_2, -1, -2)
+  for _ in range(iters):
+    kz = kernel_2 @ z
+    z = (0.25 * z) @ (13 * eye - kz @ (15 * eye - kz @ (7 * eye - kz)))
+  out = kernel_1 @ z @ (kernel_3 @ v)
+  if conv is not None:  # Conv2d(h, h, (K, 1), padding K // 2, groups=h, bias=False)
+    size = conv.shape[0]
+    vm = np.pad(v * maskf[:, None, :, None], ((0, 0), (0, 0), (size // 2, size // 2), (0, 0)))
+    for t in range(size):
+      out = out + conv[t][None, :, None, None] * vm[:, :, t:t + length]
+  return np.swapaxes(out, 1, 2)
+
+
+def _config(kind, **fields):
+  config = get_base_config().attention
+  config.kind = kind
+  config.num_landmarks = 8
+  for name, value in fields.items():
+    config[name] = value
+  return config
+
+
+def _dims(length=L, model_dim=16, heads=H, head_dim=D, dropout=0.0):
+  return AttentionDims(num_heads=heads, head_dim=head_dim, model_dim=model_dim, length=length,
+                       dropout_rate=dropout, dtype=jnp.float32)
+
+
+# ------------------------------------------------------------------------------------ nm_mask
+@pytest.mark.parametrize("n,m", [(1, 2), (2, 4), (3, 8), (1, 4), (4, 4)])
+def test_nm_mask_matches_brute_force_with_ties(n, m):
+  rng = np.random.default_rng(n * 10 + m)
+  scores = rng.integers(-2, 3, size=(3, 5, 16)).astype(np.float32)   # many ties
+  scores[0, 0, :4] = -np.inf
+  scores[1, 2, 4:8] = [-np.inf, 1.0, -np.inf, 1.0]
+  got = np.asarray(nm_mask(jnp.asarray(scores), n, m))
+  np.testing.assert_array_equal(got, np_nm_mask_brute(scores, n, m))
+  assert np.all(got.reshape(3, 5, -1, m).sum(-1) == n)
+
+
+def test_nm_mask_bad_arguments():
+  scores = jnp.zeros((2, 10))
+  with pytest.raises(ValueError, match="not a multiple of m=4"):
+    nm_mask(scores, 2, 4)
+  for n, m in [(0, 2), (3, 2), (-1, 2)]:
+    with pytest.raises(ValueError, match="0 < n <= m"):
+      nm_mask(jnp.zeros((2, 8)), n, m)
+
+
+# --------------------------------------------------------------------------------------- DFSS
+@pytest.mark.parametrize("n,m", [(1, 2), (2, 4), (3, 8)])
+def test_dfss_matches_numpy(n, m):
+  q, k, v = _qkv(n + m)
+  mask = _mask()
+  got = dfss_attention(q, k, v, n=n, m=m, mask=jnp.asarray(mask), backend="reference")
+  want = np_dfss(q, k, v, n, m, mask)
+  np.testing.assert_allclose(np.asarray(got)[mask], want[mask], rtol=2e-5, atol=2e-5)
+  # Padded query rows still attend to real keys only: compare them too.
+  np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
+
+
+def test_dfss_gradients_match_finite_differences():
+  n, m = 2, 4
+  q, k, v = _qkv(7)
+  mask = _mask()
+  weights = np.random.default_rng(8).normal(size=q.shape)
+
+  def loss_jax(q, k, v):
+    out = dfss_attention(q, k, v, n=n, m=m, mask=jnp.asarray(mask), backend="reference")
+    return jnp.sum(out * weights)
+
+  def loss_np(q, k, v):
+    return float(np.sum(np_dfss(q, k, v, n, m, mask) * weights))
+
+  grads = jax.jit(jax.grad(loss_jax, argnums=(0, 1, 2)))(q, k, v)
+  rng = np.random.default_rng(9)
+  eps = 1e-6
+  for which in range(3):
+    for _ in range(3):
+      direction = rng.normal(size=q.shape)
+      args_plus = [x.astype(np.float64) for x in (q, k, v)]
+      args_minus = [x.astype(np.float64) for x in (q, k, v)]
+      args_plus[which] = args_plus[which] + eps * direction
+      args_minus[which] = args_minus[which] - eps * direction
+      numeric = (loss_np(*args_plus) - loss_np(*args_minus)) / (2 * eps)
+      analytic = float(np.sum(np.asarray(grads[which], np.float64) * direction))
+      assert abs(numeric - analytic) <= 1e-3 * max(1.0, abs(numeric)), (which, numeric, analytic)
+
+
+def test_dfss_n_equals_m_is_dense():
+  q, k, v = _qkv(3)
+  mask = jnp.asarray(_mask())
+  got = dfss_attention(q, k, v, n=4, m=4, mask=mask, backend="reference")
+  want = dense_reference(q, k, v, mask)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+  grad_got = jax.jit(jax.grad(lambda q: jnp.sum(
+      dfss_attention(q, k, v, n=2, m=2, mask=mask) ** 2)))(q)
+  grad_want = jax.grad(lambda q: jnp.sum(
+      dense_reference(q, k, v, mask) ** 2))(q)
+  np.testing.assert_allclose(np.asarray(grad_got), np.asarray(grad_want), rtol=1e-4, atol=1e-5)
+
+
+def test_dfss_padded_groups_and_rows_give_zeros_and_finite_grads():
+  q, k, v = _qkv(4)
+  mask = _mask(lengths=[5, 0])   # example 0: keys 5..31 padded (whole groups); example 1: none
+  mask_j = jnp.asarray(mask)
+  # A real key with a tiny score still beats padded keys in its group.
+  k[0, 4] = -50.0 * q[0, :, :, :].mean(0)
+  out = dfss_attention(q, k, v, n=2, m=4, mask=mask_j, backend="reference")
+  assert np.all(np.isfinite(np.asarray(out)))
+  np.testing.assert_array_equal(np.asarray(out)[1], 0.0)
+  np.testing.assert_allclose(np.asarray(out), np_dfss(q, k, v, 2, 4, mask), rtol=2e-5,
+                             atol=2e-5)
+  grads = jax.jit(jax.grad(lambda q, k, v: jnp.sum(
+      dfss_attention(q, k, v, n=2, m=4, mask=mask_j) ** 2), argnums=(0, 1, 2)))(q, k, v)
+  for grad in grads:
+    assert np.all(np.isfinite(np.asarray(grad)))
+  np.testing.assert_array_equal(np.asarray(grads[0])[1], 0.0)
+  np.testing.assert_array_equal(np.asarray(grads[1])[0, 5:], 0.0)   # padded keys: no gradient
+
+
+def test_dfss_bfloat16_close_to_float32():
+  q, k, v = _qkv(5)
+  mask = jnp.asarray(_mask())
+  lo = dfss_attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)), n=2, m=4, mask=mask)
+  assert lo.dtype == jnp.bfloat16
+  ref = np_dfss(*(np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32) for x in (q, k, v)), 2,
+                4, np.asarray(mask))
+  np.testing.assert_allclose(np.asarray(lo, np.float32), ref, atol=3e-2)
+
+
+def test_dfss_bad_inputs():
+  q, k, v = _qkv(0, (1, 30, 2, 8))
+  with pytest.raises(ValueError, match="length 30 is not a multiple of m=4"):
+    dfss_attention(q, k, v, n=2, m=4)
+  q, k, v = _qkv(0)
+  with pytest.raises(ValueError, match="unknown backend"):
+    dfss_attention(q, k, v, backend="cuda")
+  with pytest.raises(ValueError, match="0 < n <= m"):
+    dfss_attention(q, k, v, n=5, m=4)
+
+
+def test_dfss_core_dropout_and_deterministic():
+  q, k, v = _qkv(6)
+  mask = jnp.asarray(_mask())
+  core = build_attention(_config("dfss", n=1, m=2, backend="reference"), _dims(dropout=0.5))
+  params = _init(core, q, k, v, mask=mask)
+  out = _apply(core, params, q, k, v, mask=mask, deterministic=True)
+  np.testing.assert_allclose(np.asarray(out), np_dfss(q, k, v, 1, 2, np.asarray(mask)),
+                             rtol=2e-5, atol=2e-5)
+  dropped = _apply(core, params, q, k, v, mask=mask, deterministic=False,
+                       rngs={"dropout": jax.random.PRNGKey(1)})
+  assert np.all(np.isfinite(np.asarray(dropped)))
+  assert not np.allclose(np.asarray(dropped), np.asarray(out))
+
+
+def test_dfss_cpu_path_never_imports_triton():
+  if jax.default_backend() == "gpu":
+    pytest.skip("CPU-only check")
+  before = {m for m in ("jax_triton", "triton") if m in sys.modules}
+  x = jnp.ones((1, 8, 1, 4))
+  dfss_attention(x, x, x, n=2, m=4, backend="auto").block_until_ready()
+  build_attention(_config("dfss", backend="auto"), _dims())
+  assert not {m for m in ("jax_triton", "triton") if m in sys.modules} - before
+
+
+def test_dfss_triton_backend_unavailable_on_cpu_is_one_error():
+  if jax.default_backend() == "gpu":
+    pytest.skip("CPU-only check")
+  q, k, v = _qkv(0)
+  with pytest.raises(ValueError, match="triton"):
+    dfss_attention(q, k, v, backend="triton")
+  with pytest.raises(ValueError, match="backend='triton'"):
+    build_attention(_config("dfss", backend="triton"), _dims())
+
+
+def test_dfss_config_errors():
+  with pytest.raises(ValueError, match=r"config.attention.n=4 must be < config.attention.m=4"):
+    build_attention(_config("dfss", n=4, m=4), _dims())
+  with pytest.raises(ValueError, match=r"config.attention.n=3 must be < config.attention.m=2"):
+    build_attention(_config("dfss", n=3, m=2), _dims())
+  with pytest.raises(ValueError, match=r"length 36 .* not a multiple of config.attention.m=8"):
+    build_attention(_config("dfss", n=2, m=8), _dims(length=36))
+  with pytest.raises(ValueError, match="config.attention.backend"):
+    build_attention(_config("dfss", backend="cuda"), _dims())
+  with pytest.raises(ValueError, match="config.attention.n=0"):
+    build_attention(_config("dfss", n=0), _dims())
+
+
+# ---------------------------------------------------------------------------------------- DSA
+def _dsa_inputs(seed=0, model_dim=16):
+  rng = np.random.default_rng(seed)
+  q, k, v = _qkv(seed)
+  x = rng.normal(size=(B, L, model_dim)).astype(np.float32)
+  return q, k, v, x
+
+
+def test_dsa_sparsity_zero_is_dense():
+  q, k, v, x = _dsa_inputs(1)
+  mask = jnp.asarray(_mask())
+  core = build_attention(_config("dsa", sparsity=0.0, sigma=0.25), _dims())
+  variables = _init(core, q, k, v, mask=mask, inputs=x)
+  out, state = _apply(core, {"params": variables["params"]}, q, k, v, mask=mask, inputs=x,
+                          mutable=["aux_loss", "aux_metrics"])
+  want = dense_reference(q, k, v, mask)
+  np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-5, atol=1e-5)
+  assert float(state["aux_metrics"]["dsa_hit_rate"][0]) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("sparsity", [0.75, 0.9])
+def test_dsa_exact_predictor_is_oracle_topk(sparsity):
+  """With q = X P W~q and k = X P W~k (head_dim = k), S~ = S: DSA = oracle top-k attention."""
+  model_dim, heads, rank = 16, 2, 8          # sigma = 0.5 -> k = 8 = head_dim
+  rng = np.random.default_rng(2)
+  x = rng.normal(size=(B, L, model_dim)).astype(np.float32)
+  v = rng.normal(size=(B, L, heads, rank)).astype(np.float32)
+  mask = _mask()
+  dims = _dims(model_dim=model_dim, heads=heads, head_dim=rank)
+  core = build_attention(_config("dsa", sparsity=sparsity, sigma=0.5), dims)
+  dummy = jnp.zeros((B, L, heads, rank))
+  params = _init(core, dummy, dummy, v, mask=jnp.asarray(mask),
+                     inputs=x)["params"]
+  projection = np.asarray(core.apply({"params": params}, method=lambda mdl: mdl.projection()))
+  xp = x.astype(np.float64) @ projection
+  q = np.einsum("blk,hkj->blhj", xp, np.asarray(params["predictor_query"], np.float64))
+  k = np.einsum("blk,hkj->blhj", xp, np.asarray(params["predictor_key"], np.float64))
+  out, state = _apply(core, {"params": params}, q.astype(np.float32), k.astype(np.float32), v,
+                          mask=jnp.asarray(mask), inputs=x, mutable=["aux_loss", "aux_metrics"])
+  want, _ = np_topk_attention(q, k, v, mask, sparsity)
+  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
+  assert float(state["aux_metrics"]["dsa_hit_rate"][0]) == pytest.approx(1.0)
+  assert float(state["aux_metrics"]["dsa_mse"][0]) < 1e-8
+
+
+def test_dsa_projection_is_fixed_ternary_and_not_a_parameter():
+  dims = _dims(model_dim=64)
+  core = build_attention(_config("dsa", sigma=0.5), dims)
+  q, k, v, _ = _dsa_inputs(3)
+  x = np.ones((B, L, 64), np.float32)
+  variables = _init(core, q, k, v, mask=None, inputs=x)
+  assert set(variables["params"]) == {"predictor_query", "predictor_key"}
+  assert variables["params"]["predictor_query"].shape == (H, 32, 32)
+  other = build_attention(_config("dsa", sigma=0.5), dims)
+  p1 = np.asarray(core.apply(variables, method=lambda mdl: mdl.projection()))
+  p2 = np.asarray(other.apply(_init(other, q, k, v, mask=None, inputs=x, seed=5),
+                              method=lambda mdl: mdl.projection()))
+  np.testing.assert_array_equal(p1, p2)
+  assert p1.shape == (64, 32)
+  scale = math.sqrt(3 / 32)
+  assert set(np.unique(np.round(p1 / scale, 6))) <= {-1.0, 0.0, 1.0}
+  big = np.asarray(dsa_lib.random_projection(0, 300, 300)) / math.sqrt(
+      3 / 300)
+  assert abs(np.mean(big == 1) - 1 / 6) < 0.01 and abs(np.mean(big == -1) - 1 / 6) < 0.01
+
+
+def test_dsa_mse_loss_value_and_gradients_reach_both_paths():
+  q, k, v, x = _dsa_inputs(4)
+  mask = _mask()
+  core = build_attention(_config("dsa", sparsity=0.5, mse_weight=0.3), _dims())
+  params = _init(core, q, k, v, mask=jnp.asarray(mask), inputs=x)["params"]
+
+  def aux(params, q):
+    _, state = _apply(core, {"params": params}, q, k, v, mask=jnp.asarray(mask), inputs=x,
+                          mutable=["aux_loss", "aux_metrics"])
+    return state["aux_loss"]["dsa_mse"][0], state
+
+  (loss, state), (grad_params, grad_q) = jax.jit(jax.value_and_grad(
+      aux, argnums=(0, 1), has_aux=True))(params, q)
+  projection = np.asarray(core.apply({"params": params}, method=lambda mdl: mdl.projection()))
+  xp = x.astype(np.float64) @ projection
+  qt = np.einsum("blk,hkj->blhj", xp, np.asarray(params["predictor_query"], np.float64))
+  kt = np.einsum("blk,hkj->blhj", xp, np.asarray(params["predictor_key"], np.float64))
+  s, st = np_scores(q, k, None), np_scores(qt, kt, None) * math.sqrt(qt.shape[-1] / D)
+  pairs = (mask[:, None, :, None] & mask[:, None, None, :])
+  pairs = np.broadcast_to(pairs, s.shape)
+  mse = np.mean((s - st)[pairs] ** 2)
+  assert float(state["aux_metrics"]["dsa_mse"][0]) == pytest.approx(mse, rel=1e-4)
+  assert float(loss) == pytest.approx(0.3 * mse, rel=1e-4)
+  assert np.abs(np.asarray(grad_q)).sum() > 0
+  assert np.abs(np.asarray(grad_params["predictor_query"])).sum() > 0
+  assert np.abs(np.asarray(grad_params["predictor_key"])).sum() > 0
+  np.testing.assert_array_equal(np.asarray(grad_q)[1, LENGTHS[1]:], 0.0)  # padded: no MSE
+
+
+def test_dsa_vector_granularity_and_threshold_against_numpy():
+  rng = np.random.default_rng(5)
+  scores = rng.normal(size=(B, H, L, L)).astype(np.float32)
+  mask = _mask()
+  keep = np.asarray(dsa_lib.predicted_mask(jnp.asarray(scores), mask=jnp.asarray(mask),
+                                           sparsity=0.75, vector=4))
+  for b in range(B):
+    count = math.ceil(0.25 * mask[b].sum() - 1e-6)
+    for h in range(H):
+      for g in range(L // 4):
+        rows = [r for r in range(4 * g, 4 * g + 4) if mask[b, r]]
+        mean = scores[b, h, rows].astype(np.float64).mean(0) if rows else np.zeros(L)
+        mean = np.where(mask[b], mean, -np.inf)
+        want = np.zeros(L, bool)
+        want[np.argsort(-mean, kind="stable")[:count]] = True
+        for r in range(4 * g, 4 * g + 4):
+          np.testing.assert_array_equal(keep[b, h, r], want)
+  keep = np.asarray(dsa_lib.predicted_mask(jnp.asarray(scores), mask=jnp.asarray(mask),
+                                           selection="threshold", threshold=0.5))
+  np.testing.assert_array_equal(keep, (scores >= 0.5) & mask[:, None, None, :])
+
+
+def test_dsa_topk_mask_matches_brute_force_with_ties():
+  rng = np.random.default_rng(11)
+  scores = rng.integers(-2, 3, size=(2, 3, 5, 16)).astype(np.float32)   # many ties
+  scores[0, 0, 0, :10] = -np.inf
+  counts = np.array([3, 6])
+  got = np.asarray(jax.jit(dsa_lib.topk_mask, static_argnums=2)(scores, counts, 6))
+  want = np.zeros(scores.shape, bool)
+  for b, h, r in np.ndindex(*scores.shape[:3]):
+    order = sorted(range(16), key=lambda i: (-scores[b, h, r, i], i))[:counts[b]]
+    want[b, h, r, order] = True
+  np.testing.assert_array_equal(got, want)
+
+
+def test_dsa_fake_quantization():
+  x = jnp.asarray(np.random.default_rng(6).normal(size=(64,)), jnp.float32)
+  for bits in (2, 4, 8):
+    quantized = np.asarray(dsa_lib.fake_quantize(x, bits))
+    assert len(np.unique(quantized)) <= 2 ** bits - 1
+    np.testing.assert_allclose(quantized, x, atol=float(jnp.max(jnp.abs(x))) / (
+        2 ** (bits - 1) - 1) / 2 + 1e-6)
+    grad = jax.grad(lambda x: jnp.sum(dsa_lib.fake_quantize(x, bits) * 3.0))(x)
+    np.testing.assert_array_equal(np.asarray(grad), 3.0)   # straight-through
+  np.testing.assert_array_equal(np.asarray(dsa_lib.fake_quantize(x, 0)), np.asarray(x))
+
+
+@pytest.mark.parametrize("quant_bits,vector,selection,dropout", [(2, 8, "topk", 0.0),
+                                                                 (8, 4, "threshold", 0.1)])
+def test_dsa_core_variants_finite(quant_bits, vector, selection, dropout):
+  q, k, v, x = _dsa_inputs(7)
+  mask = jnp.asarray(_mask(lengths=[29, 0]))
+  core = build_attention(_config("dsa", quant_bits=quant_bits, vector=vector,
+                                 selection=selection), _dims(dropout=dropout))
+  params = _init(core, q, k, v, mask=mask, inputs=x)["params"]
+
+  def loss(params, q):
+    out, state = _apply(core, {"params": params}, q, k, v, mask=mask, inputs=x,
+                            deterministic=False, rngs={"dropout": jax.random.PRNGKey(2)},
+                            mutable=["aux_loss", "aux_metrics"])
+    return jnp.sum(out ** 2) + state["aux_loss"]["dsa_mse"][0]
+
+  value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, q)
+  assert np.isfinite(float(value))
+  assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
+
+
+def test_dsa_config_errors():
+  cases = [({"sparsity": 1.0}, r"config.attention.sparsity=1.0 must be in \[0, 1\)"),
+           ({"sparsity": -0.1}, r"config.attention.sparsity=-0.1"),
+           ({"sigma": 0.0}, r"config.attention.sigma=0.0 must be in \(0, 1\]"),
+           ({"sigma": 1.5}, r"config.attention.sigma=1.5"),
+           ({"sigma": 0.01}, r"predictor rank"),
+           ({"quant_bits": 3}, r"config.attention.quant_bits=3"),
+           ({"quant_bits": 16}, r"config.attention.quant_bits=16"),
+           ({"vector": 2}, r"config.attention.vector=2"),
+           ({"selection": "random"}, r"config.attention.selection='random'"),
+           ({"mse_weight": -1.0}, r"config.attention.mse_weight=-1.0")]
+  for fields, message in cases:
+    with pytest.raises(ValueError, match=message):
+      build_attention(_config("dsa", **fields), _dims())
+  with pytest.raises(ValueError, match="length 36 is not a multiple of config.attention.vector=8"):
+    build_attention(_config("dsa", vector=8), _dims(length=36))
+
+
+# ------------------------------------------------------------------------------------ Nystrom
+def test_nystrom_as_many_landmarks_as_tokens_is_close_to_dense():
+  """Landmarks = tokens: F = A = B = softmax(QK^T/sqrt(d)), so O = A pinv(A) A V = A V once the
+  iterative pinv has converged (6 iterations leave ~2e-2 on near-uniform A; 20 converge)."""
+  q, k, v = _qkv(8, (B, 16, H, D))
+  mask = jnp.asarray(_mask(lengths=[16, 11], length=16))
+  got = nystrom_attention(q, k, v, num_landmarks=16, pinv_iters=20, mask=mask)
+  want = dense_reference(q, k, v, mask)
+  np.testing.assert_allclose(np.asarray(got)[0], np.asarray(want)[0], atol=1e-3)
+  # With padding, Q~/K~ include zeroed padded tokens (official semantics): still close.
+  np.testing.assert_allclose(np.asarray(got)[1, :11], np.asarray(want)[1, :11], atol=2e-2)
+
+
+@pytest.mark.parametrize("num_landmarks", [4, 8])
+def test_nystrom_matches_numpy_port_of_official(num_landmarks):
+  q, k, v = _qkv(9)
+  mask = _mask()
+  got = nystrom_attention(q, k, v, num_landmarks=num_landmarks, mask=jnp.asarray(mask))
+  want = np_nystrom_official(q, k, v, mask, num_landmarks)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("nm", ["1:2", "2:4"])
+def test_nystrom_dfss_matches_numpy(nm):
+  q, k, v = _qkv(10)
+  mask = _mask()
+  parsed = tuple(int(x) for x in nm.split(":"))
+  got = nystrom_attention(q, k, v, num_landmarks=8, nm=nm, mask=jnp.asarray(mask))
+  want = np_nystrom_official(q, k, v, mask, 8, nm=parsed)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+  plain = np_nystrom_official(q, k, v, mask, 8)
+  assert not np.allclose(want, plain, atol=1e-3)   # the pruning really changes the result
+
+
+def test_nystrom_pads_length_to_a_multiple_of_landmarks():
+  q, k, v = _qkv(11, (B, 30, H, D))
+  mask = _mask(lengths=[30, 17], length=30)
+  got = nystrom_attention(q, k, v, num_landmarks=8, mask=jnp.asarray(mask))
+  pad = lambda x: np.pad(x, ((0, 0), (0, 2), (0, 0), (0, 0)))
+  want = np_nystrom_official(pad(q), pad(k), pad(v), np.pad(mask, ((0, 0), (0, 2))), 8)[:, :30]
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
+def test_nystrom_core_with_conv_matches_numpy_and_trains():
+  q, k, v = _qkv(12)
+  mask = jnp.asarray(_mask())
+  core = build_attention(_config("nystrom", num_landmarks=8, conv_kernel=5), _dims(dropout=0.1))
+  params = _init(core, q, k, v, mask=mask)["params"]
+  assert params["conv_kernel"].shape == (5, H)
+  out = _apply(core, {"params": params}, q, k, v, mask=mask)
+  want = np_nystrom_official(q, k, v, _mask(), 8,
+                             conv=np.asarray(params["conv_kernel"], np.float64))
+  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
+  # Training path (dropout on F and B); one pinv iteration keeps the compile small.
+  train_core = build_attention(_config("nystrom", num_landmarks=8, conv_kernel=5, pinv_iters=1,
+                                       nm="1:2"), _dims(dropout=0.1))
+  grads = jax.jit(jax.grad(lambda p, q: jnp.sum(train_core.apply(
+      {"params": p}, q, k, v, mask=mask, deterministic=False,
+      rngs={"dropout": jax.random.PRNGKey(1)}) ** 2), argnums=(0, 1)))(params, q)
+  assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
+  assert np.abs(np.asarray(grads[0]["conv_kernel"])).sum() > 0
+
+
+def test_nystrom_bad_inputs_and_config_errors():
+  q, k, v = _qkv(0)
+  with pytest.raises(ValueError, match="num_landmarks=6 must be a multiple of m=4"):
+    nystrom_attention(q, k, v, num_landmarks=6, nm="2:4")
+  with pytest.raises(ValueError, match="nm='2-4'"):
+    nystrom_attention(q, k, v, num_landmarks=8, nm="2-4")
+  cases = [({"num_landmarks": 64}, r"config.attention.num_landmarks=64"),
+           ({"num_landmarks": 0}, r"config.attention.num_landmarks=0"),
+           ({"pinv_iters": 0}, r"config.attention.pinv_iters=0"),
+           ({"conv_kernel": 4}, r"config.attention.conv_kernel=4"),
+           ({"nm": "4:4"}, r"config.attention.nm='4:4' needs 0 < n < m"),
+           ({"nm": "two:four"}, r"config.attention.nm='two:four'"),
+           ({"num_landmarks": 6, "nm": "1:4"}, r"num_landmarks=6 must be a multiple of m=4")]
+  for fields, message in cases:
+    with pytest.raises(ValueError, match=message):
+      build_attention(_config("nystrom", **fields), _dims())

@@ -1,0 +1,304 @@
+"""Tests of the DFSS kernels.
+
+CPU: the pure-JAX reference (kernels/dfss_reference.py) against a float64 numpy brute force
+(ties, odd lengths, padded rows, fully padded rows, gradients).  GPU (marked ``gpu``, skipped
+without a GPU or jax_triton): the Triton kernels against the reference on random inputs, with
+every output buffer poisoned (NaN) before the kernel writes it.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from kernels import dfss_reference as ref
+
+
+# ----------------------------------------------------------------------------- numpy oracle
+def np_keep(scores, n, m):
+    """float64 brute force: stable sort of each group, descending (ties -> lower index)."""
+    s = np.asarray(scores, np.float64)
+    g = s.reshape(s.shape[:-1] + (s.shape[-1] // m, m))
+    order = np.argsort(-g, axis=-1, kind="stable")
+    rank = np.argsort(order, axis=-1, kind="stable")
+    return (rank < n).reshape(s.shape)
+
+
+def np_dfss(q, k, v, n, m, mask=None):
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    b, l, h, d = q.shape
+    s = np.einsum("blhd,bkhd->bhlk", q, k) / math.sqrt(d)
+    valid = np.ones((b, l), bool) if mask is None else np.asarray(mask, bool)
+    kp = -(-l // m) * m
+    s = np.pad(s, [(0, 0)] * 3 + [(0, kp - l)])
+    valid = np.pad(valid, [(0, 0), (0, kp - l)])
+    s = np.where(valid[:, None, None, :], s, -np.inf)
+    keep = np_keep(s, n, m)
+    t = np.where(keep, s, -np.inf)
+    mx = t.max(-1, keepdims=True)
+    mx = np.where(np.isfinite(mx), mx, 0.0)
+    e = np.exp(t - mx)
+    z = e.sum(-1, keepdims=True)
+    p = (e / np.where(z == 0, 1.0, z))[..., :l]
+    return np.einsum("bhlk,bkhd->blhd", p, v), keep
+
+
+def rand_qkv(key, shape, dtype=jnp.float32, ints=False):
+    ks = jax.random.split(key, 3)
+    if ints:  # many exact ties in the scores
+        q, k = (jax.random.randint(kk, shape, -1, 2).astype(dtype) for kk in ks[:2])
+    else:
+        q, k = (jax.random.normal(kk, shape, dtype) for kk in ks[:2])
+    v = jax.random.normal(ks[2], shape, dtype)
+    return q, k, v
+
+
+def make_mask(key, b, l, full_pad_row=True):
+    lengths = jax.random.randint(key, (b,), max(1, l // 3), l + 1)
+    mask = jnp.arange(l)[None, :] < lengths[:, None]
+    if full_pad_row and b > 1:
+        mask = mask.at[-1].set(False)  # a fully padded sequence
+    return mask
+
+
+HI = jax.lax.Precision.HIGHEST
+
+
+# ----------------------------------------------------------------------------- CPU: reference
+@pytest.mark.parametrize("n,m", [(1, 2), (2, 4), (1, 4), (3, 4), (2, 8), (4, 8), (7, 8)])
+@pytest.mark.parametrize("ints", [False, True])
+def test_nm_keep_mask_matches_bruteforce(n, m, ints):
+    key = jax.random.PRNGKey(n * 10 + m)
+    if ints:
+        x = jax.random.randint(key, (3, 5, 8 * m), -2, 3).astype(jnp.float32)
+    else:
+        x = jax.random.normal(key, (3, 5, 8 * m))
+    x = x.at[0, 0, :m].set(-jnp.inf)  # a group of padded keys
+    got = np.asarray(jax.jit(ref.nm_keep_mask, static_argnums=(1, 2))(x, n, m))
+    np.testing.assert_array_equal(got, np_keep(np.asarray(x), n, m))
+    assert (got.reshape(-1, m).sum(-1) == n).all()
+
+
+def test_nm_keep_mask_tie_goes_to_lower_index():
+    x = jnp.array([[1.0, 1.0, 1.0, 1.0, 0.0, 2.0, 2.0, 1.0]])
+    np.testing.assert_array_equal(np.asarray(ref.nm_keep_mask(x, 2, 4)),
+                                  [[True, True, False, False, False, True, True, False]])
+    np.testing.assert_array_equal(np.asarray(ref.nm_keep_mask(x, 1, 2)),
+                                  [[True, False, True, False, False, True, True, False]])
+
+
+@pytest.mark.parametrize("n,m", [(1, 2), (2, 4), (3, 8)])
+def test_compress_roundtrip_and_metadata(n, m):
+    key = jax.random.PRNGKey(7)
+    k_len = 40 * m  # not a multiple of 32 keys for m=2
+    x = jax.random.normal(key, (2, 6, k_len))
+    vals, meta = jax.jit(ref.nm_prune_compress, static_argnums=(1, 2))(x, n, m)
+    assert vals.shape == (2, 6, k_len * n // m)
+    assert meta.dtype == jnp.int32 and meta.shape == (2, 6, -(-k_len // 32))
+    # metadata budget: one bit per key = m bits per group (2 bits for 1:2, 4 for 2:4)
+    assert meta.size * 32 <= (x.size // m) * m + 32 * 2 * 6
+    keep = np_keep(np.asarray(x), n, m)
+    np.testing.assert_array_equal(np.asarray(ref.unpack_keep_bits(meta, k_len)), keep)
+    np.testing.assert_array_equal(np.asarray(vals), np.asarray(x)[keep].reshape(vals.shape))
+    dense = ref.decompress(vals, meta, n, m, fill=-jnp.inf)
+    np.testing.assert_array_equal(np.asarray(dense), np.where(keep, np.asarray(x), -np.inf))
+
+
+def test_compressed_softmax_and_spmm_reference():
+    n, m = 2, 4
+    key = jax.random.PRNGKey(3)
+    s = jax.random.normal(key, (2, 3, 5, 32))
+    s = s.at[0, 0, 1].set(-jnp.inf)  # a fully padded row
+    vals, meta = jax.jit(ref.nm_prune_compress, static_argnums=(1, 2))(s, n, m)
+    p = jax.jit(ref.compressed_softmax_reference)(vals)
+    assert not np.isnan(np.asarray(p)).any()
+    np.testing.assert_array_equal(np.asarray(p[0, 0, 1]), 0.0)
+    keep = np_keep(np.asarray(s), n, m)
+    t = np.where(keep, np.asarray(s, np.float64), -np.inf)
+    mx = np.max(t, -1, keepdims=True)
+    e = np.exp(t - np.where(np.isfinite(mx), mx, 0))
+    z = e.sum(-1, keepdims=True)
+    dense_p = e / np.where(z == 0, 1, z)
+    np.testing.assert_allclose(np.asarray(ref.decompress(p, meta, n, m)), dense_p, atol=1e-6)
+    v = jax.random.normal(jax.random.PRNGKey(4), (2, 3, 32, 8))
+    np.testing.assert_allclose(np.asarray(ref.spmm_reference(p, meta, v, n, m)),
+                               dense_p @ np.asarray(v, np.float64), atol=1e-5)
+
+
+@pytest.mark.parametrize("n,m,l,masked,ints", [
+    (1, 2, 16, False, False),
+    (2, 4, 13, True, False),   # odd length: keys padded to a multiple of m internally
+    (1, 2, 9, True, True),     # ties
+    (2, 4, 20, True, True),
+    (3, 8, 30, True, False),
+    (1, 4, 7, False, True),
+])
+def test_reference_matches_numpy(n, m, l, masked, ints):
+    key = jax.random.PRNGKey(l * 100 + n * 10 + m)
+    q, k, v = rand_qkv(key, (3, l, 2, 4), ints=ints)  # head_dim 4: 1/sqrt(d) exact (ties stay ties)
+    mask = make_mask(jax.random.PRNGKey(1), 3, l) if masked else None
+    got = jax.jit(lambda q, k, v: ref.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask, precision=HI))(q, k, v)
+    want, _ = np_dfss(q, k, v, n, m, mask)
+    assert not np.isnan(np.asarray(got)).any()
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    if masked:
+        np.testing.assert_array_equal(np.asarray(got[-1]), 0.0)  # fully padded row -> zeros
+
+
+@pytest.mark.parametrize("n,m,l,ints", [(2, 4, 13, False), (1, 2, 10, True), (3, 8, 24, False)])
+def test_reference_gradients_match_dense_masked_softmax(n, m, l, ints):
+    key = jax.random.PRNGKey(11 + l)
+    q, k, v = rand_qkv(key, (2, l, 2, 4), ints=ints)
+    mask = make_mask(jax.random.PRNGKey(2), 2, l)
+    _, keep = np_dfss(q, k, v, n, m, mask)
+    keep = jnp.asarray(keep[..., :l])
+    ct = jax.random.normal(jax.random.PRNGKey(5), q.shape)
+
+    def dense(q, k, v):  # dense masked softmax with the (constant) N:M keep mask
+        s = jnp.einsum("blhd,bkhd->bhlk", q, k, precision=HI) / math.sqrt(q.shape[-1])
+        s = jnp.where(keep & mask[:, None, None, :], s, -jnp.inf)
+        mx = jax.lax.stop_gradient(jnp.max(s, -1, keepdims=True))
+        e = jnp.exp(s - jnp.where(jnp.isfinite(mx), mx, 0.0))
+        z = e.sum(-1, keepdims=True)
+        p = e / jnp.where(z == 0, 1.0, z)
+        return jnp.einsum("bhlk,bkhd->blhd", p, v, precision=HI)
+
+    f_ref = lambda *a: jnp.sum(ref.dfss_attention_reference(*a, n=n, m=m, mask=mask, precision=HI) * ct)
+    f_dense = lambda *a: jnp.sum(dense(*a) * ct)
+    g_ref = jax.jit(jax.grad(f_ref, argnums=(0, 1, 2)))(q, k, v)
+    g_dense = jax.jit(jax.grad(f_dense, argnums=(0, 1, 2)))(q, k, v)
+    for a, b in zip(g_ref, g_dense):
+        assert not np.isnan(np.asarray(a)).any()
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_import_does_not_load_triton():
+    import sys
+    import kernels  # noqa: F401
+    from kernels import dfss_triton
+    if jax.default_backend() != "gpu":
+        assert not dfss_triton.is_available()
+        assert "jax_triton" not in sys.modules
+
+
+# ----------------------------------------------------------------------------- GPU: kernels
+def _need_triton():
+    from kernels import dfss_triton
+    if not dfss_triton.is_available():
+        pytest.skip("needs a GPU and jax_triton")
+    return dfss_triton
+
+
+def rel_err(a, b):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+TOL = {jnp.float32: 3e-3, jnp.bfloat16: 2e-2}  # fp32 dots run as tf32 on the tensor cores
+
+GPU_CASES = [
+    # dtype, n, m, batch, length, heads, head_dim, masked
+    (jnp.bfloat16, 2, 4, 2, 1000, 2, 64, True),
+    (jnp.bfloat16, 2, 4, 2, 130, 2, 32, False),
+    (jnp.bfloat16, 1, 2, 2, 1000, 2, 64, False),
+    (jnp.bfloat16, 3, 8, 2, 130, 2, 128, True),
+    (jnp.bfloat16, 2, 8, 1, 257, 2, 64, True),
+    (jnp.float32, 1, 2, 2, 1000, 2, 64, True),
+    (jnp.float32, 1, 2, 2, 130, 2, 32, False),
+    (jnp.float32, 2, 4, 1, 200, 2, 128, True),
+    (jnp.float32, 4, 8, 2, 130, 1, 64, True),
+]
+
+
+def _case_id(c):
+    return f"{jnp.dtype(c[0]).name}-{c[1]}of{c[2]}-B{c[3]}L{c[4]}H{c[5]}D{c[6]}{'-mask' if c[7] else ''}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["fused", "compressed"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=_case_id)
+def test_triton_matches_reference(case, impl):
+    dt = _need_triton()
+    dtype, n, m, b, l, h, d, masked = case
+    seed = zlib.crc32(f"{_case_id(case)}-{impl}".encode()) % (2**31)
+    q, k, v = rand_qkv(jax.random.PRNGKey(seed), (b, l, h, d), dtype)
+    mask = make_mask(jax.random.PRNGKey(seed + 1), b, l) if masked else None
+    ct = jax.random.normal(jax.random.PRNGKey(seed + 2), q.shape, dtype)
+
+    def f_tri(q, k, v):
+        return dt.dfss_attention_triton(q, k, v, n=n, m=m, mask=mask, impl=impl)
+
+    def f_ref(q, k, v):  # reference in fp32 at highest precision
+        q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+        return ref.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask, precision=HI)
+
+    with dt.poison_outputs():
+        out, vjp = jax.vjp(jax.jit(f_tri), q, k, v)
+        grads = vjp(ct)
+    want, vjp_ref = jax.vjp(f_ref, q, k, v)
+    grads_ref = vjp_ref(ct.astype(jnp.float32))
+    tol = TOL[dtype]
+    assert out.dtype == dtype and out.shape == q.shape
+    for name, a, r in [("out", out, want)] + [(f"d{x}", g, gr) for x, g, gr in zip("qkv", grads, grads_ref)]:
+        a = np.asarray(a.astype(jnp.float32))
+        assert not np.isnan(a).any(), f"{name}: NaN (unwritten or invalid) elements"
+        e = rel_err(a, r)
+        print(f"{_case_id(case)} {impl} {name} rel_err={e:.2e}")
+        assert e < tol, (name, e)
+    if masked:
+        assert np.all(np.asarray(out[-1].astype(jnp.float32)) == 0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,m,dtype", [(2, 4, jnp.bfloat16), (1, 2, jnp.float32), (3, 8, jnp.bfloat16)])
+def test_triton_compressed_form_matches_reference(n, m, dtype):
+    """SDDMM+prune writes exactly the reference's compressed values and keep bits."""
+    dt = _need_triton()
+    b, l, h, d = 2, 300, 2, 64
+    q, k, _ = rand_qkv(jax.random.PRNGKey(n + m), (b, l, h, d), dtype)
+    mask = make_mask(jax.random.PRNGKey(9), b, l)
+    with dt.poison_outputs():
+        sc, meta = jax.jit(lambda q, k: dt.sddmm_prune(q, k, n=n, m=m, mask=mask))(q, k)
+        probs = jax.jit(lambda s: dt.compressed_softmax(s, m=m))(sc)
+    s_ref = ref.dfss_scores(q.astype(jnp.float32), k.astype(jnp.float32), mask=mask, m=m, precision=HI)
+    lk = s_ref.shape[-1]
+    s_ref = s_ref.reshape(b * h, l, lk)
+    vals_ref, meta_ref = ref.nm_prune_compress(s_ref, n, m)
+    keep = np.asarray(ref.unpack_keep_bits(meta[:, :l], lk))
+    keep_ref = np.asarray(ref.unpack_keep_bits(meta_ref, lk))
+    assert not np.isnan(np.asarray(sc)).any() and not np.isnan(np.asarray(probs)).any()
+    mism = float(np.mean(keep != keep_ref))
+    assert mism < 1e-3, mism  # only near-ties may flip (different summation order)
+    vals = np.asarray(sc[:, :l, : lk // m * n])
+    both = np.isfinite(vals) & np.isfinite(np.asarray(vals_ref))
+    agree = (keep == keep_ref).reshape(b * h, l, lk // m, m).all(-1)
+    agree = np.repeat(agree, n, axis=-1)
+    np.testing.assert_allclose(vals[both & agree], np.asarray(vals_ref)[both & agree], rtol=2e-2, atol=2e-2)
+    p_ref = ref.compressed_softmax_reference(jnp.asarray(vals))
+    assert rel_err(probs[:, :l, : lk // m * n].astype(jnp.float32), p_ref) < 1e-5
+    # memory of the stored attention matrix: compressed values + 1 bit per key
+    assert meta.dtype == jnp.int32 and meta.shape[-1] * 32 == sc.shape[-1] * m // n
+
+
+@pytest.mark.gpu
+def test_triton_grad_through_model_jit():
+    """jax.grad of a function using the kernels (inside jit) runs and matches the reference."""
+    dt = _need_triton()
+    q, k, v = rand_qkv(jax.random.PRNGKey(0), (2, 256, 2, 64), jnp.bfloat16)
+    w = jax.random.normal(jax.random.PRNGKey(1), (64, 64), jnp.bfloat16) * 0.1
+
+    def loss(w, attn):
+        o = attn(q @ w, k, v)
+        return jnp.mean(o.astype(jnp.float32) ** 2)
+
+    g = jax.jit(jax.grad(lambda w: loss(w, lambda a, b, c: dt.dfss_attention_triton(a, b, c, n=2, m=4))))(w)
+    g_ref = jax.grad(lambda w: loss(w, lambda a, b, c: ref.dfss_attention_reference(
+        a.astype(jnp.float32), b.astype(jnp.float32), c.astype(jnp.float32), n=2, m=4, precision=HI)))(w)
+    assert rel_err(g.astype(jnp.float32), g_ref.astype(jnp.float32)) < 3e-2

@@ -1,0 +1,538 @@
+"""Sweep runner and table builder on synthetic run directories (no trainer, no JAX).
+
+Standard deviations are SAMPLE standard deviations (numpy ddof=1), as documented in
+lra_sparse/tables.py and WORKSPACE.md.
+"""
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from lra_sparse import sweep as sweep_lib
+from lra_sparse import tables
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LISTOPS_TINY = os.path.join(REPO, "configs", "listops.py") + ":tiny"
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def write_run(root, name, *, task, kind, seed, accuracy=None, metrics_lines=None,
+              result_text=None, error=False, extra=None):
+  """A run workdir as the trainer (config.json, metrics.jsonl, result.json) and sweep leave it."""
+  workdir = root / name
+  workdir.mkdir(parents=True)
+  config = {"task": task, "seed": seed, "init_from": "",
+            "attention": {"kind": kind, "n": 2, "m": 4, "sparsity": 0.9},
+            "model": {"dtype": "float32"}}
+  for key, value in (extra or {}).items():
+    section, field = key.split(".")
+    config[section][field] = value
+  (workdir / "config.json").write_text(json.dumps(config))
+  lines = metrics_lines if metrics_lines is not None else [
+      json.dumps({"step": 10, "split": "train", "loss": 2.0, "accuracy": 0.1}),
+      json.dumps({"step": 20, "split": "val", "loss": 1.9, "accuracy": 0.2})]
+  (workdir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+  if accuracy is not None:
+    (workdir / "result.json").write_text(json.dumps(
+        {"step": 20, "test": {"accuracy": accuracy, "loss": 1.0}, "val": {"accuracy": 0.5}}))
+  if result_text is not None:
+    (workdir / "result.json").write_text(result_text)
+  if error:
+    (workdir / "sweep_error.txt").write_text("return code 1\n")
+  return workdir
+
+
+TABLE_SPEC = """
+from lra_sparse.tables import Plot, Selector, Table
+
+def get_table(preset=""):
+  return Table(
+      title="synthetic" + (" " + preset if preset else ""),
+      rows=[Selector("Dense", {"attention.kind": "dense"}),
+            Selector("DFSS 2:4", {"attention.kind": "dfss", "attention.n": 2, "attention.m": 4}),
+            Selector("DSA-90", {"attention.kind": "dsa", "attention.sparsity": 0.9})],
+      columns=[Selector("ListOps", {"task": "listops"}), Selector("Text", {"task": "text"})],
+      average=True,
+      plot=Plot(x="attention.sparsity", series=[Selector("DSA", {"attention.kind": "dsa"})],
+                baselines=[Selector("Dense", {"attention.kind": "dense"})]),
+  )
+"""
+
+DENSE_LISTOPS = [0.3712, 0.3655, 0.3801]
+DENSE_TEXT = [0.6504]
+DFSS_LISTOPS_RESULT = [0.3690, 0.3744]
+DFSS_LISTOPS_FROM_METRICS = 0.3598     # result.json corrupt; last test record of metrics.jsonl
+
+
+@pytest.fixture
+def synthetic_root(tmp_path):
+  root = tmp_path / "runs"
+  for seed, acc in enumerate(DENSE_LISTOPS):
+    write_run(root, f"dense_listops_{seed}", task="listops", kind="dense", seed=seed,
+              accuracy=acc)
+  write_run(root, "dense_text_0", task="text", kind="dense", seed=0, accuracy=DENSE_TEXT[0])
+  # Unfinished (no result.json) and with a corrupt metrics line (line 2).
+  write_run(root, "dense_text_1", task="text", kind="dense", seed=1, metrics_lines=[
+      json.dumps({"step": 10, "split": "train", "loss": 2.0, "accuracy": 0.1}),
+      '{"step": 20, "split": "val", "loss": 1.9, "accur',
+      json.dumps({"step": 30, "split": "train", "loss": 1.8, "accuracy": 0.3})])
+  for seed, acc in enumerate(DFSS_LISTOPS_RESULT):
+    write_run(root, f"dfss_listops_{seed}", task="listops", kind="dfss", seed=seed,
+              accuracy=acc)
+  write_run(root, "dfss_listops_2", task="listops", kind="dfss", seed=2, error=True)
+  write_run(root, "dfss_listops_3", task="listops", kind="dfss", seed=3,
+            result_text='{"step": 20, "test": {"accuracy": 0.', metrics_lines=[
+                json.dumps({"step": 20, "split": "test", "loss": 1.1, "accuracy": 0.1}),
+                json.dumps({"step": 40, "split": "test", "loss": 1.0,
+                            "accuracy": DFSS_LISTOPS_FROM_METRICS})])
+  # DSA: one run whose result.json is unreadable and has no test record -> unfinished.
+  write_run(root, "dsa_listops_0", task="listops", kind="dsa", seed=0, result_text="[1, 2")
+  # DFSS x Text: no run at all (missing). A stray dense run nested deeper is still found.
+  write_run(root / "nested", "dense_listops_9", task="listops", kind="dense", seed=9,
+            accuracy=0.40, extra={"model.dtype": "bfloat16"})
+  spec = tmp_path / "table_spec.py"
+  spec.write_text(TABLE_SPEC)
+  return root, spec
+
+
+def expected_cell(values_fraction, unfinished=0, failed=0):
+  values = np.asarray(values_fraction, np.float64) * 100.0
+  notes = ([f"{unfinished} unfinished"] if unfinished else []) + (
+      [f"{failed} failed"] if failed else [])
+  if values.size == 0:
+    return "—" + (f" ({', '.join(notes)})" if notes else "")
+  text = f"{values.mean():.2f}"
+  if values.size > 1:
+    text += f" ± {values.std(ddof=1):.2f}"
+  return text + f" ({', '.join([f'n={values.size}'] + notes)})"
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def test_markdown_table_exact_cells_and_marks(synthetic_root):
+  root, spec = synthetic_root
+  report = tables.Reporter(echo=False)
+  text = tables.make_table(str(root), str(spec), "markdown", report=report)
+  dense_listops = DENSE_LISTOPS + [0.40]
+  dfss_listops = DFSS_LISTOPS_RESULT + [DFSS_LISTOPS_FROM_METRICS]
+  dense_avg = np.mean([np.mean(dense_listops), np.mean(DENSE_TEXT)]) * 100
+  expected_rows = [
+      f"| Dense | {expected_cell(dense_listops)} | {expected_cell(DENSE_TEXT, unfinished=1)} "
+      f"| {dense_avg:.2f} |",
+      f"| DFSS 2:4 | {expected_cell(dfss_listops, failed=1)} | — | — |",
+      "| DSA-90 | — (1 unfinished) | — | — |",
+  ]
+  lines = text.splitlines()
+  assert lines[0] == "### synthetic"
+  assert lines[2] == "| Model | ListOps | Text | Avg |"
+  assert lines[4:7] == expected_rows
+  # Spot-check against hand-computed numbers too (sample std of 37.12, 36.55, 38.01, 40.00).
+  assert expected_rows[0].startswith("| Dense | 37.92 ± 1.51 (n=4) | 65.04 (n=1, 1 unfinished)")
+  assert "sample std (ddof=1)" in text
+
+  corrupt_metrics = os.path.join(root, "dense_text_1", "metrics.jsonl")
+  assert any(m.startswith(f"{corrupt_metrics}:2: invalid JSON") for m in report.messages)
+  fallback = os.path.join(root, "dfss_listops_3", "result.json")
+  assert any(m.startswith(f"{fallback}:1: using ") and "metrics.jsonl:2" in m
+             for m in report.messages)
+  unusable = os.path.join(root, "dsa_listops_0", "result.json")
+  assert any(m.startswith(unusable) and "counted as unfinished" in m for m in report.messages)
+
+
+def test_csv_table_exact_numbers(synthetic_root):
+  root, spec = synthetic_root
+  text = tables.make_table(str(root), str(spec), "csv", report=tables.Reporter(echo=False))
+  rows = list(csv.DictReader(io.StringIO(text)))
+  assert [(r["row"], r["column"]) for r in rows] == [
+      ("Dense", "ListOps"), ("Dense", "Text"), ("DFSS 2:4", "ListOps"), ("DFSS 2:4", "Text"),
+      ("DSA-90", "ListOps"), ("DSA-90", "Text")]
+  by_cell = {(r["row"], r["column"]): r for r in rows}
+  dense = np.asarray(DENSE_LISTOPS + [0.40]) * 100
+  cell = by_cell[("Dense", "ListOps")]
+  assert (cell["n"], cell["unfinished"], cell["failed"]) == ("4", "0", "0")
+  assert cell["mean"] == f"{dense.mean():.6f}" and cell["std"] == f"{dense.std(ddof=1):.6f}"
+  cell = by_cell[("Dense", "Text")]
+  assert (cell["n"], cell["mean"], cell["std"], cell["unfinished"]) == (
+      "1", f"{DENSE_TEXT[0] * 100:.6f}", "", "1")
+  dfss = np.asarray(DFSS_LISTOPS_RESULT + [DFSS_LISTOPS_FROM_METRICS]) * 100
+  cell = by_cell[("DFSS 2:4", "ListOps")]
+  assert (cell["n"], cell["failed"]) == ("3", "1")
+  assert cell["mean"] == f"{dfss.mean():.6f}" and cell["std"] == f"{dfss.std(ddof=1):.6f}"
+  assert cell["cell"] == expected_cell(DFSS_LISTOPS_RESULT + [DFSS_LISTOPS_FROM_METRICS],
+                                       failed=1)
+  missing = by_cell[("DFSS 2:4", "Text")]
+  assert (missing["n"], missing["mean"], missing["std"], missing["cell"]) == ("0", "", "", "—")
+  assert by_cell[("DSA-90", "ListOps")]["cell"] == "— (1 unfinished)"
+
+
+def test_latex_marks(synthetic_root):
+  root, spec = synthetic_root
+  text = tables.make_table(str(root), str(spec), "latex", report=tables.Reporter(echo=False))
+  assert r"\begin{tabular}{lccc}" in text
+  assert r"DFSS 2:4 & " in text and r"$\pm$" in text
+  assert r"DSA-90 & -- (1 unfinished) & -- & -- \\" in text
+
+
+def test_cli_writes_table_plot_and_reports_corrupt_line(synthetic_root, tmp_path):
+  root, spec = synthetic_root
+  out, png = tmp_path / "t.md", tmp_path / "plots" / "t.png"
+  proc = subprocess.run(
+      [sys.executable, "-m", "lra_sparse.tables", f"--root={root}", f"--spec={spec}",
+       "--format=markdown", f"--out={out}", f"--plot={png}"],
+      cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert "| DSA-90 | — (1 unfinished) | — | — |" in out.read_text()
+  assert f"warning: {root}/dense_text_1/metrics.jsonl:2: invalid JSON" in proc.stderr
+  assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_points_mean_std_per_x(tmp_path):
+  root = tmp_path / "runs"
+  values = {0.5: [0.30, 0.34], 0.9: [0.28, 0.25, 0.27]}
+  for sparsity, accs in values.items():
+    for seed, acc in enumerate(accs):
+      write_run(root, f"dsa_{sparsity}_{seed}", task="listops", kind="dsa", seed=seed,
+                accuracy=acc, extra={"attention.sparsity": sparsity})
+  write_run(root, "dsa_0.9_unfinished", task="listops", kind="dsa", seed=7,
+            extra={"attention.sparsity": 0.9})
+  runs = tables.find_runs(str(root), report=tables.Reporter(echo=False))
+  plot = tables.Plot(x="attention.sparsity", series=[tables.Selector("DSA", {"task": "listops"})])
+  points = tables.plot_points(plot, runs, 100.0)["DSA"]
+  assert [x for x, _ in points] == [0.5, 0.9]
+  for (x, cell), expected in zip(points, values.values()):
+    assert cell.n == len(expected)
+    np.testing.assert_allclose(cell.mean, np.mean(expected) * 100, rtol=1e-12)
+    np.testing.assert_allclose(cell.std, np.std(np.asarray(expected) * 100, ddof=1), rtol=1e-12)
+  # x as a function of the config (here: percent kept); None leaves a run out.
+  kept = tables.Plot(x=lambda c: None if c["attention.sparsity"] > 0.8
+                     else round(100 * (1 - c["attention.sparsity"])),
+                     series=[tables.Selector("DSA", {})])
+  points = tables.plot_points(kept, runs, 100.0)["DSA"]
+  assert [(x, cell.n) for x, cell in points] == [(50, 2)]
+
+
+def test_table_bad_inputs(tmp_path, synthetic_root):
+  root, spec = synthetic_root
+  with pytest.raises(FileNotFoundError, match="not a directory"):
+    tables.make_table(str(tmp_path / "nope"), str(spec), "markdown")
+  with pytest.raises(ValueError, match="unknown format"):
+    tables.make_table(str(root), str(spec), "html")
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    tables.make_table(str(root), str(tmp_path / "missing.py"), "markdown")
+  no_table = tmp_path / "no_table.py"
+  no_table.write_text("x = 1\n")
+  with pytest.raises(ValueError, match="defines no get_table"):
+    tables.make_table(str(root), str(no_table), "markdown")
+  # A matcher key that no config has is reported (a typo would silently match nothing).
+  typo = tmp_path / "typo.py"
+  typo.write_text(TABLE_SPEC.replace('"attention.sparsity": 0.9', '"attention.sparsty": 0.9'))
+  report = tables.Reporter(echo=False)
+  tables.make_table(str(root), str(typo), "markdown", report=report)
+  assert any("'attention.sparsty' is in no run's config.json" in m for m in report.messages)
+
+
+# ----------------------------------------------------------------------------- sweeps
+
+SWEEP_SPEC = """
+from lra_sparse.sweep import Group, Ref, Sweep, Variant
+
+def get_sweep(preset=""):
+  steps = {{"num_train_steps": 5}} if preset == "tiny" else {{"num_train_steps": 100}}
+  return Sweep(name="synthetic", groups=[
+      Group(name="pre", config={config!r}, overrides={{"attention.kind": "dense", **steps}},
+            seeds=[0, 1]),
+      Group(name="ft", config={config!r},
+            overrides={{"init_from": Ref("pre"), **steps}},
+            variants=[Variant("dfss2-4", {{"attention.kind": "dfss", "attention.n": 2,
+                                           "attention.m": 4}}),
+                      {{"attention.kind": "dsa"}}],
+            product={{"attention.sparsity": [0.9, 0.95]}},
+            seeds=[0, 1]),
+  ])
+"""
+
+EXPECTED_NAMES = [
+    "pre__listops-tiny__seed=0",
+    "pre__listops-tiny__seed=1",
+    "ft__listops-tiny__dfss2-4__sparsity=0.9__seed=0",
+    "ft__listops-tiny__dfss2-4__sparsity=0.9__seed=1",
+    "ft__listops-tiny__dfss2-4__sparsity=0.95__seed=0",
+    "ft__listops-tiny__dfss2-4__sparsity=0.95__seed=1",
+    "ft__listops-tiny__kind=dsa__sparsity=0.9__seed=0",
+    "ft__listops-tiny__kind=dsa__sparsity=0.9__seed=1",
+    "ft__listops-tiny__kind=dsa__sparsity=0.95__seed=0",
+    "ft__listops-tiny__kind=dsa__sparsity=0.95__seed=1",
+]
+
+# Stands in for ``python -m lra_sparse.main``: writes config.json/result.json like the trainer,
+# fails (exit 1) for seed 1 of the dense pretrain, resumes when checkpoints/ exists.
+FAKE_MAIN = """
+import json, os, sys, time
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+workdir = args.pop("workdir")
+config = {"task": "listops", "seed": int(args["config.seed"]), "attention": {}}
+for key, value in args.items():
+  if key.startswith("config."):
+    parts = key[len("config."):].split(".")
+    node = config
+    for part in parts[:-1]:
+      node = node.setdefault(part, {})
+    node[parts[-1]] = value
+os.makedirs(workdir, exist_ok=True)
+json.dump(config, open(os.path.join(workdir, "config.json"), "w"))
+time.sleep(float(os.environ.get("FAKE_MAIN_SLEEP", "0")))
+failing = config["attention"].get("kind") == "dense" and int(config["seed"]) == 1
+if failing and os.environ.get("FAKE_FAIL"):
+  print("Traceback: boom for seed 1", file=sys.stderr)
+  sys.exit(1)
+resumed = os.path.isdir(os.path.join(workdir, "checkpoints"))
+json.dump({"step": 5, "test": {"accuracy": 0.5, "loss": 1.0}, "resumed": resumed,
+           "init_from": config.get("init_from", ""),
+           "gpu": os.environ.get("CUDA_VISIBLE_DEVICES")},
+          open(os.path.join(workdir, "result.json"), "w"))
+"""
+
+
+@pytest.fixture
+def sweep_spec(tmp_path):
+  spec = tmp_path / "sweep_spec.py"
+  spec.write_text(SWEEP_SPEC.format(config=LISTOPS_TINY))
+  fake_main = tmp_path / "fake_main.py"
+  fake_main.write_text(FAKE_MAIN)
+  return spec, sweep_lib.Launcher([sys.executable, str(fake_main)])
+
+
+def test_dry_run_lists_expected_runs(sweep_spec, tmp_path):
+  spec, _ = sweep_spec
+  runs = sweep_lib.expand_sweep(sweep_lib.load_sweep(f"{spec}:tiny"), str(tmp_path / "root"))
+  assert [run.name for run in runs] == EXPECTED_NAMES
+  assert all(run.workdir == str(tmp_path / "root" / run.name) for run in runs)
+  ft = runs[EXPECTED_NAMES.index("ft__listops-tiny__kind=dsa__sparsity=0.95__seed=1")]
+  assert ft.overrides == {"attention.kind": "dsa", "attention.sparsity": 0.95, "seed": 1,
+                          "num_train_steps": 5,
+                          "init_from": str(tmp_path / "root" / "pre__listops-tiny__seed=1")}
+  assert ft.depends_on == ["pre__listops-tiny__seed=1"]
+  assert ft.command(["main"]) == [
+      "main", f"--config={LISTOPS_TINY}", f"--workdir={ft.workdir}",
+      "--config.attention.kind=dsa", "--config.attention.sparsity=0.95",
+      f"--config.init_from={tmp_path / 'root' / 'pre__listops-tiny__seed=1'}",
+      "--config.num_train_steps=5", "--config.seed=1"]
+  # The CLI prints the same runs, all pending, and launches nothing.
+  proc = subprocess.run([sys.executable, "-m", "lra_sparse.sweep", f"--sweep={spec}:tiny",
+                         f"--root={tmp_path / 'root'}", "--dry_run"],
+                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  listed = [line.split()[1] for line in proc.stdout.splitlines()[1:-1]]
+  assert listed == EXPECTED_NAMES
+  assert all(line.split()[0] == "pending" for line in proc.stdout.splitlines()[1:-1])
+  assert "init_from=<pre__listops-tiny__seed=0>" in proc.stdout
+  assert proc.stdout.splitlines()[-1] == "10 runs: 10 pending"
+  assert not (tmp_path / "root").exists()
+
+
+def test_names_do_not_depend_on_dict_order(tmp_path):
+  def sweep(reverse):
+    order = (lambda d: dict(reversed(list(d.items())))) if reverse else dict
+    return sweep_lib.Sweep("s", [sweep_lib.Group(
+        config=LISTOPS_TINY,
+        variants=[order({"attention.kind": "dfss", "attention.n": 1, "attention.m": 2})],
+        product=order({"attention.sigma": [0.1, 0.2], "model.dtype": ["float32", "bfloat16"]}),
+        zip=order({"attention.sparsity": [0.9, 0.95], "attention.quant_bits": [2, 4]}))])
+  names = [r.name for r in sweep_lib.expand_sweep(sweep(False), str(tmp_path))]
+  assert names == [r.name for r in sweep_lib.expand_sweep(sweep(True), str(tmp_path))]
+  assert len(names) == 8 and len(set(names)) == 8
+  assert names[0] == ("listops-tiny__kind=dfss__m=2__n=1__quant_bits=2__sigma=0.1__"
+                      "sparsity=0.9__dtype=float32__seed=0")
+
+
+def test_sweep_spec_errors(tmp_path):
+  group = lambda **kw: sweep_lib.Sweep("s", [sweep_lib.Group(config=LISTOPS_TINY, **kw)])
+  with pytest.raises(ValueError, match=r"'attention.sparsty' is not a field .*did you mean "
+                                       r"'attention.sparsity'"):
+    sweep_lib.expand_sweep(group(product={"attention.sparsty": [0.9]}), str(tmp_path))
+  with pytest.raises(ValueError, match="zip lists have different lengths"):
+    sweep_lib.expand_sweep(group(zip={"attention.n": [1, 2], "attention.m": [2]}), str(tmp_path))
+  with pytest.raises(ValueError, match="set by more than one"):
+    sweep_lib.expand_sweep(group(overrides={"attention.n": 1}, product={"attention.n": [2]}),
+                           str(tmp_path))
+  with pytest.raises(ValueError, match="two runs get the name"):
+    sweep_lib.expand_sweep(group(product={"attention.nm": ["1:2", "1-2"]}), str(tmp_path))
+  with pytest.raises(ValueError, match="unknown preset"):
+    sweep_lib.expand_sweep(sweep_lib.Sweep("s", [sweep_lib.Group(
+        config=LISTOPS_TINY.replace(":tiny", ":huge"))]), str(tmp_path))
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    sweep_lib.expand_sweep(sweep_lib.Sweep("s", [sweep_lib.Group(
+        config=str(tmp_path / "configs" / "nope.py"))]), str(tmp_path))
+  with pytest.raises(ValueError, match="names no earlier group"):
+    sweep_lib.expand_sweep(group(overrides={"init_from": sweep_lib.Ref("pre")}), str(tmp_path))
+  two = sweep_lib.Sweep("s", [
+      sweep_lib.Group(name="pre", config=LISTOPS_TINY, seeds=[0]),
+      sweep_lib.Group(name="ft", config=LISTOPS_TINY, seeds=[0, 1],
+                      overrides={"init_from": sweep_lib.Ref("pre")})])
+  with pytest.raises(ValueError, match="must match exactly one run of group 'pre', matched 0"):
+    sweep_lib.expand_sweep(two, str(tmp_path))
+
+
+def test_rerunning_finished_sweep_launches_nothing(sweep_spec, tmp_path, monkeypatch):
+  spec, launcher = sweep_spec
+  root = tmp_path / "root"
+  for run in sweep_lib.expand_sweep(sweep_lib.load_sweep(f"{spec}:tiny"), str(root)):
+    os.makedirs(run.workdir)
+    with open(os.path.join(run.workdir, "result.json"), "w") as f:
+      json.dump({"step": 5, "test": {"accuracy": 0.5}}, f)
+
+  def no_launch(*args, **kwargs):
+    raise AssertionError("a finished sweep must not start any process")
+  monkeypatch.setattr(sweep_lib.Launcher, "start", no_launch)
+  monkeypatch.setattr(subprocess, "Popen", no_launch)
+  states = sweep_lib.run_sweep(f"{spec}:tiny", str(root), launcher=launcher,
+                               show_progress=False)
+  assert states == {name: "finished" for name in EXPECTED_NAMES}
+  manifest = json.loads((root / "sweep.json").read_text())
+  assert manifest["sweep"] == "synthetic"
+  assert [r["name"] for r in manifest["runs"]] == EXPECTED_NAMES
+  assert manifest["counts"]["finished"] == 10
+
+
+def test_failed_run_is_recorded_others_run_and_dependents_blocked(sweep_spec, tmp_path,
+                                                                   monkeypatch):
+  spec, launcher = sweep_spec
+  root = tmp_path / "root"
+  monkeypatch.setenv("FAKE_FAIL", "1")
+  # An interrupted run (checkpoints/, stale error file) is resumed in its own workdir.
+  interrupted = root / "pre__listops-tiny__seed=0"
+  (interrupted / "checkpoints").mkdir(parents=True)
+  (interrupted / "sweep_error.txt").write_text("return code -9\n")
+  states = sweep_lib.run_sweep(f"{spec}:tiny", str(root), launcher=launcher,
+                               poll_seconds=0.01, show_progress=False)
+
+  failed = "pre__listops-tiny__seed=1"
+  assert states[failed] == "failed"
+  error = (root / failed / "sweep_error.txt").read_text()
+  assert error.startswith("return code 1\n")
+  assert "Traceback: boom for seed 1" in error
+  assert f"--workdir={root / failed}" in error
+  assert not (root / failed / "result.json").exists()
+
+  resumed = json.loads((interrupted / "result.json").read_text())
+  assert resumed["resumed"] is True and not (interrupted / "sweep_error.txt").exists()
+  for name in EXPECTED_NAMES[2:]:
+    if name.endswith("seed=1"):          # depends on the failed pretrain run
+      assert states[name] == "blocked" and not (root / name).exists()
+    else:
+      assert states[name] == "finished"
+      result = json.loads((root / name / "result.json").read_text())
+      assert result["init_from"] == str(interrupted)
+      assert result["gpu"] is None
+  manifest = json.loads((root / "sweep.json").read_text())
+  by_name = {r["name"]: r for r in manifest["runs"]}
+  assert by_name[failed]["state"] == "failed" and by_name[failed]["returncode"] == 1
+  assert by_name[EXPECTED_NAMES[3]]["blocked_by"] == [failed]
+  status = sweep_lib.describe_runs(sweep_lib.expand_sweep(
+      sweep_lib.load_sweep(f"{spec}:tiny"), str(root)), show_overrides=False)
+  assert status.splitlines()[1].startswith(f"failed    {failed}")
+  assert "return code 1" in status.splitlines()[1]
+  assert status.splitlines()[-1] == "10 runs: 5 finished, 1 failed, 4 blocked"
+
+  # Fixed failure: running again launches exactly the failed and blocked runs.
+  monkeypatch.delenv("FAKE_FAIL")
+  launched = []
+  original_start = sweep_lib.Launcher.start
+  def counting_start(self, run, env, log_file):
+    launched.append(run.name)
+    return original_start(self, run, env, log_file)
+  monkeypatch.setattr(sweep_lib.Launcher, "start", counting_start)
+  states = sweep_lib.run_sweep(f"{spec}:tiny", str(root), launcher=launcher,
+                               poll_seconds=0.01, show_progress=False)
+  assert launched == [failed] + [n for n in EXPECTED_NAMES[2:] if n.endswith("seed=1")]
+  assert set(states.values()) == {"finished"}
+
+
+def test_launcher_that_cannot_start_is_recorded(sweep_spec, tmp_path):
+  spec, _ = sweep_spec
+  root = tmp_path / "root"
+  states = sweep_lib.run_sweep(
+      f"{spec}:tiny", str(root), launcher=sweep_lib.Launcher([str(tmp_path / "no_python")]),
+      poll_seconds=0.01, show_progress=False)
+  assert [states[name] for name in EXPECTED_NAMES] == ["failed"] * 2 + ["blocked"] * 8
+  error = (root / EXPECTED_NAMES[0] / "sweep_error.txt").read_text()
+  assert error.startswith("could not start: ") and "no_python" in error
+
+
+def test_parallel_gpus_assigns_one_device_per_run(sweep_spec, tmp_path, monkeypatch):
+  spec, launcher = sweep_spec
+  monkeypatch.setenv(sweep_lib.GPU_ENV_VAR, "2")
+  monkeypatch.setenv("FAKE_MAIN_SLEEP", "0.3")
+  root = tmp_path / "root"
+  states = sweep_lib.run_sweep(f"{spec}:tiny", str(root), parallel="gpus", launcher=launcher,
+                               poll_seconds=0.01, show_progress=False)
+  assert set(states.values()) == {"finished"}
+  gpus = [json.loads((root / name / "result.json").read_text())["gpu"] for name in EXPECTED_NAMES]
+  assert set(gpus) == {"0", "1"}
+  # The two pretrain runs start together, one per device.
+  assert sorted(gpus[:2]) == ["0", "1"]
+  assert sweep_lib.detect_gpus() == ["0", "1"]
+  monkeypatch.setenv(sweep_lib.GPU_ENV_VAR, "3,5")
+  assert sweep_lib.detect_gpus() == ["3", "5"]
+
+
+def test_root_of_another_sweep_is_refused(sweep_spec, tmp_path):
+  spec, launcher = sweep_spec
+  root = tmp_path / "root"
+  root.mkdir()
+  (root / "sweep.json").write_text(json.dumps({"sweep": "other", "runs": []}))
+  with pytest.raises(ValueError, match="holds sweep 'other'"):
+    sweep_lib.run_sweep(f"{spec}:tiny", str(root), launcher=launcher, show_progress=False)
+
+
+# ----------------------------------------------------------------------------- repo specs
+
+EXPERIMENTS = {  # spec -> (runs in full, runs in tiny)
+    "dfss_table4": (5 * 4 * 3, 5 * 4 * 2),
+    "dfss_table6_nystrom": (3 + 4 * 3, 2 + 4 * 2),
+    "dsa_table2": (3 + 5 * 4 * 3, 1 + 5 * 4),
+    "dsa_sparsity": (3 * (3 + 3 * 3), 3 * (2 + 3 * 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+@pytest.mark.parametrize("preset", ["", "tiny"])
+def test_experiment_specs_expand(name, preset, tmp_path, monkeypatch):
+  monkeypatch.chdir(REPO)
+  spec = f"experiments/{name}.py" + (f":{preset}" if preset else "")
+  sweep = sweep_lib.load_sweep(spec)
+  configs = {sweep_lib.split_spec_arg(group.config)[0] for group in sweep.groups}
+  validate = all(os.path.exists(config) for config in configs)
+  runs = sweep_lib.expand_sweep(sweep, str(tmp_path), validate=validate)
+  assert len(runs) == EXPERIMENTS[name][1 if preset else 0]
+  by_name = {run.name: run for run in runs}
+  for run in runs:                 # every fine-tune starts from the same-seed, same-task run
+    for dep in run.depends_on:
+      assert run.overrides["init_from"] == by_name[dep].workdir
+      assert by_name[dep].overrides["seed"] == run.overrides["seed"]
+      assert by_name[dep].config_arg == run.config_arg
+      assert by_name[dep].overrides.get("init_from", "") == ""     # dependencies are pretrains
+  table = tables.load_table(spec)
+  assert table.rows and table.columns
+  if not validate:
+    pytest.skip(f"config files {sorted(c for c in configs if not os.path.exists(c))} not in "
+                "the tree yet: names checked, override keys not validated")
+
+
+def test_tiny_listops_spec(tmp_path, monkeypatch):
+  monkeypatch.chdir(REPO)
+  runs = sweep_lib.expand_sweep(sweep_lib.load_sweep("experiments/tiny_listops.py"),
+                                str(tmp_path))
+  assert [run.name for run in runs] == [
+      f"listops-tiny__{v}__seed={s}" for v in (
+          "kind=dense", "kind=dfss__m=4__n=2", "kind=dsa__sparsity=0.75",
+          "kind=dsa__sparsity=0.9") for s in (0, 1)]
