@@ -45,6 +45,7 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
     "is_available",
@@ -631,8 +632,10 @@ def _call(kernel_name, M, args, out_shapes, grid, *, num_warps, num_stages, **me
     poison = _POISON[0]
     mod = _kernels(M, meta.get("NKEEP", 1), poison)
     kernel = getattr(mod, kernel_name)
-    arrays = [a for a in args if not isinstance(a, (int, float))]
-    scalars = [a for a in args if isinstance(a, (int, float))]
+    is_scalar = lambda a: isinstance(a, (int, float, np.floating))  # noqa: E731
+    arrays = [a for a in args if not is_scalar(a)]
+    # jax-triton 0.3.1 types a Python float as fp64: pass float scalars as np.float32
+    scalars = [np.float32(a) if isinstance(a, (float, np.floating)) else a for a in args if is_scalar(a)]
     # runtime integer arguments, in signature order (one compile serves every length)
     scalars += [int(meta.pop(nm)) for nm in _RUNTIME_INTS if nm in meta]
     aliases = None

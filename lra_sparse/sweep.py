@@ -521,18 +521,29 @@ def write_manifest(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[RunPla
   _write_json_atomic(os.path.join(root, MANIFEST_FILE), payload)
 
 
-def check_manifest_owner(root: str, sweep_name: str) -> None:
+OUTCOME_KEYS = ("started", "ended", "returncode", "seconds", "slot", "blocked_by")
+
+
+def read_manifest_outcomes(root: str, sweep_name: str) -> dict[str, dict[str, Any]]:
+  """Per-run launch records of an earlier call (kept for runs this call does not launch).
+
+  Raises if the root's manifest belongs to another sweep: one root holds one sweep.
+  """
   path = os.path.join(root, MANIFEST_FILE)
   if not os.path.exists(path):
-    return
+    return {}
   try:
     with open(path) as f:
-      owner = json.load(f).get("sweep")
-  except (OSError, ValueError) as e:
+      manifest = json.load(f)
+    owner = manifest.get("sweep")
+    runs = manifest.get("runs", [])
+  except (OSError, ValueError, AttributeError) as e:
     raise ValueError(f"{path} is unreadable ({e}); remove it or use another --root") from e
   if owner != sweep_name:
     raise ValueError(f"{root} holds sweep {owner!r} (see {path}); use another --root for "
                      f"sweep {sweep_name!r}")
+  return {run["name"]: {key: run[key] for key in OUTCOME_KEYS if key in run}
+          for run in runs if isinstance(run, dict) and "name" in run}
 
 
 @dataclasses.dataclass
@@ -550,7 +561,7 @@ def run_sweep(spec_arg: str, root: str, *, parallel: str = "none",
   """Launches every unfinished run of the sweep; returns the final state of each run."""
   sweep = load_sweep(spec_arg)
   os.makedirs(root, exist_ok=True)
-  check_manifest_owner(root, sweep.name)
+  previous_outcomes = read_manifest_outcomes(root, sweep.name)
   runs = expand_sweep(sweep, root)
   launcher = launcher or Launcher()
   if parallel == "gpus":
@@ -564,7 +575,8 @@ def run_sweep(spec_arg: str, root: str, *, parallel: str = "none",
 
   selected = {run.name for run in runs if not run_filter or re.search(run_filter, run.name)}
   states = all_states(runs)
-  outcomes: dict[str, dict[str, Any]] = {}
+  outcomes: dict[str, dict[str, Any]] = {run.name: previous_outcomes[run.name] for run in runs
+                                         if run.name in previous_outcomes}
   queue = [run for run in runs if run.name in selected and states[run.name] != FINISHED]
   skipped_running = [run.name for run in queue if states[run.name] == RUNNING]
   queue = [run for run in queue if states[run.name] != RUNNING]

@@ -455,6 +455,10 @@ def test_failed_run_is_recorded_others_run_and_dependents_blocked(sweep_spec, tm
                                poll_seconds=0.01, show_progress=False)
   assert launched == [failed] + [n for n in EXPECTED_NAMES[2:] if n.endswith("seed=1")]
   assert set(states.values()) == {"finished"}
+  by_name = {r["name"]: r for r in json.loads((root / "sweep.json").read_text())["runs"]}
+  assert by_name[failed]["returncode"] == 0                    # this call's launch
+  assert by_name[EXPECTED_NAMES[2]]["returncode"] == 0         # kept from the first call
+  assert "seconds" in by_name[EXPECTED_NAMES[2]]
 
 
 def test_launcher_that_cannot_start_is_recorded(sweep_spec, tmp_path):

@@ -339,26 +339,25 @@ class _Layout:
     """
     t = self.table
     pivots, steps = self.snakes[snake], self.snake_steps[snake]
+    pivot = pivots[-1]
     blocked = self.blocked
     for other, bits in enumerate(self.newest):
       if bits and other != snake:
         blocked |= bits
     # Bit o + base of ``window`` is cell pivot + o: candidates test small ints only.
-    shift = pivots[-1] - t.base
+    shift = pivot - t.base
     window = (blocked >> shift) & t.window_bits
     cell_bits = t.cell_bits
     options, weights, cdf = t.turns[steps[-1]] if steps else t.first
     total = cdf[-1]
     last = len(cdf) - 1
-    chosen = -1
     rand, bisect_right = self.random, bisect.bisect_right
     for _ in range(_REJECTION_TRIES):
       k = bisect_right(cdf, rand() * total)
-      j = options[k if k <= last else last]  # k > last only if rounding gave ``total``
-      if not cell_bits[j] & window:
-        chosen = j
+      chosen = options[k if k <= last else last]  # k > last only if rounding gave ``total``
+      if not cell_bits[chosen] & window:
         break
-    if chosen < 0:
+    else:
       fitting, cumulative, acc = [], [], 0.0
       for j, weight in zip(options, weights):
         if not cell_bits[j] & window:
@@ -368,11 +367,11 @@ class _Layout:
       if not fitting:
         return False
       k = bisect_right(cumulative, rand() * acc)
-      chosen = fitting[min(k, len(fitting) - 1)]
+      chosen = fitting[k if k < len(fitting) else -1]
     self.blocked |= self.newest[snake]
     self.newest[snake] = t.foot_bits[chosen] << shift
     steps.append(chosen)
-    pivots.append(pivots[-1] + t.disp_flat[chosen])
+    pivots.append(pivot + t.disp_flat[chosen])
     return True
 
   def snapshot(self) -> tuple[int, int]:
