@@ -22,7 +22,8 @@ from lra_sparse.models import build_model
 
 flags.DEFINE_list("variants", ["fp32:xla", "bf16:xla", "bf16:cudnn"],
                   "dtype:attention entries; attention is a dense implementation "
-                  "(xla|cudnn|reference) or kind=<kind> (e.g. kind=dfss).")
+                  "(xla|cudnn|reference) or kind=<kind>[+field=value...] "
+                  "(e.g. kind=dfss+backend=reference).")
 flags.DEFINE_integer("batch", 32, "Global batch size.")
 flags.DEFINE_integer("length", 2000, "Tokens per example.")
 flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
@@ -38,7 +39,10 @@ def make_config(variant: str) -> ml_collections.ConfigDict:
   config.data.max_length = FLAGS.length
   config.batch_size = FLAGS.batch
   if attention.startswith("kind="):
-    config.attention.kind = attention[len("kind="):]
+    for item in attention.split("+"):
+      key, value = item.split("=", 1)
+      current = config.attention[key]
+      config.attention[key] = type(current)(value) if current is not None else value
   else:
     config.attention.implementation = attention
   return config

@@ -429,17 +429,23 @@ def test_dsa_vector_granularity_and_threshold_against_numpy():
   np.testing.assert_array_equal(keep, (scores >= 0.5) & mask[:, None, None, :])
 
 
-def test_dsa_topk_mask_matches_brute_force_with_ties():
+@pytest.mark.parametrize("algorithm", ["radix", "top_k"])
+def test_dsa_topk_mask_matches_brute_force_with_ties(algorithm):
   rng = np.random.default_rng(11)
-  scores = rng.integers(-2, 3, size=(2, 3, 5, 16)).astype(np.float32)   # many ties
-  scores[0, 0, 0, :10] = -np.inf
-  counts = np.array([3, 6])
-  got = np.asarray(jax.jit(dsa_lib.topk_mask, static_argnums=2)(scores, counts, 6))
-  want = np.zeros(scores.shape, bool)
-  for b, h, r in np.ndindex(*scores.shape[:3]):
-    order = sorted(range(16), key=lambda i: (-scores[b, h, r, i], i))[:counts[b]]
-    want[b, h, r, order] = True
-  np.testing.assert_array_equal(got, want)
+  select = jax.jit(functools.partial(dsa_lib.topk_mask, algorithm=algorithm, max_keep=13))
+  for length, integers in ((16, True), (13, False), (16, False)):
+    scores = rng.normal(size=(2, 3, 5, length)).astype(np.float32)
+    if integers:
+      scores = np.round(scores * 1.5)                 # many ties
+      scores[1, 1, 1, :4] = [0.0, -0.0, 0.0, -0.0]    # -0.0 ties with +0.0
+    scores[0, 0, 0, :length // 2] = -np.inf           # padded keys
+    counts = np.array([rng.integers(1, length // 2 + 1), rng.integers(1, 14)])
+    got = np.asarray(select(scores, counts))
+    want = np.zeros(scores.shape, bool)
+    for b, h, r in np.ndindex(*scores.shape[:3]):
+      order = sorted(range(length), key=lambda i: (-scores[b, h, r, i], i))[:counts[b]]
+      want[b, h, r, order] = True
+    np.testing.assert_array_equal(got, want)
 
 
 def test_dsa_fake_quantization():

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -97,27 +98,87 @@ def keep_counts(mask, sparsity: float, length: int):
 
 
 def static_keep(sparsity: float, length: int) -> int:
-  """The largest per-row keep count, the static k of top_k."""
+  """The largest per-row keep count."""
   return max(1, min(length, math.ceil((1.0 - sparsity) * length - 1e-6)))
 
 
-def topk_mask(scores, counts, max_keep: int):
-  """bool, same shape as ``scores`` [batch, ..., L]: the ``counts[b]`` largest of every row.
+TOPK_ALGORITHMS = ("radix", "top_k")
+_RADIX_BITS = 4
 
-  Entries that must never be chosen should be -inf and counts must not exceed the number of
-  finite entries. lax.top_k (not a full sort) gives each row's counts[b]-th largest value t;
-  the mask is then one elementwise pass, no scatter: keep s > t, and of the entries equal to t
-  the lowest-index ones top_k chose (it lists equal values lower index first).
-  """
+
+def _order_keys(x):
+  """float32 -> uint32 keys with the same order (-0.0 and +0.0 share a key)."""
+  x = x.astype(jnp.float32)
+  x = jnp.where(x == 0, jnp.float32(0), x)
+  bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+  return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def _digit_search(count_fn, total_bits: int, need):
+  """Largest v < 2**total_bits with count_fn(v) >= need, found MSB first, _RADIX_BITS per pass
+  (count_fn is non-increasing in v and count_fn(0) >= need). count_fn maps candidates
+  [..., 1, D] to counts [..., D]; each pass is one fused compare-and-count over the rows."""
+  prefix = jnp.zeros(need.shape, jnp.uint32)
+  digits = jnp.arange(1, 2 ** _RADIX_BITS, dtype=jnp.uint32)
+  top = -(-total_bits // _RADIX_BITS) * _RADIX_BITS
+  for shift in range(top - _RADIX_BITS, -1, -_RADIX_BITS):
+    counts = count_fn(prefix | (digits << shift))
+    digit = jnp.sum(counts >= need, axis=-1, keepdims=True, dtype=jnp.uint32)
+    prefix = prefix | (digit << shift)
+  return prefix
+
+
+def _topk_mask_radix(scores, need):
+  """Radix select of each row's need-th largest value t (8 passes of 15 compares per entry),
+  then keep s > t and the lowest-index entries equal to t (index passes only if ties demand)."""
+  keys = _order_keys(scores)
+  count_ge = lambda c: jnp.sum(keys[..., :, None] >= c[..., None, :], axis=-2, dtype=jnp.int32)
+  threshold = _digit_search(count_ge, 32, need)
+  greater, equal = keys > threshold, keys == threshold
+  n_greater = jnp.sum(greater, axis=-1, keepdims=True, dtype=jnp.int32)
+  n_equal = jnp.sum(equal, axis=-1, keepdims=True, dtype=jnp.int32)
+  length = scores.shape[-1]
+  position = jnp.arange(length, dtype=jnp.uint32)
+
+  def cut_ties(_):
+    want = need - n_greater       # equal entries to keep, lowest index first
+    # want - #(equal entries before v) is >= 1 exactly for v <= the want-th equal position.
+    remaining = lambda c: want - jnp.sum(
+        equal[..., :, None] & (position[:, None] < c[..., None, :]), axis=-2, dtype=jnp.int32)
+    last = _digit_search(remaining, max(1, (length - 1).bit_length()), jnp.ones_like(want))
+    return greater | (equal & (position <= last))
+
+  return jax.lax.cond(jnp.any(n_greater + n_equal > need), cut_ties,
+                      lambda _: keys >= threshold, None)
+
+
+def _topk_mask_lax(scores, need, max_keep: int):
+  """lax.top_k (a sort on GPU for large k) gives t; the mask is one elementwise pass."""
   values, indices = jax.lax.top_k(scores, max_keep)
-  counts = counts.reshape(counts.shape + (1,) * (scores.ndim - 1))     # [batch, 1, .., 1]
-  chosen = jnp.arange(max_keep) < counts                               # [batch, 1, .., K]
-  last = jnp.take_along_axis(values, jnp.broadcast_to(counts - 1, values.shape[:-1] + (1,)),
-                             axis=-1)                                  # [..., 1] threshold t
+  chosen = jnp.arange(max_keep) < need
+  last = jnp.take_along_axis(values, jnp.minimum(need - 1, max_keep - 1), axis=-1)
   tied = chosen & (values == last)
   last_tied_index = jnp.max(jnp.where(tied, indices, -1), axis=-1, keepdims=True)
   position = jnp.arange(scores.shape[-1])
   return (scores > last) | ((scores == last) & (position <= last_tied_index))
+
+
+def topk_mask(scores, counts, *, algorithm: str = "radix", max_keep: Optional[int] = None):
+  """bool, same shape as ``scores`` [batch, ..., L]: the ``counts[b]`` largest of every row,
+  ties to the lower index.
+
+  Entries that must never be chosen should be -inf and counts (int [batch] or [1]) must lie
+  in [1, number of finite entries]. "radix" (default) selects each row's threshold with
+  fused compare-and-count passes, no sort; "top_k" uses lax.top_k with the static
+  ``max_keep`` (>= every count; default: the row length).
+  """
+  need = counts.reshape(counts.shape + (1,) * (scores.ndim - 1)).astype(jnp.int32)
+  need = jnp.broadcast_to(need, scores.shape[:-1] + (1,))
+  if algorithm == "radix":
+    return _topk_mask_radix(scores, need)
+  if algorithm == "top_k":
+    return _topk_mask_lax(scores, need, max_keep or scores.shape[-1])
+  raise ValueError(f"unknown top-k algorithm {algorithm!r}; choose one of {TOPK_ALGORITHMS}")
 
 
 def predicted_mask(predicted_scores, *, mask=None, sparsity: float = 0.9, vector: int = 1,
@@ -138,7 +199,7 @@ def predicted_mask(predicted_scores, *, mask=None, sparsity: float = 0.9, vector
   if mask is not None:
     scores = jnp.where(mask[:, None, None, :], scores, -jnp.inf)
   if selection == "topk":
-    keep = topk_mask(scores, keep_counts(mask, sparsity, length), static_keep(sparsity, length))
+    keep = topk_mask(scores, keep_counts(mask, sparsity, length))
   elif selection == "threshold":
     keep = scores >= threshold
   else:
@@ -235,7 +296,7 @@ def oracle_topk_mask(scores, *, mask=None, sparsity: float):
   scores = jax.lax.stop_gradient(scores.astype(jnp.float32))
   if mask is not None:
     scores = jnp.where(mask[:, None, None, :], scores, -jnp.inf)
-  keep = topk_mask(scores, keep_counts(mask, sparsity, length), static_keep(sparsity, length))
+  keep = topk_mask(scores, keep_counts(mask, sparsity, length))
   return keep if mask is None else keep & mask[:, None, None, :]
 
 
