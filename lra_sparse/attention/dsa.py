@@ -163,15 +163,20 @@ def _topk_mask_lax(scores, need, max_keep: int):
   return (scores > last) | ((scores == last) & (position <= last_tied_index))
 
 
-def topk_mask(scores, counts, *, algorithm: str = "radix", max_keep: Optional[int] = None):
+TOPK_ALGORITHM = "top_k"   # measured on GPU; "radix" is the sort-free alternative
+
+
+def topk_mask(scores, counts, *, algorithm: Optional[str] = None,
+              max_keep: Optional[int] = None):
   """bool, same shape as ``scores`` [batch, ..., L]: the ``counts[b]`` largest of every row,
   ties to the lower index.
 
   Entries that must never be chosen should be -inf and counts (int [batch] or [1]) must lie
-  in [1, number of finite entries]. "radix" (default) selects each row's threshold with
-  fused compare-and-count passes, no sort; "top_k" uses lax.top_k with the static
-  ``max_keep`` (>= every count; default: the row length).
+  in [1, number of finite entries]. ``algorithm`` (default TOPK_ALGORITHM): "top_k" uses
+  lax.top_k with the static ``max_keep`` (>= every count; default: the row length) and no
+  scatter; "radix" selects each row's threshold with fused compare-and-count passes, no sort.
   """
+  algorithm = algorithm or TOPK_ALGORITHM
   need = counts.reshape(counts.shape + (1,) * (scores.ndim - 1)).astype(jnp.int32)
   need = jnp.broadcast_to(need, scores.shape[:-1] + (1,))
   if algorithm == "radix":
@@ -199,7 +204,8 @@ def predicted_mask(predicted_scores, *, mask=None, sparsity: float = 0.9, vector
   if mask is not None:
     scores = jnp.where(mask[:, None, None, :], scores, -jnp.inf)
   if selection == "topk":
-    keep = topk_mask(scores, keep_counts(mask, sparsity, length))
+    keep = topk_mask(scores, keep_counts(mask, sparsity, length),
+                     max_keep=static_keep(sparsity, length))
   elif selection == "threshold":
     keep = scores >= threshold
   else:
@@ -296,7 +302,8 @@ def oracle_topk_mask(scores, *, mask=None, sparsity: float):
   scores = jax.lax.stop_gradient(scores.astype(jnp.float32))
   if mask is not None:
     scores = jnp.where(mask[:, None, None, :], scores, -jnp.inf)
-  keep = topk_mask(scores, keep_counts(mask, sparsity, length))
+  keep = topk_mask(scores, keep_counts(mask, sparsity, length),
+                   max_keep=static_keep(sparsity, length))
   return keep if mask is None else keep & mask[:, None, None, :]
 
 
