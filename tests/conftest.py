@@ -67,10 +67,5 @@ def make_tiny_config(task: str = "synthetic", **overrides):
   config.log_every_steps = 5
   config.optim.learning_rate = 0.05
   config.optim.warmup_steps = 10
-  for key, value in overrides.items():
-    node = config
-    *path, last = key.split(".")
-    for part in path:
-      node = node[part]
-    node[last] = value
+  config.update_from_flattened_dict(overrides)
   return config

@@ -80,12 +80,7 @@ def _short(config, **overrides):
   config.checkpoint_every_steps = 30
   config.optim.warmup_steps = 5
   config.num_eval_batches = 2
-  for key, value in overrides.items():
-    node = config
-    *path, last = key.split(".")
-    for part in path:
-      node = node[part]
-    node[last] = value
+  config.update_from_flattened_dict(overrides)
   return config
 
 
