@@ -70,3 +70,15 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.init_from = ""             # workdir of a finished run: load its params, then train
   config.eval_dtype = ""            # "" = as trained; "bfloat16" casts params for evaluation
   return config
+
+
+def set_tiny_model(config: ml_collections.ConfigDict, *, num_layers: int, num_heads: int,
+                   width: int, mlp_dim: int) -> None:
+  """The CPU presets' model: emb = qkv = ``width``, classifier as wide as the MLP, no dropout."""
+  config.model.num_layers = num_layers
+  config.model.num_heads = num_heads
+  config.model.emb_dim = width
+  config.model.qkv_dim = width
+  config.model.mlp_dim = mlp_dim
+  config.model.classifier_dim = mlp_dim
+  config.model.dropout_rate = 0.0

@@ -6,7 +6,7 @@ CPU-sized model on a Fashion-MNIST subset). The default source is Fashion-MNIST 
 package ``dataset-fashion-mnist`` (real data that works offline); ``--config.data.source=tfds``
 gives LRA's CIFAR-10 (tfds ``cifar10`` prepared as array_record).
 """
-from configs.base import get_base_config
+from configs.base import get_base_config, set_tiny_model
 
 NUM_EPOCHS = 200
 TRAIN_EXAMPLES = 45000                   # CIFAR-10 train[:90%], as LRA's config counts steps
@@ -41,13 +41,7 @@ def get_config(preset: str = "") -> "ml_collections.ConfigDict":
   config.checkpoint_every_steps = steps_per_epoch * 10
   if preset == "tiny":
     config.data.max_examples = 2048
-    config.model.num_layers = 1
-    config.model.num_heads = 4
-    config.model.emb_dim = 32
-    config.model.qkv_dim = 32
-    config.model.mlp_dim = 64
-    config.model.classifier_dim = 64
-    config.model.dropout_rate = 0.0
+    set_tiny_model(config, num_layers=1, num_heads=4, width=32, mlp_dim=64)
     config.optim.learning_rate = 1e-3
     config.optim.warmup_steps = 30
     config.batch_size = 64

@@ -3,7 +3,7 @@
 Presets: ``--config=configs/listops.py`` (LRA defaults) or ``--config=configs/listops.py:tiny``
 (a CPU-sized model that trains in minutes on the generated demo set).
 """
-from configs.base import get_base_config
+from configs.base import get_base_config, set_tiny_model
 
 
 def get_config(preset: str = "") -> "ml_collections.ConfigDict":
@@ -19,13 +19,7 @@ def get_config(preset: str = "") -> "ml_collections.ConfigDict":
   if preset == "tiny":
     config.data.data_dir = "data/listops_tiny"
     config.data.max_length = 100
-    config.model.num_layers = 2
-    config.model.num_heads = 4
-    config.model.emb_dim = 64
-    config.model.qkv_dim = 64
-    config.model.mlp_dim = 128
-    config.model.classifier_dim = 128
-    config.model.dropout_rate = 0.0
+    set_tiny_model(config, num_layers=2, num_heads=4, width=64, mlp_dim=128)
     config.optim.learning_rate = 0.05
     config.optim.warmup_steps = 100
     config.optim.weight_decay = 0.0

@@ -16,7 +16,7 @@ Model sizes follow the project's LRA table (DESIGN.md): 4 layers, 4 heads, emb/q
 32/16/32 (head_dim 4). LRA's own ``pathfinder32/transformer_base.py`` overrides its base config
 with 1 layer, 4 heads, 128/64/128 and dropout 0.2; set those on the command line to reproduce it.
 """
-from configs.base import get_base_config
+from configs.base import get_base_config, set_tiny_model
 
 TRAIN_EXAMPLES = 160_000    # 80% of LRA's 200k images per difficulty
 NUM_EPOCHS = 200
@@ -55,13 +55,7 @@ def get_config(preset: str = "") -> "ml_collections.ConfigDict":
   if preset == "tiny":
     config.data.data_dir = "data/pathfinder_tiny"
     config.data.difficulty = "easy"
-    config.model.num_layers = 2
-    config.model.num_heads = 2
-    config.model.emb_dim = 32
-    config.model.qkv_dim = 32
-    config.model.mlp_dim = 64
-    config.model.classifier_dim = 64
-    config.model.dropout_rate = 0.0
+    set_tiny_model(config, num_layers=2, num_heads=2, width=32, mlp_dim=64)
     config.optim.learning_rate = 2e-3
     config.optim.warmup_steps = 20
     config.batch_size = 16

@@ -13,7 +13,7 @@ lra_sparse.data.pathfinder --output_dir=data/pathx_tiny --resolution=128 --diffi
 --num_images=600 --seed=0``). At 16384 tokens a dense score matrix is 1 GiB (float32) per
 example and head, so the tiny preset uses Nystromformer attention (64 landmarks).
 """
-from configs.base import get_base_config
+from configs.base import get_base_config, set_tiny_model
 
 TRAIN_EXAMPLES = 160_000    # 80% of LRA's 200k images
 NUM_EPOCHS = 200
@@ -51,13 +51,7 @@ def get_config(preset: str = "") -> "ml_collections.ConfigDict":
   if preset == "tiny":
     config.data.data_dir = "data/pathx_tiny"
     config.data.difficulty = "easy"
-    config.model.num_layers = 1
-    config.model.num_heads = 2
-    config.model.emb_dim = 32
-    config.model.qkv_dim = 32
-    config.model.mlp_dim = 64
-    config.model.classifier_dim = 64
-    config.model.dropout_rate = 0.0
+    set_tiny_model(config, num_layers=1, num_heads=2, width=32, mlp_dim=64)
     config.attention.kind = "nystrom"
     config.attention.num_landmarks = 64   # 16384 = 64 segments of 256 tokens
     config.optim.learning_rate = 2e-3

@@ -5,7 +5,7 @@ Presets: ``--config=configs/retrieval.py`` (LRA defaults) or ``--config=configs/
 (a CPU-sized model on the generated demo set: ``python -m lra_sparse.data.retrieval
 --output_dir=data/retrieval_tiny``).
 """
-from configs.base import get_base_config
+from configs.base import get_base_config, set_tiny_model
 
 
 def get_config(preset: str = "") -> "ml_collections.ConfigDict":
@@ -32,13 +32,7 @@ def get_config(preset: str = "") -> "ml_collections.ConfigDict":
   if preset == "tiny":
     config.data.data_dir = "data/retrieval_tiny"
     config.data.max_length = 256
-    config.model.num_layers = 2
-    config.model.num_heads = 4
-    config.model.emb_dim = 64
-    config.model.qkv_dim = 64
-    config.model.mlp_dim = 128
-    config.model.classifier_dim = 128
-    config.model.dropout_rate = 0.0
+    set_tiny_model(config, num_layers=2, num_heads=4, width=64, mlp_dim=128)
     # rsqrt at 0.05 barely moves a tiny byte model in 400 steps; cosine 1e-3 learns the demo set.
     config.optim.schedule = "cosine"
     config.optim.learning_rate = 1e-3
