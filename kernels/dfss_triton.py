@@ -106,6 +106,12 @@ _DEFAULT_CFG = {
     ("bwd", "f32", 32): dict(BM=32, BN=64, num_warps=4, num_stages=2),
     ("bwd", "f32", 64): dict(BM=32, BN=64, num_warps=4, num_stages=2),
     ("bwd", "f32", 128): dict(BM=32, BN=32, num_warps=4, num_stages=1),
+    ("dq", "half", 32): dict(BM=128, BN=128, num_warps=8, num_stages=3),
+    ("dq", "half", 64): dict(BM=128, BN=128, num_warps=8, num_stages=3),
+    ("dq", "half", 128): dict(BM=128, BN=64, num_warps=8, num_stages=2),
+    ("dq", "f32", 32): dict(BM=64, BN=64, num_warps=4, num_stages=2),
+    ("dq", "f32", 64): dict(BM=64, BN=64, num_warps=4, num_stages=2),
+    ("dq", "f32", 128): dict(BM=64, BN=32, num_warps=4, num_stages=2),
     ("cmp", "half", 32): dict(BM=64, BN=128, num_warps=4, num_stages=2),
     ("cmp", "half", 64): dict(BM=64, BN=128, num_warps=4, num_stages=2),
     ("cmp", "half", 128): dict(BM=64, BN=64, num_warps=4, num_stages=2),
@@ -117,7 +123,8 @@ _CFG_OVERRIDE: dict = {}
 
 
 def set_config(kind: str, dtype, head_dim: int, **cfg) -> None:
-    """Override the tile config of a kernel family ('fwd', 'bwd', 'cmp'); cfg=None resets."""
+    """Override the tile config of a kernel family ('fwd', 'bwd', 'dq', 'cmp'); no cfg resets.
+    'bwd' also takes onepass=True: one backward kernel (dQ by fp32 atomics) instead of two."""
     key = (kind, _dclass(jnp.dtype(dtype)), head_dim)
     if not cfg:
         _CFG_OVERRIDE.pop(key, None)
@@ -330,6 +337,73 @@ def _gen_source(M: int, N: int, poison: bool) -> str:
         f"def dfss_bwd_dkdv(Q, K, V, KM, DO, LSE, DELTA, sm_scale, L, LP, H, {P(['DK', 'DV'])}DK, DV,\n"
         "                  D: tl.constexpr,\n"
         "                  NKEEP: tl.constexpr, HAS_MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):\n"
+        + _ind(body, 4) + "\n"
+    )
+
+    # ---------------------------------------------------------------- fused backward, one pass
+    # dK, dV as above plus dQ accumulated with fp32 atomics: the tile's S, rank/keep and exp
+    # are computed once instead of twice (dkdv + dq kernels), 5 matmuls per tile instead of 7.
+    body = [
+        "G: tl.constexpr = BN // %d" % M,
+        "pid_n = tl.program_id(0)",
+        "bh = tl.program_id(1)",
+        "b = bh // H",
+        "h = bh % H",
+        "RS = H * D",
+        "base = b.to(tl.int64) * L * RS + h * D",
+        "offs_d = tl.arange(0, D)",
+        "offs_g = tl.arange(0, G)",
+        "qk_scale = sm_scale * 1.4426950408889634",
+    ]
+    body += _key_idx(M, "pid_n * BN")
+    for i in range(M):
+        body += [
+            f"k{i} = tl.load(K + base + kp{i}[:, None] * RS + offs_d[None, :], mask=kin{i}[:, None], other=0.0)",
+            f"v{i} = tl.load(V + base + kp{i}[:, None] * RS + offs_d[None, :], mask=kin{i}[:, None], other=0.0)",
+            f"dk{i} = tl.zeros([G, D], tl.float32)",
+            f"dv{i} = tl.zeros([G, D], tl.float32)",
+        ]
+    body.append("for start in range(0, L, BM):")
+    loop = [
+        "offs_m = start + tl.arange(0, BM)",
+        "rin = offs_m < L",
+        "q = tl.load(Q + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None], other=0.0)",
+        "do = tl.load(DO + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None], other=0.0)",
+        "lse = tl.load(LSE + bh * LP + offs_m, mask=rin, other=POS_INF)",
+        "dlt = tl.load(DELTA + bh * LP + offs_m, mask=rin, other=0.0)",
+        "dq = tl.zeros([BM, D], tl.float32)",
+    ]
+    for i in range(M):
+        loop += [
+            f"s{i} = tl.dot(k{i}, tl.trans(q)) * qk_scale",
+            f"s{i} = tl.where(kv{i}[:, None], s{i}, NEG_INF)",
+        ]
+    loop += _rank_keep(M, "s", "keep", "[G, BM]", N)
+    if N == 1:
+        loop.append("pg = tl.math.exp2(gmax - lse[None, :])")
+    for i in range(M):
+        loop += [
+            f"p{i} = tl.where(keep{i}, pg, 0.0)" if N == 1 else
+            f"p{i} = tl.where(keep{i}, tl.math.exp2(s{i} - lse[None, :]), 0.0)",
+            f"dv{i} = tl.dot(p{i}.to(DO.dtype.element_ty), do, dv{i})",
+            f"dp{i} = tl.dot(v{i}, tl.trans(do))",
+            f"ds{i} = (p{i} * (dp{i} - dlt[None, :])).to(Q.dtype.element_ty)",
+            f"dk{i} = tl.dot(ds{i}, q, dk{i})",
+            f"dq = tl.dot(tl.trans(ds{i}), k{i}, dq)",
+        ]
+    loop.append("tl.atomic_add(DQ + base + offs_m[:, None] * RS + offs_d[None, :], dq, "
+                "mask=rin[:, None], sem='relaxed')")
+    body.append(_ind(loop, 4))
+    for i in range(M):
+        body += [
+            f"tl.store(DK + base + kp{i}[:, None] * RS + offs_d[None, :], (dk{i} * sm_scale).to(DK.dtype.element_ty), mask=kin{i}[:, None])",
+            f"tl.store(DV + base + kp{i}[:, None] * RS + offs_d[None, :], dv{i}.to(DV.dtype.element_ty), mask=kin{i}[:, None])",
+        ]
+    src.append(
+        "@triton.jit\n"
+        f"def dfss_bwd_onepass(Q, K, V, KM, DO, LSE, DELTA, sm_scale, L, LP, H, {P(['DK', 'DV'])}DQ_ZERO, DK, DV, DQ,\n"
+        "                     D: tl.constexpr,\n"
+        "                     NKEEP: tl.constexpr, HAS_MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):\n"
         + _ind(body, 4) + "\n"
     )
 
@@ -626,7 +700,7 @@ def _kernels(M: int, N: int, poison: bool):
 _RUNTIME_INTS = ("CW", "L", "LP", "KP", "H")
 
 
-def _call(kernel_name, M, args, out_shapes, grid, *, num_warps, num_stages, **meta):
+def _call(kernel_name, M, args, out_shapes, grid, *, num_warps, num_stages, zero_outs=(), **meta):
     import jax_triton as jt
 
     poison = _POISON[0]
@@ -638,20 +712,23 @@ def _call(kernel_name, M, args, out_shapes, grid, *, num_warps, num_stages, **me
     scalars = [np.float32(a) if isinstance(a, (float, np.floating)) else a for a in args if is_scalar(a)]
     # runtime integer arguments, in signature order (one compile serves every length)
     scalars += [int(meta.pop(nm)) for nm in _RUNTIME_INTS if nm in meta]
-    aliases = None
-    if poison:
-        fills = []
-        for s in out_shapes:
+    # outputs in zero_outs are accumulated into (atomics): always pre-filled with 0 and
+    # aliased; the others are pre-filled with NaN / -1 and aliased when poisoning
+    fills, aliases = [], {}
+    n_in = len(arrays)  # aliases index the array operands only
+    for j, s in enumerate(out_shapes):
+        if j in zero_outs:
+            fill = 0
+        elif poison:
             fill = jnp.nan if jnp.issubdtype(s.dtype, jnp.floating) else -1
-            fills.append(jnp.full(s.shape, fill, s.dtype))
-        n_in = len(arrays)  # aliases index the array operands only
-        aliases = {n_in + j: j for j in range(len(out_shapes))}
-    else:
-        fills = []
+        else:
+            continue
+        aliases[n_in + len(fills)] = j
+        fills.append(jnp.full(s.shape, fill, s.dtype))
     # kernel parameter order: input arrays, scalars, poison buffers, outputs, constexprs
     outs = jt.triton_call(
         *arrays, *scalars, *fills, kernel=kernel, out_shape=out_shapes, grid=grid,
-        num_warps=num_warps, num_stages=num_stages, input_output_aliases=aliases, **meta)
+        num_warps=num_warps, num_stages=num_stages, input_output_aliases=aliases or None, **meta)
     return outs
 
 
@@ -699,12 +776,21 @@ def _fused_bwd(q, k, v, mask, o, lse, do, n, m):
     dlt = _delta(o, do)
     scale = 1.0 / math.sqrt(d)
     meta = dict(L=l, LP=lp, H=h, D=d, NKEEP=n, HAS_MASK=has_mask)
+    grid = (_cdiv(l, c["BN"]), b * h)
+    if c.get("onepass"):
+        dk, dv, dq = _call(
+            "dfss_bwd_onepass", m, (q, k, v, km, do, lse, dlt, scale),
+            (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
+             jax.ShapeDtypeStruct(q.shape, jnp.float32)),
+            grid, num_warps=c["num_warps"], num_stages=c["num_stages"], zero_outs=(2,),
+            BM=c["BM"], BN=c["BN"], **meta)
+        return (dq * scale).astype(q.dtype), dk, dv
     dk, dv = _call(
         "dfss_bwd_dkdv", m, (q, k, v, km, do, lse, dlt, scale),
         (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
-        (_cdiv(l, c["BN"]), b * h), num_warps=c["num_warps"], num_stages=c["num_stages"],
+        grid, num_warps=c["num_warps"], num_stages=c["num_stages"],
         BM=c["BM"], BN=c["BN"], **meta)
-    cq = _cfg("fwd", q.dtype, d, m)
+    cq = _cfg("dq", q.dtype, d, m)
     (dq,) = _call(
         "dfss_bwd_dq", m, (q, k, v, km, do, lse, dlt, scale),
         (jax.ShapeDtypeStruct(q.shape, q.dtype),),
