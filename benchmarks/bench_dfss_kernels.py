@@ -2,7 +2,8 @@
 
 Rows: XLA dense (jax.nn.dot_product_attention implementation="xla"), cuDNN dense
 (implementation="cudnn", bf16 only), DFSS pure-JAX reference, DFSS Triton fused (flash-style,
-the default) and DFSS Triton compressed (SDDMM+prune / softmax / SpMM pipeline).
+the default; one-pass backward with dQ by atomics), the same with deterministic=True (separate
+dK/dV and dQ backward kernels) and DFSS Triton compressed (SDDMM+prune / softmax / SpMM).
 Forward and forward+backward (jax.grad of <out, cotangent> w.r.t. q, k, v), median of many
 timed runs after warm-up (each sample = a burst of back-to-back calls / burst size, inputs
 rotated among 3 random sets, block_until_ready at the end of the burst).
@@ -13,7 +14,8 @@ compressed: L^2*N/M values + 1 bit per key of metadata; fused: one fp32 log-sum-
 reported with its ratio to dense; "temp MiB" is XLA's compiled temp-buffer size of the
 fwd+bwd program (memory_analysis), which bounds the peak of the whole step.
 
-Usage: python benchmarks/bench_dfss_kernels.py [--out FILE] [--dtypes bf16,fp32] [--quick]
+Usage: python benchmarks/bench_dfss_kernels.py [--out FILE] [--dtypes bf16,fp32]
+       [--shapes 32x1024,16x2048,8x4096] [--skip-reference] [--log FILE]
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def make_methods(dtype, n, m, with_triton):
     meths["DFSS pure-JAX"] = lambda q, k, v: dfss_reference.dfss_attention_reference(q, k, v, n=n, m=m)
     if with_triton:
         meths["DFSS Triton fused"] = lambda q, k, v: dfss_triton.dfss_attention_triton(q, k, v, n=n, m=m)
+        meths["DFSS Triton fused, deterministic bwd"] = lambda q, k, v: dfss_triton.dfss_attention_triton(
+            q, k, v, n=n, m=m, deterministic=True)
         meths["DFSS Triton compressed"] = lambda q, k, v: dfss_triton.dfss_attention_triton(
             q, k, v, n=n, m=m, impl="compressed")
     return meths
@@ -99,46 +103,6 @@ def a_bytes(name, b, h, l, dtype, n, m):
     return bh * l * 4, dense  # fused: log-sum-exp per row
 
 
-def sweep(dtype, n, m, b, l, h, d, log):
-    """Try a few tile configs of the fused kernels; keep the fastest (fwd, then fwd+bwd)."""
-    key = jax.random.PRNGKey(123)
-    sets = [tuple(jax.random.normal(kk, (b, l, h, d), dtype) for kk in jax.random.split(jax.random.fold_in(key, i), 3))
-            for i in range(2)]
-    f = lambda q, k, v: dfss_triton.dfss_attention_triton(q, k, v, n=n, m=m)  # noqa: E731
-    best = None
-    for cfg in [dict(BM=128, BN=128, num_warps=8, num_stages=3), dict(BM=128, BN=64, num_warps=4, num_stages=3)]:
-        dfss_triton.set_config("fwd", dtype, d, **cfg)
-        try:
-            t, _ = time_fn(jax.jit(f), sets, target_s=0.2)
-        except Exception as e:  # pragma: no cover
-            log(f"sweep fwd {cfg}: failed {type(e).__name__}: {str(e)[-1500:]}")
-            continue
-        log(f"sweep fwd {cfg}: {t:.3f} ms")
-        if best is None or t < best[0]:
-            best = (t, cfg)
-    if best is None:
-        dfss_triton.set_config("fwd", dtype, d)
-        log("sweep fwd: every config failed; keeping the defaults")
-        return
-    dfss_triton.set_config("fwd", dtype, d, **best[1])
-    log(f"sweep fwd best {best}")
-    ct = jax.random.normal(key, (b, l, h, d), dtype)
-    sets_b = [s + (ct,) for s in sets]
-    best = None
-    for cfg in [None, dict(BM=32, BN=128, num_warps=8, num_stages=2)]:
-        dfss_triton.set_config("bwd", dtype, d, **(cfg or {}))
-        try:
-            t, _ = time_fn(jax.jit(fwd_bwd(f)), sets_b, target_s=0.2)
-        except Exception as e:  # pragma: no cover
-            log(f"sweep bwd {cfg}: failed {type(e).__name__}: {str(e)[-1500:]}")
-            continue
-        log(f"sweep fwd+bwd {cfg}: {t:.3f} ms")
-        if best is None or t < best[0]:
-            best = (t, cfg)
-    dfss_triton.set_config("bwd", dtype, d, **((best or (0, None))[1] or {}))
-    log(f"sweep fwd+bwd best {best}")
-
-
 def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None, help="also write the table (markdown) here")
@@ -146,7 +110,6 @@ def main(argv=None):
     p.add_argument("--shapes", default="32x1024,16x2048,8x4096", help="BATCHxLENGTH list")
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--sweep", action="store_true", help="tune fused tile configs first (bf16)")
     p.add_argument("--skip-reference", action="store_true")
     p.add_argument("--log", default=None)
     args = p.parse_args(argv)
@@ -178,8 +141,6 @@ def main(argv=None):
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     rows = []
     h, d = args.heads, args.dim
-    if args.sweep and with_triton and "bf16" in args.dtypes:
-        sweep(jnp.bfloat16, 2, 4, 16, 2048, h, d, log)
     for dname in args.dtypes.split(","):
         dtype, n, m = DTYPES[dname]
         for b, l in shapes:

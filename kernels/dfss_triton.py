@@ -94,18 +94,20 @@ def poison_outputs(enabled: bool = True):
 # (kind, dtype-class, head_dim) -> dict(BM, BN, num_warps, num_stages); BN is raised to at
 # least 16*M so that every sub-tile product has >= 16 columns.
 _DEFAULT_CFG = {
-    ("fwd", "half", 32): dict(BM=128, BN=128, num_warps=8, num_stages=3),
-    ("fwd", "half", 64): dict(BM=128, BN=128, num_warps=8, num_stages=3),
+    ("fwd", "half", 32): dict(BM=128, BN=64, num_warps=4, num_stages=3),
+    ("fwd", "half", 64): dict(BM=128, BN=64, num_warps=4, num_stages=3),
     ("fwd", "half", 128): dict(BM=128, BN=64, num_warps=8, num_stages=2),
-    ("fwd", "f32", 32): dict(BM=64, BN=64, num_warps=4, num_stages=2),
-    ("fwd", "f32", 64): dict(BM=64, BN=64, num_warps=4, num_stages=2),
+    ("fwd", "f32", 32): dict(BM=128, BN=64, num_warps=4, num_stages=2),
+    ("fwd", "f32", 64): dict(BM=128, BN=64, num_warps=4, num_stages=2),
     ("fwd", "f32", 128): dict(BM=64, BN=32, num_warps=4, num_stages=2),
-    ("bwd", "half", 32): dict(BM=64, BN=128, num_warps=8, num_stages=2),
-    ("bwd", "half", 64): dict(BM=64, BN=128, num_warps=8, num_stages=2),
-    ("bwd", "half", 128): dict(BM=64, BN=64, num_warps=8, num_stages=2),
-    ("bwd", "f32", 32): dict(BM=32, BN=64, num_warps=4, num_stages=2),
-    ("bwd", "f32", 64): dict(BM=32, BN=64, num_warps=4, num_stages=2),
-    ("bwd", "f32", 128): dict(BM=32, BN=32, num_warps=4, num_stages=1),
+    # one pass (dQ by atomics) measured faster than dK/dV + dQ kernels on the H100 for both
+    # dtypes (experiments/kernels_tuning_h100.md); onepass=False is the deterministic path
+    ("bwd", "half", 32): dict(BM=64, BN=64, num_warps=4, num_stages=2, onepass=True),
+    ("bwd", "half", 64): dict(BM=64, BN=128, num_warps=8, num_stages=2, onepass=True),
+    ("bwd", "half", 128): dict(BM=64, BN=64, num_warps=8, num_stages=2, onepass=True),
+    ("bwd", "f32", 32): dict(BM=32, BN=64, num_warps=4, num_stages=2, onepass=True),
+    ("bwd", "f32", 64): dict(BM=32, BN=64, num_warps=4, num_stages=2, onepass=True),
+    ("bwd", "f32", 128): dict(BM=32, BN=32, num_warps=4, num_stages=1, onepass=True),
     ("dq", "half", 32): dict(BM=128, BN=128, num_warps=8, num_stages=3),
     ("dq", "half", 64): dict(BM=128, BN=128, num_warps=8, num_stages=3),
     ("dq", "half", 128): dict(BM=128, BN=64, num_warps=8, num_stages=2),
@@ -136,10 +138,26 @@ def _dclass(dt) -> str:
     return "f32" if jnp.dtype(dt) == jnp.float32 else "half"
 
 
-# per-M refinements (chosen from ptxas register / spill reports for sm_90a)
+# per-M refinements: M=8 raises BN to 128 (16 keys per sub-tile), which needs other warps /
+# stages; chosen from ptxas register / spill / shared-memory reports for sm_90a (no spills
+# over ~200 bytes, shared memory under the 227 KiB limit)
 _M_CFG = {
-    ("bwd", "half", 64, 2): dict(BM=32, BN=128, num_warps=8, num_stages=2),
+    ("fwd", "half", 32, 8): dict(BM=128, BN=128, num_warps=8, num_stages=3),
+    ("fwd", "half", 64, 8): dict(BM=128, BN=128, num_warps=8, num_stages=3),
+    ("fwd", "half", 128, 8): dict(BM=64, BN=128, num_warps=8, num_stages=2),
+    ("fwd", "f32", 32, 8): dict(BM=64, BN=128, num_warps=8, num_stages=2),
+    ("fwd", "f32", 64, 8): dict(BM=64, BN=128, num_warps=8, num_stages=2),
+    ("fwd", "f32", 128, 8): dict(BM=64, BN=128, num_warps=4, num_stages=1),
     ("bwd", "half", 32, 2): dict(BM=32, BN=128, num_warps=8, num_stages=2),
+    ("bwd", "half", 64, 2): dict(BM=32, BN=128, num_warps=8, num_stages=2),
+    ("bwd", "half", 64, 8): dict(BM=16, BN=128, num_warps=8, num_stages=2),
+    ("bwd", "half", 128, 8): dict(BM=16, BN=128, num_warps=8, num_stages=1),
+    ("bwd", "f32", 32, 4): dict(BM=64, BN=64, num_warps=4, num_stages=2),
+    ("bwd", "f32", 32, 8): dict(BM=16, BN=128, num_warps=8, num_stages=2),
+    ("bwd", "f32", 64, 8): dict(BM=16, BN=128, num_warps=8, num_stages=2),
+    ("bwd", "f32", 128, 4): dict(BM=16, BN=64, num_warps=8, num_stages=1),
+    ("bwd", "f32", 128, 8): dict(BM=16, BN=128, num_warps=8, num_stages=1),
+    ("dq", "f32", 128, 8): dict(BM=64, BN=128, num_warps=4, num_stages=1),
 }
 
 
@@ -767,7 +785,7 @@ def _delta(o, do):
     return jnp.pad(dl, ((0, 0), (0, _lp(l) - l)))
 
 
-def _fused_bwd(q, k, v, mask, o, lse, do, n, m):
+def _fused_bwd(q, k, v, mask, o, lse, do, n, m, deterministic=False):
     b, l, h, d = q.shape
     c = _cfg("bwd", q.dtype, d, m)
     lp = _lp(l)
@@ -777,7 +795,7 @@ def _fused_bwd(q, k, v, mask, o, lse, do, n, m):
     scale = 1.0 / math.sqrt(d)
     meta = dict(L=l, LP=lp, H=h, D=d, NKEEP=n, HAS_MASK=has_mask)
     grid = (_cdiv(l, c["BN"]), b * h)
-    if c.get("onepass"):
+    if c.get("onepass") and not deterministic:
         dk, dv, dq = _call(
             "dfss_bwd_onepass", m, (q, k, v, km, do, lse, dlt, scale),
             (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
@@ -883,14 +901,14 @@ def _cmp_bwd(q, k, v, o, a, meta, do, n, m):
 
 
 # ----------------------------------------------------------------------------- custom_vjp
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _attn(q, k, v, mask, n, m, impl):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _attn(q, k, v, mask, n, m, impl, deterministic):
     if impl == "fused":
         return _fused_fwd(q, k, v, mask, n, m)[0]
     return _cmp_fwd(q, k, v, mask, n, m)[0]
 
 
-def _attn_fwd(q, k, v, mask, n, m, impl):
+def _attn_fwd(q, k, v, mask, n, m, impl, deterministic):
     if impl == "fused":
         o, lse = _fused_fwd(q, k, v, mask, n, m)
         return o, (q, k, v, mask, o, lse)
@@ -898,14 +916,12 @@ def _attn_fwd(q, k, v, mask, n, m, impl):
     return o, (q, k, v, mask, o, (a, meta))
 
 
-def _attn_bwd(n, m, impl, res, do):
+def _attn_bwd(n, m, impl, deterministic, res, do):
     q, k, v, mask, o, extra = res
     if impl == "fused":
-        dq, dk, dv = _fused_bwd(q, k, v, mask, o, extra, do, n, m)
+        dq, dk, dv = _fused_bwd(q, k, v, mask, o, extra, do, n, m, deterministic)
     else:
-        if mask is not None:
-            pass  # the mask is already encoded in the compressed A (padded keys -> 0)
-        a, meta = extra
+        a, meta = extra  # the key mask is already encoded in A and meta
         dq, dk, dv = _cmp_bwd(q, k, v, o, a, meta, do, n, m)
     return dq, dk, dv, None
 
@@ -913,11 +929,15 @@ def _attn_bwd(n, m, impl, res, do):
 _attn.defvjp(_attn_fwd, _attn_bwd)
 
 
-def dfss_attention_triton(q, k, v, *, n: int, m: int, mask=None, impl: str = "fused"):
+def dfss_attention_triton(q, k, v, *, n: int, m: int, mask=None, impl: str = "fused",
+                          deterministic: bool = False):
     """DFSS attention on the GPU.  q, k, v: [batch, length, heads, head_dim] (fp32 / bf16 /
     fp16, head_dim a power of two in 16..128), mask: bool [batch, length] key padding
     (True = real token).  Same semantics as ``dfss_reference.dfss_attention_reference``.
-    impl: "fused" (flash-style, default) or "compressed" (SDDMM+prune / softmax / SpMM)."""
+    impl: "fused" (flash-style, default) or "compressed" (SDDMM+prune / softmax / SpMM).
+    deterministic: the fused backward accumulates dQ with fp32 atomics by default (one pass,
+    fastest; the summation order, hence the last bits of dQ, can vary run to run); True uses
+    the separate dK/dV and dQ kernels, bit-reproducible and slower."""
     if not (isinstance(n, int) and isinstance(m, int) and 0 < n < m):
         raise ValueError(f"need integers 0 < n < m, got n={n}, m={m}")
     if m & (m - 1) or m > 32:
@@ -936,4 +956,4 @@ def dfss_attention_triton(q, k, v, *, n: int, m: int, mask=None, impl: str = "fu
         if mask.shape != q.shape[:2]:
             raise ValueError(f"mask must be [batch, length] = {q.shape[:2]}, got {mask.shape}")
         mask = mask.astype(bool)
-    return _attn(q, k, v, mask, n, m, impl)
+    return _attn(q, k, v, mask, n, m, impl, bool(deterministic))
