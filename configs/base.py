@@ -37,6 +37,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.attention.n = 2
   config.attention.m = 4
   config.attention.backend = "auto"          # dfss: auto | triton | reference
+  # dfss Triton backward: False = one pass with fp32 atomics for dQ (fastest, last bits of dQ
+  # vary run to run); True = separate dK/dV and dQ kernels (bit-reproducible, ~15% slower)
+  config.attention.deterministic_kernels = False
   # DSA
   config.attention.sigma = 0.25
   config.attention.sparsity = 0.9

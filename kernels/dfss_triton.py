@@ -8,9 +8,12 @@ Two implementations share one N:M selection scheme:
 * ``impl="fused"`` (the default, used by ``dfss_attention_triton``): a flash-style forward
   that computes each QK^T tile on the tensor cores, prunes it N:M in registers and runs an
   online softmax over the kept entries only (S and A are never written; only O and a per-row
-  log-sum-exp), and a flash-style backward (dK/dV kernel and dQ kernel) that recomputes the
-  tile, re-applies the same in-register pruning and forms dS = P * (dP - rowsum(dO*O)) on the
-  kept entries only.
+  log-sum-exp), and a flash-style backward that recomputes the tile, re-applies the same
+  in-register pruning and forms dS = P * (dP - rowsum(dO*O)) on the kept entries only.  The
+  default backward is one pass per key block (dK, dV in registers, dQ added into an fp32
+  buffer with atomics: S, the pruning and the exponentials once per tile, five products);
+  ``deterministic=True`` runs a dK/dV kernel and a separate dQ kernel instead (seven
+  products, no atomics, bit-reproducible).
 * ``impl="compressed"``: the paper's 3-kernel pipeline (App. A.1).  SDDMM + N:M-prune epilogue
   writes only the compressed scores ``[B*H, L, L*N/M]`` (fp32) + a keep bitmask (int32 words,
   one bit per key = M bits per group: 2 bits for 1:2, 4 bits for 2:4); a compressed

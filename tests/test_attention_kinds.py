@@ -310,6 +310,10 @@ def test_dfss_config_errors():
     build_attention(_config("dfss", backend="cuda"), _dims())
   with pytest.raises(ValueError, match="config.attention.n=0"):
     build_attention(_config("dfss", n=0), _dims())
+  with pytest.raises(TypeError):  # ConfigDict keeps the field a bool
+    _config("dfss", deterministic_kernels="yes")
+  core = build_attention(_config("dfss", deterministic_kernels=True), _dims())
+  assert core.deterministic_kernels is True
 
 
 # ---------------------------------------------------------------------------------------- DSA

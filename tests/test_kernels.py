@@ -207,7 +207,7 @@ def rel_err(a, b):
 # H100/H200), which would hide real bugs under a loose tolerance.  So fp32 cases use inputs on a
 # 2^-6 grid in [-4, 4]: TF32 holds them exactly and every score is exact in fp32, so kernel and
 # reference keep the same entries (ties included) and only the TF32 rounding of P / dS remains.
-TOL = {jnp.float32: 5e-3, jnp.bfloat16: 2e-2}
+TOL = {jnp.float32: 2e-3, jnp.bfloat16: 2e-2}  # measured max on an H100: fp32 4.4e-4, bf16 3.2e-3
 
 
 def tf32_exact(x):

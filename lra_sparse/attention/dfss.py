@@ -128,10 +128,12 @@ def _dfss_reference_dropout(q, k, v, mask, n, m, dropout_rate, dropout_rng):
 
 
 def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str = "auto",
-                   dropout_rate: float = 0.0, dropout_rng=None):
+                   dropout_rate: float = 0.0, dropout_rng=None, deterministic_kernels: bool = False):
   """DFSS N:M attention. q, k, v: [batch, length, heads, head_dim]; mask: bool [batch, length]
   key padding (True = real token). Requires 0 < n <= m (n == m is dense attention) and
   length % m == 0. Attention dropout (rate > 0 with an rng) always runs the pure-JAX path.
+  deterministic_kernels: the Triton backward without atomics (bit-reproducible gradients);
+  the pure-JAX path is deterministic either way.
   """
   check_nm(n, m, what="dfss_attention")
   if backend not in BACKENDS:
@@ -161,7 +163,8 @@ def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str =
         and _kernel_supports(q, v, n, m)):
     kernel = _triton_module(required=False)
   if kernel is not None:
-    return kernel.dfss_attention_triton(q, k, v, n=n, m=m, mask=mask)
+    return kernel.dfss_attention_triton(q, k, v, n=n, m=m, mask=mask,
+                                        deterministic=deterministic_kernels)
   if mask is None:
     mask = jnp.ones(k.shape[:2], bool)
   return _dfss_reference(q, k, v, mask, n, m)
@@ -173,6 +176,7 @@ class DFSSAttention(nn.Module):
   n: int = 2
   m: int = 4
   backend: str = "auto"
+  deterministic_kernels: bool = False
 
   @nn.compact
   def __call__(self, q, k, v, *, mask, inputs=None, deterministic=True):
@@ -181,17 +185,22 @@ class DFSSAttention(nn.Module):
       return dfss_attention(q, k, v, n=self.n, m=self.m, mask=mask, backend=self.backend,
                             dropout_rate=self.dims.dropout_rate,
                             dropout_rng=self.make_rng("dropout"))
-    return dfss_attention(q, k, v, n=self.n, m=self.m, mask=mask, backend=self.backend)
+    return dfss_attention(q, k, v, n=self.n, m=self.m, mask=mask, backend=self.backend,
+                          deterministic_kernels=self.deterministic_kernels)
 
 
 @register_attention("dfss")
 def _build_dfss(config, dims: AttentionDims) -> nn.Module:
-  """Validates config.attention.{n, m, backend} against ``dims``.
+  """Validates config.attention.{n, m, backend, deterministic_kernels} against ``dims``.
 
   The config requires n < m: n == m keeps every key (use kind="dense" for that; the functional
   ``dfss_attention`` accepts it as a sanity check).
   """
   n, m, backend = config.get("n", 2), config.get("m", 4), config.get("backend", "auto")
+  deterministic_kernels = config.get("deterministic_kernels", False)
+  if not isinstance(deterministic_kernels, bool):
+    raise ValueError(f"config.attention.deterministic_kernels={deterministic_kernels!r} must be "
+                     f"True or False")
   for name, value in (("n", n), ("m", m)):
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
       raise ValueError(f"config.attention.{name}={value!r} must be a positive integer")
@@ -209,4 +218,5 @@ def _build_dfss(config, dims: AttentionDims) -> nn.Module:
     if dims.dropout_rate > 0.0:
       raise ValueError("config.attention.backend='triton' has no attention dropout; set "
                        "config.model.attention_dropout_rate=0 or backend='auto'")
-  return DFSSAttention(dims=dims, n=n, m=m, backend=backend)
+  return DFSSAttention(dims=dims, n=n, m=m, backend=backend,
+                       deterministic_kernels=deterministic_kernels)
