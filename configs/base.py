@@ -48,6 +48,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.attention.vector = 1                # column-vector granularity: 1 | 4 | 8
   config.attention.selection = "topk"        # "topk" | "threshold"
   config.attention.threshold = 0.0
+  config.attention.topk_algorithm = "top_k"  # "top_k" (lax.top_k) | "radix" (sort-free select)
   # Nystromformer
   config.attention.num_landmarks = 64
   config.attention.pinv_iters = 6

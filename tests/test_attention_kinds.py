@@ -494,7 +494,8 @@ def test_dsa_config_errors():
            ({"quant_bits": 16}, r"config.attention.quant_bits=16"),
            ({"vector": 2}, r"config.attention.vector=2"),
            ({"selection": "random"}, r"config.attention.selection='random'"),
-           ({"mse_weight": -1.0}, r"config.attention.mse_weight=-1.0")]
+           ({"mse_weight": -1.0}, r"config.attention.mse_weight=-1.0"),
+           ({"topk_algorithm": "sort"}, r"config.attention.topk_algorithm='sort'")]
   for fields, message in cases:
     with pytest.raises(ValueError, match=message):
       build_attention(_config("dsa", **fields), _dims())
@@ -581,3 +582,18 @@ def test_nystrom_bad_inputs_and_config_errors():
   for fields, message in cases:
     with pytest.raises(ValueError, match=message):
       build_attention(_config("nystrom", **fields), _dims())
+
+
+def test_dsa_topk_algorithm_config_gives_the_same_attention():
+  """config.attention.topk_algorithm='radix' (sort-free) selects exactly what lax.top_k does."""
+  q, k, v, x = _dsa_inputs(7)
+  mask = jnp.asarray(_mask())
+  outs = []
+  for algorithm in ("top_k", "radix"):
+    core = build_attention(_config("dsa", sparsity=0.7, topk_algorithm=algorithm), _dims())
+    assert core.topk_algorithm == algorithm
+    variables = _init(core, q, k, v, mask=mask, inputs=x)
+    out, _ = _apply(core, {"params": variables["params"]}, q, k, v, mask=mask, inputs=x,
+                    mutable=["aux_loss", "aux_metrics"])
+    outs.append(np.asarray(out))
+  np.testing.assert_array_equal(outs[0], outs[1])

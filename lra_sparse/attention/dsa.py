@@ -187,7 +187,8 @@ def topk_mask(scores, counts, *, algorithm: Optional[str] = None,
 
 
 def predicted_mask(predicted_scores, *, mask=None, sparsity: float = 0.9, vector: int = 1,
-                   selection: str = "topk", threshold: float = 0.0):
+                   selection: str = "topk", threshold: float = 0.0,
+                   topk_algorithm: Optional[str] = None):
   """The DSA mask from S~ [batch, heads, L, L]: bool, same shape; padded keys never kept."""
   batch, heads, length, _ = predicted_scores.shape
   scores = jax.lax.stop_gradient(predicted_scores.astype(jnp.float32))
@@ -204,7 +205,7 @@ def predicted_mask(predicted_scores, *, mask=None, sparsity: float = 0.9, vector
   if mask is not None:
     scores = jnp.where(mask[:, None, None, :], scores, -jnp.inf)
   if selection == "topk":
-    keep = topk_mask(scores, keep_counts(mask, sparsity, length),
+    keep = topk_mask(scores, keep_counts(mask, sparsity, length), algorithm=topk_algorithm,
                      max_keep=static_keep(sparsity, length))
   elif selection == "threshold":
     keep = scores >= threshold
@@ -243,6 +244,7 @@ class DSAAttention(nn.Module):
   vector: int = 1
   selection: str = "topk"
   threshold: float = 0.0
+  topk_algorithm: str = TOPK_ALGORITHM
 
   def projection(self) -> jax.Array:
     """This layer's fixed P [model_dim, k]."""
@@ -285,7 +287,8 @@ class DSAAttention(nn.Module):
     # Stored only when a caller asks for "intermediates" (lra_sparse.analysis does).
     self.sow("intermediates", "predicted_scores", predicted)
     keep = predicted_mask(predicted, mask=mask, sparsity=self.sparsity, vector=self.vector,
-                          selection=self.selection, threshold=self.threshold)
+                          selection=self.selection, threshold=self.threshold,
+                          topk_algorithm=self.topk_algorithm)
     if deterministic:
       self.sow(AUX_METRICS, "dsa_hit_rate", hit_rate(keep, scores, mask=mask,
                                                      sparsity=self.sparsity))
@@ -320,7 +323,7 @@ def hit_rate(keep, scores, *, mask=None, sparsity: float):
 @register_attention("dsa")
 def _build_dsa(config, dims: AttentionDims) -> nn.Module:
   """Validates config.attention.{sigma, sparsity, quant_bits, mse_weight, vector, selection,
-  threshold} against ``dims``."""
+  threshold, topk_algorithm} against ``dims``."""
   sigma = config.get("sigma", 0.25)
   sparsity = config.get("sparsity", 0.9)
   quant_bits = config.get("quant_bits", 0)
@@ -328,6 +331,7 @@ def _build_dsa(config, dims: AttentionDims) -> nn.Module:
   vector = config.get("vector", 1)
   selection = config.get("selection", "topk")
   threshold = config.get("threshold", 0.0)
+  topk_algorithm = config.get("topk_algorithm", TOPK_ALGORITHM)
   if not isinstance(sigma, (int, float)) or not 0.0 < sigma <= 1.0:
     raise ValueError(f"config.attention.sigma={sigma!r} must be in (0, 1] (sigma = k / d)")
   rank = predictor_rank(sigma, dims.model_dim)
@@ -351,6 +355,10 @@ def _build_dsa(config, dims: AttentionDims) -> nn.Module:
     raise ValueError(f"config.attention.selection={selection!r}; choose one of {SELECTIONS}")
   if not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
     raise ValueError(f"config.attention.threshold={threshold!r} must be a finite number")
+  if topk_algorithm not in TOPK_ALGORITHMS:
+    raise ValueError(f"config.attention.topk_algorithm={topk_algorithm!r}; choose one of "
+                     f"{TOPK_ALGORITHMS}")
   return DSAAttention(dims=dims, sigma=float(sigma), sparsity=float(sparsity),
                       quant_bits=int(quant_bits), mse_weight=float(mse_weight),
-                      vector=int(vector), selection=selection, threshold=float(threshold))
+                      vector=int(vector), selection=selection, threshold=float(threshold),
+                      topk_algorithm=topk_algorithm)
