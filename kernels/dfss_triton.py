@@ -301,132 +301,82 @@ def _gen_source(M: int, N: int, poison: bool) -> str:
     )
 
     # ---------------------------------------------------------------- fused backward dK, dV
-    body = [
-        "G: tl.constexpr = BN // %d" % M,
-        "pid_n = tl.program_id(0)",
-        "bh = tl.program_id(1)",
-        "b = bh // H",
-        "h = bh % H",
-        "RS = H * D",
-        "base = b.to(tl.int64) * L * RS + h * D",
-        "offs_d = tl.arange(0, D)",
-        "offs_g = tl.arange(0, G)",
-        "qk_scale = sm_scale * 1.4426950408889634",
-    ]
-    body += _key_idx(M, "pid_n * BN")
-    for i in range(M):
-        body += [
-            f"k{i} = tl.load(K + base + kp{i}[:, None] * RS + offs_d[None, :], mask=kin{i}[:, None], other=0.0)",
-            f"v{i} = tl.load(V + base + kp{i}[:, None] * RS + offs_d[None, :], mask=kin{i}[:, None], other=0.0)",
-            f"dk{i} = tl.zeros([G, D], tl.float32)",
-            f"dv{i} = tl.zeros([G, D], tl.float32)",
+    # One program per key block (M sub-tiles of G keys), looping over query blocks.  The
+    # two-kernel backward runs dfss_bwd_dkdv + dfss_bwd_dq; the one-pass kernel also adds
+    # dQ = dS K into an fp32 buffer with atomics, so each tile's S, rank/keep and exp are
+    # computed once instead of twice (5 products per tile instead of 7).
+    for onepass in (False, True):
+        body = [
+            "G: tl.constexpr = BN // %d" % M,
+            "pid_n = tl.program_id(0)",
+            "bh = tl.program_id(1)",
+            "b = bh // H",
+            "h = bh % H",
+            "RS = H * D",
+            "base = b.to(tl.int64) * L * RS + h * D",
+            "offs_d = tl.arange(0, D)",
+            "offs_g = tl.arange(0, G)",
+            "qk_scale = sm_scale * 1.4426950408889634",
         ]
-    body.append("for start in range(0, L, BM):")
-    loop = [
-        "offs_m = start + tl.arange(0, BM)",
-        "rin = offs_m < L",
-        "qT = tl.load(Q + base + offs_m[None, :] * RS + offs_d[:, None], mask=rin[None, :], other=0.0)",
-        "do = tl.load(DO + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None], other=0.0)",
-        "lse = tl.load(LSE + bh * LP + offs_m, mask=rin, other=POS_INF)",
-        "dlt = tl.load(DELTA + bh * LP + offs_m, mask=rin, other=0.0)",
-    ]
-    for i in range(M):
+        body += _key_idx(M, "pid_n * BN")
+        for i in range(M):
+            body += [
+                f"k{i} = tl.load(K + base + kp{i}[:, None] * RS + offs_d[None, :], mask=kin{i}[:, None], other=0.0)",
+                f"v{i} = tl.load(V + base + kp{i}[:, None] * RS + offs_d[None, :], mask=kin{i}[:, None], other=0.0)",
+                f"dk{i} = tl.zeros([G, D], tl.float32)",
+                f"dv{i} = tl.zeros([G, D], tl.float32)",
+            ]
+        body.append("for start in range(0, L, BM):")
+        loop = ["offs_m = start + tl.arange(0, BM)", "rin = offs_m < L"]
+        if onepass:
+            loop.append("q = tl.load(Q + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None], other=0.0)")
+            q_t, q_rows = "tl.trans(q)", "q"
+        else:
+            loop.append("qT = tl.load(Q + base + offs_m[None, :] * RS + offs_d[:, None], mask=rin[None, :], other=0.0)")
+            q_t, q_rows = "qT", "tl.trans(qT)"
         loop += [
-            f"s{i} = tl.dot(k{i}, qT) * qk_scale",
-            f"s{i} = tl.where(kv{i}[:, None], s{i}, NEG_INF)",
+            "do = tl.load(DO + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None], other=0.0)",
+            "lse = tl.load(LSE + bh * LP + offs_m, mask=rin, other=POS_INF)",
+            "dlt = tl.load(DELTA + bh * LP + offs_m, mask=rin, other=0.0)",
         ]
-    loop += _rank_keep(M, "s", "keep", "[G, BM]", N)
-    if N == 1:
-        loop.append("pg = tl.math.exp2(gmax - lse[None, :])")
-    for i in range(M):
-        loop += [
-            f"p{i} = tl.where(keep{i}, pg, 0.0)" if N == 1 else
-            f"p{i} = tl.where(keep{i}, tl.math.exp2(s{i} - lse[None, :]), 0.0)",
-            f"dv{i} = tl.dot(p{i}.to(DO.dtype.element_ty), do, dv{i})",
-            f"dp{i} = tl.dot(v{i}, tl.trans(do))",
-            f"ds{i} = p{i} * (dp{i} - dlt[None, :])",
-            f"dk{i} = tl.dot(ds{i}.to(Q.dtype.element_ty), tl.trans(qT), dk{i})",
-        ]
-    body.append(_ind(loop, 4))
-    for i in range(M):
-        body += [
-            f"tl.store(DK + base + kp{i}[:, None] * RS + offs_d[None, :], (dk{i} * sm_scale).to(DK.dtype.element_ty), mask=kin{i}[:, None])",
-            f"tl.store(DV + base + kp{i}[:, None] * RS + offs_d[None, :], dv{i}.to(DV.dtype.element_ty), mask=kin{i}[:, None])",
-        ]
-    src.append(
-        "@triton.jit\n"
-        f"def dfss_bwd_dkdv(Q, K, V, KM, DO, LSE, DELTA, sm_scale, L, LP, H, {P(['DK', 'DV'])}DK, DV,\n"
-        "                  D: tl.constexpr,\n"
-        "                  NKEEP: tl.constexpr, HAS_MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):\n"
-        + _ind(body, 4) + "\n"
-    )
-
-    # ---------------------------------------------------------------- fused backward, one pass
-    # dK, dV as above plus dQ accumulated with fp32 atomics: the tile's S, rank/keep and exp
-    # are computed once instead of twice (dkdv + dq kernels), 5 matmuls per tile instead of 7.
-    body = [
-        "G: tl.constexpr = BN // %d" % M,
-        "pid_n = tl.program_id(0)",
-        "bh = tl.program_id(1)",
-        "b = bh // H",
-        "h = bh % H",
-        "RS = H * D",
-        "base = b.to(tl.int64) * L * RS + h * D",
-        "offs_d = tl.arange(0, D)",
-        "offs_g = tl.arange(0, G)",
-        "qk_scale = sm_scale * 1.4426950408889634",
-    ]
-    body += _key_idx(M, "pid_n * BN")
-    for i in range(M):
-        body += [
-            f"k{i} = tl.load(K + base + kp{i}[:, None] * RS + offs_d[None, :], mask=kin{i}[:, None], other=0.0)",
-            f"v{i} = tl.load(V + base + kp{i}[:, None] * RS + offs_d[None, :], mask=kin{i}[:, None], other=0.0)",
-            f"dk{i} = tl.zeros([G, D], tl.float32)",
-            f"dv{i} = tl.zeros([G, D], tl.float32)",
-        ]
-    body.append("for start in range(0, L, BM):")
-    loop = [
-        "offs_m = start + tl.arange(0, BM)",
-        "rin = offs_m < L",
-        "q = tl.load(Q + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None], other=0.0)",
-        "do = tl.load(DO + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None], other=0.0)",
-        "lse = tl.load(LSE + bh * LP + offs_m, mask=rin, other=POS_INF)",
-        "dlt = tl.load(DELTA + bh * LP + offs_m, mask=rin, other=0.0)",
-        "dq = tl.zeros([BM, D], tl.float32)",
-    ]
-    for i in range(M):
-        loop += [
-            f"s{i} = tl.dot(k{i}, tl.trans(q)) * qk_scale",
-            f"s{i} = tl.where(kv{i}[:, None], s{i}, NEG_INF)",
-        ]
-    loop += _rank_keep(M, "s", "keep", "[G, BM]", N)
-    if N == 1:
-        loop.append("pg = tl.math.exp2(gmax - lse[None, :])")
-    for i in range(M):
-        loop += [
-            f"p{i} = tl.where(keep{i}, pg, 0.0)" if N == 1 else
-            f"p{i} = tl.where(keep{i}, tl.math.exp2(s{i} - lse[None, :]), 0.0)",
-            f"dv{i} = tl.dot(p{i}.to(DO.dtype.element_ty), do, dv{i})",
-            f"dp{i} = tl.dot(v{i}, tl.trans(do))",
-            f"ds{i} = (p{i} * (dp{i} - dlt[None, :])).to(Q.dtype.element_ty)",
-            f"dk{i} = tl.dot(ds{i}, q, dk{i})",
-            f"dq = tl.dot(tl.trans(ds{i}), k{i}, dq)",
-        ]
-    loop.append("tl.atomic_add(DQ + base + offs_m[:, None] * RS + offs_d[None, :], dq, "
-                "mask=rin[:, None], sem='relaxed')")
-    body.append(_ind(loop, 4))
-    for i in range(M):
-        body += [
-            f"tl.store(DK + base + kp{i}[:, None] * RS + offs_d[None, :], (dk{i} * sm_scale).to(DK.dtype.element_ty), mask=kin{i}[:, None])",
-            f"tl.store(DV + base + kp{i}[:, None] * RS + offs_d[None, :], dv{i}.to(DV.dtype.element_ty), mask=kin{i}[:, None])",
-        ]
-    src.append(
-        "@triton.jit\n"
-        f"def dfss_bwd_onepass(Q, K, V, KM, DO, LSE, DELTA, sm_scale, L, LP, H, {P(['DK', 'DV'])}DQ_ZERO, DK, DV, DQ,\n"
-        "                     D: tl.constexpr,\n"
-        "                     NKEEP: tl.constexpr, HAS_MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):\n"
-        + _ind(body, 4) + "\n"
-    )
+        if onepass:
+            loop.append("dq = tl.zeros([BM, D], tl.float32)")
+        for i in range(M):
+            loop += [
+                f"s{i} = tl.dot(k{i}, {q_t}) * qk_scale",
+                f"s{i} = tl.where(kv{i}[:, None], s{i}, NEG_INF)",
+            ]
+        loop += _rank_keep(M, "s", "keep", "[G, BM]", N)
+        if N == 1:
+            loop.append("pg = tl.math.exp2(gmax - lse[None, :])")
+        for i in range(M):
+            loop += [
+                f"p{i} = tl.where(keep{i}, pg, 0.0)" if N == 1 else
+                f"p{i} = tl.where(keep{i}, tl.math.exp2(s{i} - lse[None, :]), 0.0)",
+                f"dv{i} = tl.dot(p{i}.to(DO.dtype.element_ty), do, dv{i})",
+                f"dp{i} = tl.dot(v{i}, tl.trans(do))",
+                f"ds{i} = (p{i} * (dp{i} - dlt[None, :])).to(Q.dtype.element_ty)",
+                f"dk{i} = tl.dot(ds{i}, {q_rows}, dk{i})",
+            ]
+            if onepass:
+                loop.append(f"dq = tl.dot(tl.trans(ds{i}), k{i}, dq)")
+        if onepass:
+            loop.append("tl.atomic_add(DQ + base + offs_m[:, None] * RS + offs_d[None, :], dq, "
+                        "mask=rin[:, None], sem='relaxed')")
+        body.append(_ind(loop, 4))
+        for i in range(M):
+            body += [
+                f"tl.store(DK + base + kp{i}[:, None] * RS + offs_d[None, :], (dk{i} * sm_scale).to(DK.dtype.element_ty), mask=kin{i}[:, None])",
+                f"tl.store(DV + base + kp{i}[:, None] * RS + offs_d[None, :], dv{i}.to(DV.dtype.element_ty), mask=kin{i}[:, None])",
+            ]
+        name, outs = ("dfss_bwd_onepass", "DQ_ZERO, DK, DV, DQ") if onepass else ("dfss_bwd_dkdv", "DK, DV")
+        src.append(
+            "@triton.jit\n"
+            f"def {name}(Q, K, V, KM, DO, LSE, DELTA, sm_scale, L, LP, H, {P(['DK', 'DV'])}{outs},\n"
+            "        D: tl.constexpr,\n"
+            "        NKEEP: tl.constexpr, HAS_MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):\n"
+            + _ind(body, 4) + "\n"
+        )
 
     # ---------------------------------------------------------------- fused backward dQ
     body = [

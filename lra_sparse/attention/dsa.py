@@ -163,7 +163,8 @@ def _topk_mask_lax(scores, need, max_keep: int):
   return (scores > last) | ((scores == last) & (position <= last_tied_index))
 
 
-TOPK_ALGORITHM = "top_k"   # measured on GPU; "radix" is the sort-free alternative
+# radix was 1.5x slower per train step on an H100 (experiments/train_step_h100.md)
+TOPK_ALGORITHM = "top_k"
 
 
 def topk_mask(scores, counts, *, algorithm: Optional[str] = None,
