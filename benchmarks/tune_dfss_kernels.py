@@ -7,6 +7,9 @@ For each shape it times (median ms after warm-up, inputs rotated, same process):
     (``op`` suffix = one-pass kernel with atomic dQ; otherwise dK/dV kernel + dQ kernel with the
     default dQ config) and every ``--dq`` config (default dK/dV config),
 and checks each variant's outputs against the pure-JAX reference (relative L2 error; NaN fails).
+``--codegen`` times the default-config forward and backward under each set of code-generation
+switches (``dfss_triton._GEN_OPTIONS``, e.g. 'logic_rank=0,fold_scale=0;logic_rank=1,fold_scale=1'),
+so a new formulation of the kernels is measured against the previous one in the same process.
 Prints one markdown table.  Config syntax: ``BM,BN,num_warps,num_stages[,op]`` separated by ';'.
 
   python benchmarks/tune_dfss_kernels.py --dtype fp32 --nm 1:2 --shapes 32x1024,8x4096 \\
@@ -42,6 +45,19 @@ def parse_cfgs(text):
     return cfgs
 
 
+def parse_codegen(text):
+    variants = []
+    for item in filter(None, (t.strip() for t in text.split(";"))):
+        opts = {}
+        for kv in item.split(","):
+            name, val = kv.split("=")
+            if name not in dfss_triton._GEN_OPTIONS:
+                raise ValueError(f"unknown codegen switch {name!r}; known: {sorted(dfss_triton._GEN_OPTIONS)}")
+            opts[name] = bool(int(val))
+        variants.append(opts)
+    return variants
+
+
 def rel_err(x, ref):
     x = np.asarray(x, np.float64)
     ref = np.asarray(ref, np.float64)
@@ -65,6 +81,7 @@ def main(argv=None):
     p.add_argument("--fwd", default="")
     p.add_argument("--bwd", default="")
     p.add_argument("--dq", default="")
+    p.add_argument("--codegen", default="")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     dtype = DTYPES[args.dtype]
@@ -100,6 +117,27 @@ def main(argv=None):
             except Exception as e:  # noqa: BLE001  a config that fails to compile is reported, not fatal
                 emit([args.dtype, f"{n}:{m}", shape, "fwd", cfg_name(cfg), "FAIL", "", "", "", type(e).__name__])
             dfss_triton.set_config("fwd", dtype, d)
+
+        for opts in parse_codegen(args.codegen):
+            saved = dict(dfss_triton._GEN_OPTIONS)
+            dfss_triton._GEN_OPTIONS.update(opts)
+            name = ",".join(f"{k_}={int(v_)}" for k_, v_ in opts.items())
+            f = jax.jit(lambda q, k, v: dfss_triton._fused_fwd(q, k, v, None, n, m))
+            g = jax.jit(lambda q, k, v, do, o, lse: dfss_triton._fused_bwd(q, k, v, None, o, lse, do, n, m))
+            try:
+                t_f, _ = time_fn(f, [s[:3] for s in sets])
+                csets = [s + tuple(f(*s[:3])) for s in sets]
+                t_b, _ = time_fn(g, csets)
+                err = max([rel_err(f(q, k, v)[0], ref_o)]
+                          + [rel_err(a, r) for a, r in zip(g(*csets[0]), ref_g)])
+                emit([args.dtype, f"{n}:{m}", shape, "codegen", name, f"{t_f:.3f}", f"{t_b:.3f}",
+                      f"{t_xf / t_f:.2f}x", "", f"{err:.1e}"])
+            except Exception as e:  # noqa: BLE001
+                emit([args.dtype, f"{n}:{m}", shape, "codegen", name, "FAIL", "FAIL", "", "",
+                      f"{type(e).__name__}: {str(e)[-300:]}"])
+            finally:
+                dfss_triton._GEN_OPTIONS.clear()
+                dfss_triton._GEN_OPTIONS.update(saved)
 
         fwd0 = jax.jit(lambda q, k, v: dfss_triton._fused_fwd(q, k, v, None, n, m))
         bsets = [s + tuple(fwd0(*s[:3])) for s in sets]  # (q, k, v, do, o, lse)

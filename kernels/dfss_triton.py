@@ -125,6 +125,13 @@ _DEFAULT_CFG = {
     ("cmp", "f32", 128): dict(BM=32, BN=32, num_warps=4, num_stages=1),
 }
 _CFG_OVERRIDE: dict = {}
+# Code-generation switches (kept so the previous formulation can be timed against the new one
+# in one process: benchmarks/tune_dfss_kernels.py --codegen).  logic_rank: boolean N:M keep
+# for M=4; fold_scale: rank the raw QK^T (a positive scale keeps the order) and fold the
+# softmax scale into the exp2 argument (one FFMA instead of FMUL + FADD per score).
+# row_once: the forward's row max and row sum take one cross-lane reduction per key block
+# (elementwise over the M sub-tiles first) instead of one per sub-tile.
+_GEN_OPTIONS = {"logic_rank": True, "fold_scale": True, "row_once": True}
 
 
 def set_config(kind: str, dtype, head_dim: int, **cfg) -> None:
@@ -183,7 +190,21 @@ def _ind(lines, k):
 def _rank_keep(M, s, keep, shape, N=None):
     """Lines computing bool tiles keep{i} from score tiles s{i}: rank = # members that beat
     it (greater, or equal and lower index); keep = rank < NKEEP.  For N == 1 the kept
-    element is the first arg-max, and ``gmax`` (the kept value of each group) is also set."""
+    element is the first arg-max, and ``gmax`` (the kept value of each group) is also set.
+    For M == 4 (N = 2, 3) the six pairwise "i beats j" predicates are combined with boolean
+    logic (majority / or of three bits: one LOP3 each) instead of integer rank counters."""
+    if M == 4 and N in (2, 3) and _GEN_OPTIONS["logic_rank"]:
+        out = [f"b{i}{j} = {s}{i} >= {s}{j}" for i in range(4) for j in range(i + 1, 4)]
+        # beaters of member k: j < k with b_jk, j > k with ~b_kj
+        beat = {k: [f"b{j}{k}" for j in range(k)] + [f"~b{k}{j}" for j in range(k + 1, 4)]
+                for k in range(4)}
+        for k in range(4):
+            x, y, z = beat[k]
+            if N == 2:  # at most one beater: not majority(x, y, z)
+                out.append(f"{keep}{k} = ~(({x} & {y}) | ({z} & ({x} | {y})))")
+            else:  # N == 3: not all three beat it
+                out.append(f"{keep}{k} = ~({x} & {y} & {z})")
+        return out
     if N == 1:
         mx = f"{s}0"
         for i in range(1, M):
@@ -228,6 +249,8 @@ POS_INF = tl.constexpr(float("inf"))
 
 def _gen_source(M: int, N: int, poison: bool) -> str:
     P = lambda names: "".join(f"{n}_POISON, " for n in names) if poison else ""  # noqa: E731
+    # fold_scale: s{i} hold raw QK^T (same N:M choice), the scale goes into the exp2 argument
+    raw, sc = ("", " * qk_scale") if _GEN_OPTIONS["fold_scale"] else (" * qk_scale", "")
     src = [_HEADER]
 
     # ---------------------------------------------------------------- fused forward
@@ -254,35 +277,48 @@ def _gen_source(M: int, N: int, poison: bool) -> str:
     for i in range(M):
         loop += [
             f"kt{i} = tl.load(K + base + kp{i}[None, :] * RS + offs_d[:, None], mask=kin{i}[None, :], other=0.0)",
-            f"s{i} = tl.dot(q, kt{i}) * qk_scale",
+            f"s{i} = tl.dot(q, kt{i}){raw}",
             f"s{i} = tl.where(kv{i}[None, :], s{i}, NEG_INF)",
         ]
     loop += _rank_keep(M, "s", "keep", "[BM, G]", N)
+    row_once = _GEN_OPTIONS["row_once"]
     if N == 1:  # one exp per group: the kept value is the group max
         mx = "tl.max(gmax, 1)"
     else:
         loop += [f"t{i} = tl.where(keep{i}, s{i}, NEG_INF)" for i in range(M)]
-        mx = "tl.max(t0, 1)"
-        for i in range(1, M):
-            mx = f"tl.maximum({mx}, tl.max(t{i}, 1))"
+        if row_once:
+            tmax = "t0"
+            for i in range(1, M):
+                tmax = f"tl.maximum({tmax}, t{i})"
+            mx = f"tl.max({tmax}, 1)"
+        else:
+            mx = "tl.max(t0, 1)"
+            for i in range(1, M):
+                mx = f"tl.maximum({mx}, tl.max(t{i}, 1))"
     loop += [
-        f"m_new = tl.maximum(m_i, {mx})",
+        f"m_new = tl.maximum(m_i, {mx}{sc})",
         "m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)",
         "alpha = tl.math.exp2(m_i - m_safe)",
         "acc = acc * alpha[:, None]",
         "l_i = l_i * alpha",
     ]
     if N == 1:
-        loop += ["pg = tl.math.exp2(gmax - m_safe[:, None])", "l_i += tl.sum(pg, 1)"]
+        loop += [f"pg = tl.math.exp2(gmax{sc} - m_safe[:, None])", "l_i += tl.sum(pg, 1)"]
     for i in range(M):
         if N == 1:
             loop.append(f"p{i} = tl.where(keep{i}, pg, 0.0)")
         else:
-            loop += [f"p{i} = tl.math.exp2(t{i} - m_safe[:, None])", f"l_i += tl.sum(p{i}, 1)"]
+            loop.append(f"p{i} = tl.math.exp2(t{i}{sc} - m_safe[:, None])")
+            if not row_once:
+                loop.append(f"l_i += tl.sum(p{i}, 1)")
+            else:
+                loop.append(f"psum = p{i}" if i == 0 else f"psum += p{i}")
         loop += [
             f"v{i} = tl.load(V + base + kp{i}[:, None] * RS + offs_d[None, :], mask=kin{i}[:, None], other=0.0)",
             f"acc = tl.dot(p{i}.to(V.dtype.element_ty), v{i}, acc)",
         ]
+    if N > 1 and row_once:
+        loop.append("l_i += tl.sum(psum, 1)")
     loop += ["m_i = m_new"]
     body.append(_ind(loop, 4))
     body += [
@@ -343,16 +379,16 @@ def _gen_source(M: int, N: int, poison: bool) -> str:
             loop.append("dq = tl.zeros([BM, D], tl.float32)")
         for i in range(M):
             loop += [
-                f"s{i} = tl.dot(k{i}, {q_t}) * qk_scale",
+                f"s{i} = tl.dot(k{i}, {q_t}){raw}",
                 f"s{i} = tl.where(kv{i}[:, None], s{i}, NEG_INF)",
             ]
         loop += _rank_keep(M, "s", "keep", "[G, BM]", N)
         if N == 1:
-            loop.append("pg = tl.math.exp2(gmax - lse[None, :])")
+            loop.append(f"pg = tl.math.exp2(gmax{sc} - lse[None, :])")
         for i in range(M):
             loop += [
                 f"p{i} = tl.where(keep{i}, pg, 0.0)" if N == 1 else
-                f"p{i} = tl.where(keep{i}, tl.math.exp2(s{i} - lse[None, :]), 0.0)",
+                f"p{i} = tl.where(keep{i}, tl.math.exp2(s{i}{sc} - lse[None, :]), 0.0)",
                 f"dv{i} = tl.dot(p{i}.to(DO.dtype.element_ty), do, dv{i})",
                 f"dp{i} = tl.dot(v{i}, tl.trans(do))",
                 f"ds{i} = (p{i} * (dp{i} - dlt[None, :])).to(Q.dtype.element_ty)",
@@ -403,16 +439,16 @@ def _gen_source(M: int, N: int, poison: bool) -> str:
     for i in range(M):
         loop += [
             f"kt{i} = tl.load(K + base + kp{i}[None, :] * RS + offs_d[:, None], mask=kin{i}[None, :], other=0.0)",
-            f"s{i} = tl.dot(q, kt{i}) * qk_scale",
+            f"s{i} = tl.dot(q, kt{i}){raw}",
             f"s{i} = tl.where(kv{i}[None, :], s{i}, NEG_INF)",
         ]
     loop += _rank_keep(M, "s", "keep", "[BM, G]", N)
     if N == 1:
-        loop.append("pg = tl.math.exp2(gmax - lse[:, None])")
+        loop.append(f"pg = tl.math.exp2(gmax{sc} - lse[:, None])")
     for i in range(M):
         loop += [
             f"p{i} = tl.where(keep{i}, pg, 0.0)" if N == 1 else
-            f"p{i} = tl.where(keep{i}, tl.math.exp2(s{i} - lse[:, None]), 0.0)",
+            f"p{i} = tl.where(keep{i}, tl.math.exp2(s{i}{sc} - lse[:, None]), 0.0)",
             f"vt{i} = tl.load(V + base + kp{i}[None, :] * RS + offs_d[:, None], mask=kin{i}[None, :], other=0.0)",
             f"dp{i} = tl.dot(do, vt{i})",
             f"ds{i} = p{i} * (dp{i} - dlt[:, None])",

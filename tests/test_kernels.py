@@ -178,6 +178,36 @@ def test_reference_gradients_match_dense_masked_softmax(n, m, l, ints):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("logic_rank", [True, False])
+@pytest.mark.parametrize("n,m", [(1, 2), (1, 4), (2, 4), (3, 4), (1, 8), (2, 8), (3, 8), (5, 8), (7, 8)])
+def test_kernel_nm_selection_code_matches_bruteforce(n, m, logic_rank, monkeypatch):
+    """The N:M selection lines the Triton kernels are generated from, run on numpy tiles
+    (tile i holds keys g*m + i, as in the kernels) against the float64 brute force."""
+    import types
+    from kernels import dfss_triton
+    monkeypatch.setitem(dfss_triton._GEN_OPTIONS, "logic_rank", logic_rank)
+    rows, groups = 64, 16
+    lines = dfss_triton._rank_keep(m, "s", "keep", f"({rows}, {groups})", n)
+    code = "\n".join(lines).replace(".to(tl.int32)", ".astype(np.int32)")
+    tl_shim = types.SimpleNamespace(maximum=np.maximum, zeros=np.zeros, int32=np.int32)
+    rng = np.random.default_rng(n * 100 + m)
+    for trial in range(4):
+        if trial % 2:  # many exact ties
+            dense = rng.integers(-1, 2, (rows, groups * m)).astype(np.float32)
+        else:
+            dense = rng.standard_normal((rows, groups * m)).astype(np.float32)
+        if trial >= 2:  # padded keys (-inf), including whole padded groups
+            dense[rng.random(dense.shape) < 0.3] = -np.inf
+            dense[:, :m] = -np.inf
+        env = {"np": np, "tl": tl_shim, "NKEEP": n}
+        env.update({f"s{i}": dense[:, i::m] for i in range(m)})
+        exec(code, env)  # noqa: S102 - our own generated code
+        got = np.empty_like(dense, dtype=bool)
+        for i in range(m):
+            got[:, i::m] = env[f"keep{i}"]
+        np.testing.assert_array_equal(got, np_keep(dense, n, m))
+
+
 def test_cpu_import_does_not_load_triton():
     import sys
     import kernels  # noqa: F401
