@@ -63,6 +63,19 @@ def time_fn(fn, input_sets, target_s=0.4, min_samples=7, max_samples=41):
     return statistics.median(samples), samples
 
 
+def gpu_state():
+    """SM clock / max clock / power limit / temperature from nvidia-smi: compute-bound kernels
+    (the fused DFSS ones) move with the SM clock, which differs between lent machines."""
+    import subprocess
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu",
+             "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
+        return f"nvidia-smi sm clock, max sm clock, power, power limit, temp: {out}"
+    except Exception as e:  # noqa: BLE001  no nvidia-smi (or no GPU): say so, do not fail
+        return f"nvidia-smi unavailable ({type(e).__name__})"
+
+
 def temp_mib(fn, *args):
     try:
         ma = jax.jit(fn).lower(*args).compile().memory_analysis()
@@ -138,6 +151,7 @@ def main(argv=None):
               f"triton {tver}; jax-triton {jtver}; date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
               f"heads {args.heads}, head_dim {args.dim}; times = median ms after warm-up")
     log(header)
+    log("start: " + gpu_state())
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     rows = []
     h, d = args.heads, args.dim
@@ -185,6 +199,7 @@ def main(argv=None):
                              f"{r['abytes'] / 2**20:.1f} ({r['abytes'] / r['dense']:.3f})",
                              f"{r['temp']:.0f}"])
             write_table(rows, header, args.out)  # after every shape, so a cut-off run keeps its rows
+    header += "\n" + gpu_state().replace("nvidia-smi", "end of run, nvidia-smi")
     table = write_table(rows, header, args.out)
     print()
     print(table, flush=True)

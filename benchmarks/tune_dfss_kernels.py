@@ -28,7 +28,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.bench_dfss_kernels import fwd_bwd, time_fn  # noqa: E402
+from benchmarks.bench_dfss_kernels import fwd_bwd, gpu_state, time_fn  # noqa: E402
 from kernels import dfss_reference, dfss_triton  # noqa: E402
 
 DTYPES = {"bf16": jnp.bfloat16, "fp32": jnp.float32}
@@ -160,6 +160,7 @@ def main(argv=None):
                       + ["| " + " | ".join(r) + " |" for r in rows])
     dev = jax.devices()[0]
     header = f"device: {getattr(dev, 'device_kind', dev.platform)}; jax {jax.__version__}; heads {h}, head_dim {d}"
+    header += "\n" + gpu_state()
     print("\n" + header + "\n\n" + table)
     if args.out:
         with open(args.out, "w") as fh:
