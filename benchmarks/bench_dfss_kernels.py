@@ -25,6 +25,7 @@ import datetime
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -66,7 +67,6 @@ def time_fn(fn, input_sets, target_s=0.4, min_samples=7, max_samples=41):
 def gpu_state():
     """SM clock / max clock / power limit / temperature from nvidia-smi: compute-bound kernels
     (the fused DFSS ones) move with the SM clock, which differs between lent machines."""
-    import subprocess
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu",

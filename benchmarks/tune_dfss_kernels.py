@@ -136,7 +136,6 @@ def main(argv=None):
                 emit([args.dtype, f"{n}:{m}", shape, "codegen", name, "FAIL", "FAIL", "", "",
                       f"{type(e).__name__}: {str(e)[-300:]}"])
             finally:
-                dfss_triton._GEN_OPTIONS.clear()
                 dfss_triton._GEN_OPTIONS.update(saved)
 
         fwd0 = jax.jit(lambda q, k, v: dfss_triton._fused_fwd(q, k, v, None, n, m))

@@ -685,9 +685,16 @@ def _gen_source(M: int, N: int, poison: bool) -> str:
     return "\n\n".join(src)
 
 
-@functools.lru_cache(maxsize=None)
 def _kernels(M: int, N: int, poison: bool):
-    """Generate, write and import the kernel module for N:M."""
+    """The kernel module for N:M under the current code-generation switches."""
+    return _kernel_module(M, N, poison, tuple(sorted(_GEN_OPTIONS.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_module(M: int, N: int, poison: bool, gen_options: tuple):
+    """Generate, write and import the kernel module.  gen_options is part of the cache key
+    because the source depends on it (one compiled module per formulation)."""
+    del gen_options  # read by _gen_source through _GEN_OPTIONS
     src = _gen_source(M, N, poison)
     digest = hashlib.sha1(src.encode()).hexdigest()[:12]
     d = os.path.join(tempfile.gettempdir(), "dfss_triton_gen")
