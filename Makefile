@@ -19,7 +19,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 # Generate a small ListOps set (short sequences), train the tiny preset on CPU, print test
 # accuracy next to the majority-class accuracy.
 demo: venv
-	$(PY) -m lra_sparse.data.listops \
+	$(PY) -m lra_sparse.generators.listops \
 	  --output_dir=$(DEMO_DATA) --num_train=5000 --num_val=500 --num_test=500 --seed=0 \
 	  --min_length=20 --max_length=100
 	rm -rf $(DEMO_RUN)

@@ -21,9 +21,9 @@ from typing import Callable
 from absl import app, flags
 import jax
 import jax.numpy as jnp
-import ml_collections
 
-from lra_sparse.attention import AttentionDims, build_attention, dense_attention, dfss_attention
+from lra_sparse.attention import (AttentionDims, DSAConfig, NystromConfig, build_attention,
+                                  dense_attention, dfss_attention)
 
 ALL_KINDS = ("dense_xla", "dense_cudnn", "dfss_1:2", "dfss_2:4", "dsa_90", "nystrom_64",
              "dfss_triton_2:4")
@@ -44,11 +44,8 @@ FLAGS = flags.FLAGS
 
 def _core_fn(kind: str, length: int, x, mask, dims: AttentionDims):
   """(params, apply(params, q, k, v)) for the registry-built cores (DSA, Nystrom)."""
-  config = ml_collections.ConfigDict({"kind": kind, "sigma": 0.25, "sparsity": 0.9,
-                                      "quant_bits": 0, "mse_weight": 1.0, "vector": 1,
-                                      "selection": "topk", "threshold": 0.0,
-                                      "num_landmarks": 64, "pinv_iters": 6,
-                                      "conv_kernel": 35, "nm": ""})
+  config = {"dsa": DSAConfig(sigma=0.25, sparsity=0.9),
+            "nystrom": NystromConfig(num_landmarks=64, conv_kernel=35)}[kind]
   core = build_attention(config, dims)
   shape = (x.shape[0], length, dims.num_heads, dims.head_dim)
   dummy = jnp.zeros(shape, x.dtype)
@@ -76,7 +73,7 @@ def make_kind(kind: str, length: int, x, mask, dims: AttentionDims):
     if not on_gpu:
       return None
     try:
-      from kernels import dfss_triton  # pylint: disable=import-outside-toplevel
+      from lra_sparse.kernels import dfss_triton  # pylint: disable=import-outside-toplevel
     except Exception:  # pylint: disable=broad-except
       return None
     if not dfss_triton.is_available():

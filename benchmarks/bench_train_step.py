@@ -2,12 +2,14 @@
 
   python benchmarks/bench_train_step.py [--variants=fp32:xla,bf16:xla,bf16:cudnn] \
       [--batch=32 --length=2000] [--out=FILE]
+  python benchmarks/bench_train_step.py --variants=bf16:kind=dfss+nm=2:4,bf16:kind=dsa+sparsity=0.9
 
 Random tokens (no data needed), the full trainer step (forward, backward, AdamW update), median
 wall time of --reps steps after --warmup steps, all variants in one process.
 """
 from __future__ import annotations
 
+import os
 import time
 
 from absl import app, flags
@@ -15,15 +17,17 @@ import jax
 import ml_collections
 import numpy as np
 
-from configs.listops import get_config
 from lra_sparse import train
+from lra_sparse.config import load_config_file
 from lra_sparse.data import get_task
-from lra_sparse.models import build_model
+
+LISTOPS_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "configs",
+                              "listops.py")
 
 flags.DEFINE_list("variants", ["fp32:xla", "bf16:xla", "bf16:cudnn"],
                   "dtype:attention entries; attention is a dense implementation "
-                  "(xla|cudnn|reference) or kind=<kind>[+field=value...] "
-                  "(e.g. kind=dfss+backend=reference).")
+                  "(xla|cudnn|reference) or kind=<kind>[+field=value...] with fields of "
+                  "config.attention.<kind> (e.g. kind=dfss+nm=1:2+backend=reference).")
 flags.DEFINE_integer("batch", 32, "Global batch size.")
 flags.DEFINE_integer("length", 2000, "Tokens per example.")
 flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
@@ -33,25 +37,29 @@ FLAGS = flags.FLAGS
 
 
 def make_config(variant: str) -> ml_collections.ConfigDict:
-  dtype, attention = variant.split(":")
-  config = get_config()
+  dtype, attention = variant.split(":", 1)
+  config = load_config_file(LISTOPS_CONFIG)
   config.model.dtype = {"fp32": "float32", "bf16": "bfloat16"}[dtype]
   config.data.max_length = FLAGS.length
   config.batch_size = FLAGS.batch
   if attention.startswith("kind="):
-    for item in attention.split("+"):
+    kind, *fields = attention.split("+")
+    kind = kind.split("=", 1)[1]
+    config.attention.kind = kind
+    for item in fields:
       key, value = item.split("=", 1)
-      current = config.attention[key]
-      config.attention[key] = type(current)(value) if current is not None else value
+      current = config.attention[kind][key]
+      config.attention[kind][key] = (value.lower() == "true" if isinstance(current, bool)
+                                     else type(current)(value))
   else:
-    config.attention.implementation = attention
+    config.attention.dense.implementation = attention
   return config
 
 
 def time_variant(variant: str) -> tuple[float, float]:
   config = make_config(variant)
   spec = get_task("listops").spec(config)
-  model = build_model(ml_collections.FrozenConfigDict(config), spec)
+  model = train.make_model(config, spec)
   rng = np.random.default_rng(0)
   batch = {"inputs": rng.integers(1, spec.vocab_size, (FLAGS.batch, FLAGS.length), np.int32),
            "targets": rng.integers(0, spec.num_classes, (FLAGS.batch,), np.int32)}

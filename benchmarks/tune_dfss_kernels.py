@@ -12,159 +12,182 @@ switches (``dfss_triton._GEN_OPTIONS``, e.g. 'logic_rank=0,fold_scale=0;logic_ra
 so a new formulation of the kernels is measured against the previous one in the same process.
 Prints one markdown table.  Config syntax: ``BM,BN,num_warps,num_stages[,op]`` separated by ';'.
 
-  python benchmarks/tune_dfss_kernels.py --dtype fp32 --nm 1:2 --shapes 32x1024,8x4096 \\
-      --fwd '64,64,4,2;128,64,8,2' --bwd '32,64,4,2;32,128,8,2,op' --dq '64,64,4,2;128,64,8,2'
+From the repository root (it imports the timing helpers of ``benchmarks.bench_dfss_kernels``):
+
+  python -m benchmarks.tune_dfss_kernels --dtype=fp32 --nm=1:2 --shapes=32x1024,8x4096 \\
+      --fwd='64,64,4,2;128,64,8,2' --bwd='32,64,4,2;32,128,8,2,op' --dq='64,64,4,2;128,64,8,2'
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
+from typing import Sequence
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+from benchmarks.bench_dfss_kernels import fwd_bwd, gpu_state, time_fn
+from lra_sparse.attention.nm import parse_nm
+from lra_sparse.kernels import dfss_reference, dfss_triton
 
-from benchmarks.bench_dfss_kernels import fwd_bwd, gpu_state, time_fn  # noqa: E402
-from kernels import dfss_reference, dfss_triton  # noqa: E402
+FLAGS = flags.FLAGS
 
 DTYPES = {"bf16": jnp.bfloat16, "fp32": jnp.float32}
 
 
 def parse_cfgs(text):
-    cfgs = []
-    for item in filter(None, (t.strip() for t in text.split(";"))):
-        parts = item.split(",")
-        cfg = dict(zip(("BM", "BN", "num_warps", "num_stages"), map(int, parts[:4])))
-        if len(parts) > 4 and parts[4] == "op":
-            cfg["onepass"] = True
-        cfgs.append(cfg)
-    return cfgs
+  cfgs = []
+  for item in filter(None, (t.strip() for t in text.split(";"))):
+    parts = item.split(",")
+    cfg = dict(zip(("BM", "BN", "num_warps", "num_stages"), map(int, parts[:4])))
+    if len(parts) > 4 and parts[4] == "op":
+      cfg["onepass"] = True
+    cfgs.append(cfg)
+  return cfgs
 
 
 def parse_codegen(text):
-    variants = []
-    for item in filter(None, (t.strip() for t in text.split(";"))):
-        opts = {}
-        for kv in item.split(","):
-            name, val = kv.split("=")
-            if name not in dfss_triton._GEN_OPTIONS:
-                raise ValueError(f"unknown codegen switch {name!r}; known: {sorted(dfss_triton._GEN_OPTIONS)}")
-            opts[name] = bool(int(val))
-        variants.append(opts)
-    return variants
+  variants = []
+  for item in filter(None, (t.strip() for t in text.split(";"))):
+    opts = {}
+    for kv in item.split(","):
+      name, val = kv.split("=")
+      if name not in dfss_triton._GEN_OPTIONS:
+        raise ValueError(f"unknown codegen switch {name!r}; "
+                         f"known: {sorted(dfss_triton._GEN_OPTIONS)}")
+      opts[name] = bool(int(val))
+    variants.append(opts)
+  return variants
 
 
 def rel_err(x, ref):
-    x = np.asarray(x, np.float64)
-    ref = np.asarray(ref, np.float64)
-    if not np.all(np.isfinite(x)):
-        return float("inf")
-    return float(np.linalg.norm(x - ref) / np.linalg.norm(ref))
+  x = np.asarray(x, np.float64)
+  ref = np.asarray(ref, np.float64)
+  if not np.all(np.isfinite(x)):
+    return float("inf")
+  return float(np.linalg.norm(x - ref) / np.linalg.norm(ref))
 
 
 def cfg_name(cfg):
-    s = f"{cfg['BM']}x{cfg['BN']} w{cfg['num_warps']} s{cfg['num_stages']}"
-    return s + (" one-pass" if cfg.get("onepass") else "")
+  s = f"{cfg['BM']}x{cfg['BN']} w{cfg['num_warps']} s{cfg['num_stages']}"
+  return s + (" one-pass" if cfg.get("onepass") else "")
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser()
-    p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
-    p.add_argument("--nm", default="1:2")
-    p.add_argument("--shapes", default="32x1024,8x4096")
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--fwd", default="")
-    p.add_argument("--bwd", default="")
-    p.add_argument("--dq", default="")
-    p.add_argument("--codegen", default="")
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
-    dtype = DTYPES[args.dtype]
-    n, m = map(int, args.nm.split(":"))
-    h, d = args.heads, args.dim
-    rows = []
+def define_flags() -> None:
+  """Defined only when run as a program, so importing this module adds no flags."""
+  flags.DEFINE_enum("dtype", "fp32", sorted(DTYPES), "Input dtype.")
+  flags.DEFINE_string("nm", "1:2", "N:M pattern, 'n:m' with 0 < n < m.")
+  flags.DEFINE_string("shapes", "32x1024,8x4096", "Comma-separated BATCHxLENGTH list.")
+  flags.DEFINE_integer("heads", 4, "Attention heads.")
+  flags.DEFINE_integer("dim", 64, "Head dimension.")
+  flags.DEFINE_string("fwd", "", "Forward configs, 'BM,BN,num_warps,num_stages;...'.")
+  flags.DEFINE_string("bwd", "", "Backward (dK/dV or one-pass) configs, "
+                      "'BM,BN,num_warps,num_stages[,op];...' (op = one-pass kernel).")
+  flags.DEFINE_string("dq", "", "dQ kernel configs, 'BM,BN,num_warps,num_stages;...'.")
+  flags.DEFINE_string("codegen", "", "Code-generation switch sets, e.g. "
+                      "'logic_rank=0,fold_scale=0;logic_rank=1,fold_scale=1'.")
+  flags.DEFINE_string("out", None, "Also write the table (markdown) here.")
 
-    def emit(row):
-        rows.append(row)
-        print(" | ".join(row), flush=True)
 
-    for shape in args.shapes.split(","):
-        b, l = map(int, shape.split("x"))
-        key = jax.random.PRNGKey(b * l)
-        sets = [tuple(jax.random.normal(kk, (b, l, h, d), dtype) for kk in jax.random.split(jax.random.fold_in(key, i), 4))
-                for i in range(3)]
-        xla = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla")  # noqa: E731
-        t_xf, _ = time_fn(jax.jit(xla), [s[:3] for s in sets])
-        t_xb, _ = time_fn(jax.jit(fwd_bwd(xla)), sets)
-        emit([args.dtype, f"{n}:{m}", shape, "XLA dense", "", f"{t_xf:.3f}", f"{t_xb:.3f}", "", "", ""])
-        q, k, v, do = sets[0]
-        ref_o, vjp = jax.vjp(lambda a, bb, c: dfss_reference.dfss_attention_reference(a, bb, c, n=n, m=m), q, k, v)
-        ref_g = vjp(do)
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not dfss_triton.is_available():
+    sys.exit("tune_dfss_kernels needs a GPU with triton and jax-triton "
+             "(dfss_triton.is_available() is False here)")
+  dtype = DTYPES[FLAGS.dtype]
+  n, m = parse_nm(FLAGS.nm, what="--nm")
+  h, d = FLAGS.heads, FLAGS.dim
+  rows = []
 
-        for cfg in parse_cfgs(args.fwd):
-            dfss_triton.set_config("fwd", dtype, d, **cfg)
-            f = jax.jit(lambda q, k, v: dfss_triton._fused_fwd(q, k, v, None, n, m))
-            try:
-                t, _ = time_fn(f, [s[:3] for s in sets])
-                err = rel_err(f(q, k, v)[0], ref_o)
-                emit([args.dtype, f"{n}:{m}", shape, "fwd", cfg_name(cfg), f"{t:.3f}", "",
-                      f"{t_xf / t:.2f}x", "", f"{err:.1e}"])
-            except Exception as e:  # noqa: BLE001  a config that fails to compile is reported, not fatal
-                emit([args.dtype, f"{n}:{m}", shape, "fwd", cfg_name(cfg), "FAIL", "", "", "", type(e).__name__])
-            dfss_triton.set_config("fwd", dtype, d)
+  def emit(row):
+    rows.append(row)
+    print(" | ".join(row), flush=True)
 
-        for opts in parse_codegen(args.codegen):
-            saved = dict(dfss_triton._GEN_OPTIONS)
-            dfss_triton._GEN_OPTIONS.update(opts)
-            name = ",".join(f"{k_}={int(v_)}" for k_, v_ in opts.items())
-            f = jax.jit(lambda q, k, v: dfss_triton._fused_fwd(q, k, v, None, n, m))
-            g = jax.jit(lambda q, k, v, do, o, lse: dfss_triton._fused_bwd(q, k, v, None, o, lse, do, n, m))
-            try:
-                t_f, _ = time_fn(f, [s[:3] for s in sets])
-                csets = [s + tuple(f(*s[:3])) for s in sets]
-                t_b, _ = time_fn(g, csets)
-                err = max([rel_err(f(q, k, v)[0], ref_o)]
-                          + [rel_err(a, r) for a, r in zip(g(*csets[0]), ref_g)])
-                emit([args.dtype, f"{n}:{m}", shape, "codegen", name, f"{t_f:.3f}", f"{t_b:.3f}",
-                      f"{t_xf / t_f:.2f}x", "", f"{err:.1e}"])
-            except Exception as e:  # noqa: BLE001
-                emit([args.dtype, f"{n}:{m}", shape, "codegen", name, "FAIL", "FAIL", "", "",
-                      f"{type(e).__name__}: {str(e)[-300:]}"])
-            finally:
-                dfss_triton._GEN_OPTIONS.update(saved)
+  for shape in FLAGS.shapes.split(","):
+    b, l = map(int, shape.split("x"))
+    key = jax.random.PRNGKey(b * l)
+    sets = [tuple(jax.random.normal(kk, (b, l, h, d), dtype)
+                  for kk in jax.random.split(jax.random.fold_in(key, i), 4))
+            for i in range(3)]
+    xla = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla")  # noqa: E731
+    t_xf, _ = time_fn(jax.jit(xla), [s[:3] for s in sets])
+    t_xb, _ = time_fn(jax.jit(fwd_bwd(xla)), sets)
+    emit([FLAGS.dtype, f"{n}:{m}", shape, "XLA dense", "", f"{t_xf:.3f}", f"{t_xb:.3f}", "", "",
+          ""])
+    q, k, v, do = sets[0]
+    ref_o, vjp = jax.vjp(
+        lambda a, bb, c: dfss_reference.dfss_attention_reference(a, bb, c, n=n, m=m), q, k, v)
+    ref_g = vjp(do)
 
-        fwd0 = jax.jit(lambda q, k, v: dfss_triton._fused_fwd(q, k, v, None, n, m))
-        bsets = [s + tuple(fwd0(*s[:3])) for s in sets]  # (q, k, v, do, o, lse)
-        variants = [("bwd", c) for c in parse_cfgs(args.bwd)] + [("dq", c) for c in parse_cfgs(args.dq)]
-        for kind, cfg in variants:
-            dfss_triton.set_config(kind, dtype, d, **cfg)
-            g = jax.jit(lambda q, k, v, do, o, lse: dfss_triton._fused_bwd(q, k, v, None, o, lse, do, n, m))
-            try:
-                t, _ = time_fn(g, bsets)
-                err = max(rel_err(a, r) for a, r in zip(g(*bsets[0]), ref_g))
-                emit([args.dtype, f"{n}:{m}", shape, f"bwd ({kind} varied)", cfg_name(cfg), "", f"{t:.3f}",
-                      "", "", f"{err:.1e}"])
-            except Exception as e:  # noqa: BLE001
-                emit([args.dtype, f"{n}:{m}", shape, f"bwd ({kind} varied)", cfg_name(cfg), "", "FAIL", "", "",
-                      f"{type(e).__name__}: {str(e)[-300:]}"])
-            dfss_triton.set_config(kind, dtype, d)
+    for cfg in parse_cfgs(FLAGS.fwd):
+      dfss_triton.set_config("fwd", dtype, d, **cfg)
+      f = jax.jit(lambda q, k, v: dfss_triton._fused_fwd(q, k, v, None, n, m))
+      try:
+        t, _ = time_fn(f, [s[:3] for s in sets])
+        err = rel_err(f(q, k, v)[0], ref_o)
+        emit([FLAGS.dtype, f"{n}:{m}", shape, "fwd", cfg_name(cfg), f"{t:.3f}", "",
+              f"{t_xf / t:.2f}x", "", f"{err:.1e}"])
+      except Exception as e:  # noqa: BLE001  a config that fails to compile is reported, not fatal
+        emit([FLAGS.dtype, f"{n}:{m}", shape, "fwd", cfg_name(cfg), "FAIL", "", "", "",
+              type(e).__name__])
+      dfss_triton.set_config("fwd", dtype, d)
 
-    cols = ["dtype", "N:M", "BxL", "kernel", "config", "fwd ms", "bwd ms (f+b for XLA)", "fwd vs XLA", "", "max rel err"]
-    table = "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-                      + ["| " + " | ".join(r) + " |" for r in rows])
-    dev = jax.devices()[0]
-    header = f"device: {getattr(dev, 'device_kind', dev.platform)}; jax {jax.__version__}; heads {h}, head_dim {d}"
-    header += "\n" + gpu_state()
-    print("\n" + header + "\n\n" + table)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(header + "\n\n" + table + "\n")
+    for opts in parse_codegen(FLAGS.codegen):
+      saved = dict(dfss_triton._GEN_OPTIONS)
+      dfss_triton._GEN_OPTIONS.update(opts)
+      name = ",".join(f"{k_}={int(v_)}" for k_, v_ in opts.items())
+      f = jax.jit(lambda q, k, v: dfss_triton._fused_fwd(q, k, v, None, n, m))
+      g = jax.jit(
+          lambda q, k, v, do, o, lse: dfss_triton._fused_bwd(q, k, v, None, o, lse, do, n, m))
+      try:
+        t_f, _ = time_fn(f, [s[:3] for s in sets])
+        csets = [s + tuple(f(*s[:3])) for s in sets]
+        t_b, _ = time_fn(g, csets)
+        err = max([rel_err(f(q, k, v)[0], ref_o)]
+                  + [rel_err(a, r) for a, r in zip(g(*csets[0]), ref_g)])
+        emit([FLAGS.dtype, f"{n}:{m}", shape, "codegen", name, f"{t_f:.3f}", f"{t_b:.3f}",
+              f"{t_xf / t_f:.2f}x", "", f"{err:.1e}"])
+      except Exception as e:  # noqa: BLE001
+        emit([FLAGS.dtype, f"{n}:{m}", shape, "codegen", name, "FAIL", "FAIL", "", "",
+              f"{type(e).__name__}: {str(e)[-300:]}"])
+      finally:
+        dfss_triton._GEN_OPTIONS.update(saved)
+
+    fwd0 = jax.jit(lambda q, k, v: dfss_triton._fused_fwd(q, k, v, None, n, m))
+    bsets = [s + tuple(fwd0(*s[:3])) for s in sets]  # (q, k, v, do, o, lse)
+    variants = ([("bwd", c) for c in parse_cfgs(FLAGS.bwd)]
+                + [("dq", c) for c in parse_cfgs(FLAGS.dq)])
+    for kind, cfg in variants:
+      dfss_triton.set_config(kind, dtype, d, **cfg)
+      g = jax.jit(
+          lambda q, k, v, do, o, lse: dfss_triton._fused_bwd(q, k, v, None, o, lse, do, n, m))
+      try:
+        t, _ = time_fn(g, bsets)
+        err = max(rel_err(a, r) for a, r in zip(g(*bsets[0]), ref_g))
+        emit([FLAGS.dtype, f"{n}:{m}", shape, f"bwd ({kind} varied)", cfg_name(cfg), "",
+              f"{t:.3f}", "", "", f"{err:.1e}"])
+      except Exception as e:  # noqa: BLE001
+        emit([FLAGS.dtype, f"{n}:{m}", shape, f"bwd ({kind} varied)", cfg_name(cfg), "", "FAIL",
+              "", "", f"{type(e).__name__}: {str(e)[-300:]}"])
+      dfss_triton.set_config(kind, dtype, d)
+
+  cols = ["dtype", "N:M", "BxL", "kernel", "config", "fwd ms", "bwd ms (f+b for XLA)",
+          "fwd vs XLA", "", "max rel err"]
+  table = "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+                    + ["| " + " | ".join(r) + " |" for r in rows])
+  dev = jax.devices()[0]
+  header = (f"device: {getattr(dev, 'device_kind', dev.platform)}; jax {jax.__version__}; "
+            f"heads {h}, head_dim {d}")
+  header += "\n" + gpu_state()
+  print("\n" + header + "\n\n" + table)
+  if FLAGS.out:
+    with open(FLAGS.out, "w") as fh:
+      fh.write(header + "\n\n" + table + "\n")
 
 
 if __name__ == "__main__":
-    main()
+  define_flags()
+  app.run(main)

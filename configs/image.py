@@ -6,7 +6,7 @@ CPU-sized model on a Fashion-MNIST subset). The default source is Fashion-MNIST 
 package ``dataset-fashion-mnist`` (real data that works offline); ``--config.data.source=tfds``
 gives LRA's CIFAR-10 (tfds ``cifar10`` prepared as array_record).
 """
-from configs.base import get_base_config, set_tiny_model
+from lra_sparse.config import get_base_config, set_tiny_model
 
 NUM_EPOCHS = 200
 TRAIN_EXAMPLES = 45000                   # CIFAR-10 train[:90%], as LRA's config counts steps

@@ -3,7 +3,7 @@
 Presets: ``--config=configs/listops.py`` (LRA defaults) or ``--config=configs/listops.py:tiny``
 (a CPU-sized model that trains in minutes on the generated demo set).
 """
-from configs.base import get_base_config, set_tiny_model
+from lra_sparse.config import get_base_config, set_tiny_model
 
 
 def get_config(preset: str = "") -> "ml_collections.ConfigDict":

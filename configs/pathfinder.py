@@ -4,19 +4,19 @@ Data: 32x32 images in LRA's layout under ``config.data.data_dir`` (``curv_baseli
 ``curv_contour_length_9`` / ``curv_contour_length_14`` + ``metadata/*.npy``), one token per pixel
 (pixel + 1), 1024 tokens, 80/10/10 split. Generate it with::
 
-  python -m lra_sparse.data.pathfinder --output_dir=data/pathfinder32 --resolution=32 \\
+  python -m lra_sparse.generators.pathfinder --output_dir=data/pathfinder32 --resolution=32 \\
       --difficulty=hard --num_images=200000 --seed=0
 
 Presets: ``--config=configs/pathfinder.py`` (LRA defaults: the LRA paper's Pathfinder column is
 the hard set) or ``--config=configs/pathfinder.py:tiny`` (a CPU-sized model on a small easy set:
-``python -m lra_sparse.data.pathfinder --output_dir=data/pathfinder_tiny --resolution=32
+``python -m lra_sparse.generators.pathfinder --output_dir=data/pathfinder_tiny --resolution=32
 --difficulty=easy --num_images=4000 --seed=0``).
 
-Model sizes follow the project's LRA table (DESIGN.md): 4 layers, 4 heads, emb/qkv/mlp
-32/16/32 (head_dim 4). LRA's own ``pathfinder32/transformer_base.py`` overrides its base config
+Model sizes follow LRA's Pathfinder32 task settings: 4 layers, 4 heads, emb/qkv/mlp 32/16/32
+(head_dim 4). LRA's own ``pathfinder32/transformer_base.py`` overrides its base config
 with 1 layer, 4 heads, 128/64/128 and dropout 0.2; set those on the command line to reproduce it.
 """
-from configs.base import get_base_config, set_tiny_model
+from lra_sparse.config import get_base_config, set_tiny_model
 
 TRAIN_EXAMPLES = 160_000    # 80% of LRA's 200k images per difficulty
 NUM_EPOCHS = 200

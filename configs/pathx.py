@@ -3,17 +3,17 @@
 Data: 128x128 images in LRA's layout under ``config.data.data_dir`` (Path-X is the hard set,
 ``curv_contour_length_14``), one token per pixel (pixel + 1), 16384 tokens, 80/10/10 split::
 
-  python -m lra_sparse.data.pathfinder --output_dir=data/pathfinder128 --resolution=128 \\
+  python -m lra_sparse.generators.pathfinder --output_dir=data/pathfinder128 --resolution=128 \\
       --difficulty=hard --num_images=200000 --seed=0
 
 Presets: ``--config=configs/pathx.py`` (LRA defaults: 1 layer, 2 heads, 32/16/32, batch 64, lr
 1e-3 cosine, 200 epochs, warmup 1 epoch, gradient clipping 1.0) or
 ``--config=configs/pathx.py:tiny`` (a CPU-sized run on a small easy set: ``python -m
-lra_sparse.data.pathfinder --output_dir=data/pathx_tiny --resolution=128 --difficulty=easy
---num_images=600 --seed=0``). At 16384 tokens a dense score matrix is 1 GiB (float32) per
+lra_sparse.generators.pathfinder --output_dir=data/pathx_tiny --resolution=128
+--difficulty=easy --num_images=600 --seed=0``). At 16384 tokens a dense score matrix is 1 GiB (float32) per
 example and head, so the tiny preset uses Nystromformer attention (64 landmarks).
 """
-from configs.base import get_base_config, set_tiny_model
+from lra_sparse.config import get_base_config, set_tiny_model
 
 TRAIN_EXAMPLES = 160_000    # 80% of LRA's 200k images
 NUM_EPOCHS = 200
@@ -53,7 +53,7 @@ def get_config(preset: str = "") -> "ml_collections.ConfigDict":
     config.data.difficulty = "easy"
     set_tiny_model(config, num_layers=1, num_heads=2, width=32, mlp_dim=64)
     config.attention.kind = "nystrom"
-    config.attention.num_landmarks = 64   # 16384 = 64 segments of 256 tokens
+    config.attention.nystrom.num_landmarks = 64   # 16384 = 64 segments of 256 tokens
     config.optim.learning_rate = 2e-3
     config.optim.warmup_steps = 10
     config.batch_size = 8

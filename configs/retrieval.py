@@ -2,10 +2,10 @@
 matching, transformer_base).
 
 Presets: ``--config=configs/retrieval.py`` (LRA defaults) or ``--config=configs/retrieval.py:tiny``
-(a CPU-sized model on the generated demo set: ``python -m lra_sparse.data.retrieval
+(a CPU-sized model on the generated demo set: ``python -m lra_sparse.generators.retrieval
 --output_dir=data/retrieval_tiny``).
 """
-from configs.base import get_base_config, set_tiny_model
+from lra_sparse.config import get_base_config, set_tiny_model
 
 
 def get_config(preset: str = "") -> "ml_collections.ConfigDict":

@@ -2,10 +2,10 @@
 transformer_base).
 
 Presets: ``--config=configs/text.py`` (LRA defaults) or ``--config=configs/text.py:tiny`` (a
-CPU-sized model on the generated demo set: ``python -m lra_sparse.data.text
+CPU-sized model on the generated demo set: ``python -m lra_sparse.generators.text
 --output_dir=data/text_tiny``).
 """
-from configs.base import get_base_config, set_tiny_model
+from lra_sparse.config import get_base_config, set_tiny_model
 
 
 def get_config(preset: str = "") -> "ml_collections.ConfigDict":

@@ -30,9 +30,9 @@ VARIANTS = (  # (run-name label, row label, overrides)
     ("dense-fp32", "Transformer (float)", {"attention.kind": "dense", "model.dtype": "float32"}),
     ("dense-bf16", "Transformer (bfloat16)", {"attention.kind": "dense", **BF16}),
     ("dfss1-2-fp32", "Dfss 1:2 (float)",
-     {"attention.kind": "dfss", "attention.n": 1, "attention.m": 2, "model.dtype": "float32"}),
+     {"attention.kind": "dfss", "attention.dfss.nm": "1:2", "model.dtype": "float32"}),
     ("dfss2-4-bf16", "Dfss 2:4 (bfloat16)",
-     {"attention.kind": "dfss", "attention.n": 2, "attention.m": 4, **BF16}),
+     {"attention.kind": "dfss", "attention.dfss.nm": "2:4", **BF16}),
 )
 
 

@@ -10,7 +10,7 @@ Tiny (CPU): ``experiments/dfss_table6_nystrom.py:tiny`` with ``--root=runs/dfss_
 As in the paper (App. A.7): a standard Nystromformer (float) is pretrained from scratch for
 35,000 iterations, then each row fine-tunes that checkpoint (init_from) for 3,500 iterations
 (1/10) as Nystromformer (float), Nystromformer (bfloat16), Nystromformer + Dfss 1:2 (float) and
-Nystromformer + Dfss 2:4 (bfloat16) (F and B N:M-pruned: attention.nm). One pretrain run per
+Nystromformer + Dfss 2:4 (bfloat16) (F and B N:M-pruned: attention.nystrom.nm). One pretrain run per
 seed; every fine-tune run starts from the pretrain run of the same seed. Landmarks, conv kernel
 and the optimizer follow configs/image.py.
 """
@@ -22,12 +22,12 @@ SEEDS = (0, 1, 2)
 PRETRAIN_STEPS, FINETUNE_STEPS = 35_000, 3_500
 BF16 = {"model.dtype": "bfloat16", "eval_dtype": "bfloat16"}
 VARIANTS = (  # (run-name label, row label, overrides)
-    ("nystrom-fp32", "Nystromformer (float)", {"attention.nm": "", "model.dtype": "float32"}),
-    ("nystrom-bf16", "Nystromformer (bfloat16)", {"attention.nm": "", **BF16}),
+    ("nystrom-fp32", "Nystromformer (float)", {"attention.nystrom.nm": "", "model.dtype": "float32"}),
+    ("nystrom-bf16", "Nystromformer (bfloat16)", {"attention.nystrom.nm": "", **BF16}),
     ("nystrom-dfss1-2-fp32", "Nystromformer + Dfss 1:2 (float)",
-     {"attention.nm": "1:2", "model.dtype": "float32"}),
+     {"attention.nystrom.nm": "1:2", "model.dtype": "float32"}),
     ("nystrom-dfss2-4-bf16", "Nystromformer + Dfss 2:4 (bfloat16)",
-     {"attention.nm": "2:4", **BF16}),
+     {"attention.nystrom.nm": "2:4", **BF16}),
 )
 
 
@@ -37,7 +37,8 @@ def get_sweep(preset: str = "") -> Sweep:
   seeds = TINY_SEEDS if tiny else SEEDS
   pretrain = Group(
       name="pretrain", config=config, seeds=seeds,
-      overrides={"attention.kind": "nystrom", "attention.nm": "", "model.dtype": "float32",
+      overrides={"attention.kind": "nystrom", "attention.nystrom.nm": "",
+                 "model.dtype": "float32",
                  **(tiny_steps(30) if tiny else {"num_train_steps": PRETRAIN_STEPS})})
   finetune = Group(
       name="finetune", config=config, seeds=seeds,

@@ -36,10 +36,11 @@ def get_sweep(preset: str = "") -> Sweep:
                                    **(tiny_steps(30) if tiny else {})}))
     groups.append(Group(
         name=f"dsa-{task}", config=config, seeds=seeds,
-        overrides={"attention.kind": "dsa", "attention.sigma": 0.25, "attention.quant_bits": 0,
+        overrides={"attention.kind": "dsa", "attention.dsa.sigma": 0.25,
+                   "attention.dsa.quant_bits": 0,
                    "init_from": Ref(f"dense-{task}"),
                    **(tiny_steps(20) if tiny else FINETUNE[task])},
-        product={"attention.sparsity": list(SPARSITIES)}))
+        product={"attention.dsa.sparsity": list(SPARSITIES)}))
   return Sweep(name="dsa_sparsity" + ("_tiny" if tiny else ""), groups=groups)
 
 
@@ -50,11 +51,11 @@ def get_table(preset: str = "") -> Table:
             + (" [tiny CPU variant]" if tiny else ""),
       rows=[Selector("Transformer (dense)", {"attention.kind": "dense"})]
            + [Selector(f"DSA-{round(s * 100)}%", {"attention.kind": "dsa",
-                                                  "attention.sparsity": s})
+                                                  "attention.dsa.sparsity": s})
               for s in SPARSITIES],
       columns=[Selector(label, {"task": task}) for task, label in TASKS],
       average=True,
-      plot=Plot(x="attention.sparsity", xlabel="attention sparsity (fraction dropped)",
+      plot=Plot(x="attention.dsa.sparsity", xlabel="attention sparsity (fraction dropped)",
                 series=[Selector(f"DSA {label}", {"attention.kind": "dsa", "task": task})
                         for task, label in TASKS],
                 baselines=[Selector(f"Dense {label}", {"attention.kind": "dense", "task": task})

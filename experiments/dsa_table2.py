@@ -8,11 +8,12 @@ Tiny (CPU): ``experiments/dsa_table2.py:tiny`` with ``--root=runs/dsa_table2_tin
 
 A dense Transformer is trained on Text per seed (the "Base" of the paper); DSA-90% is then
 fine-tuned from it (joint update, Sec. 4.2) for every sigma in {0.1, 0.16, 0.2, 0.25, 0.33} and
-predictor precision in {INT2, INT4, INT8, FP32} (attention.quant_bits 2/4/8/0). The paper sweeps
+predictor precision in {INT2, INT4, INT8, FP32} (attention.dsa.quant_bits 2/4/8/0). The paper sweeps
 the two knobs one at a time (sigma at FP32, precision at sigma 0.25); the full grid here holds
 both lines: the FP32 column and the sigma = 0.25 row. The paper gives no fine-tuning length:
 5,000 steps (1/4 of the dense run) with a 500-step warmup is our choice. The dense base run has
-quant_bits = 0 in its config, so it shows in the FP32 column of the "Dense (base)" row.
+no predictor (no attention.dsa block in its config): the FP32 column also accepts a missing
+quant_bits (None), so the base shows in the FP32 column of the "Dense (base)" row.
 """
 from experiments._tiny import check_preset, tiny_steps
 from lra_sparse.sweep import Group, Ref, Sweep
@@ -33,26 +34,27 @@ def get_sweep(preset: str = "") -> Sweep:
                 overrides={"attention.kind": "dense", **(tiny_steps(30) if tiny else {})})
   dsa = Group(
       name="dsa90", config=config, seeds=seeds,
-      overrides={"attention.kind": "dsa", "attention.sparsity": SPARSITY,
+      overrides={"attention.kind": "dsa", "attention.dsa.sparsity": SPARSITY,
                  "init_from": Ref("dense"), **(tiny_steps(10) if tiny else FINETUNE)},
-      product={"attention.sigma": list(SIGMAS),
-               "attention.quant_bits": [bits for _, bits in PRECISIONS]})
+      product={"attention.dsa.sigma": list(SIGMAS),
+               "attention.dsa.quant_bits": [bits for _, bits in PRECISIONS]})
   return Sweep(name="dsa_table2" + ("_tiny" if tiny else ""), groups=[dense, dsa])
 
 
 def get_table(preset: str = "") -> Table:
   tiny = check_preset(preset, "experiments/dsa_table2.py")
-  dsa = {"attention.kind": "dsa", "attention.sparsity": SPARSITY}
+  dsa = {"attention.kind": "dsa", "attention.dsa.sparsity": SPARSITY}
   return Table(
       title="DSA Table 2: DSA-90% on LRA Text, test accuracy (%) by sigma and predictor "
             "precision" + (" [tiny CPU variant]" if tiny else ""),
       row_header="sigma",
       rows=[Selector("Dense (base)", {"attention.kind": "dense"})]
-           + [Selector(f"{sigma:g}", {**dsa, "attention.sigma": sigma}) for sigma in SIGMAS],
-      columns=[Selector(label, {"attention.quant_bits": bits}) for label, bits in PRECISIONS],
+           + [Selector(f"{sigma:g}", {**dsa, "attention.dsa.sigma": sigma}) for sigma in SIGMAS],
+      columns=[Selector(label, {"attention.dsa.quant_bits": bits if bits else [0, None]})
+               for label, bits in PRECISIONS],
       where={"task": "text"},
-      plot=Plot(x="attention.sigma", xlabel="sigma = k / d (predictor size)",
-                series=[Selector(label, {**dsa, "attention.quant_bits": bits})
+      plot=Plot(x="attention.dsa.sigma", xlabel="sigma = k / d (predictor size)",
+                series=[Selector(label, {**dsa, "attention.dsa.quant_bits": bits})
                         for label, bits in PRECISIONS],
                 baselines=[Selector("Dense", {"attention.kind": "dense"})],
                 title="DSA-90% on Text: accuracy vs. sigma, per predictor precision"),

@@ -10,15 +10,16 @@ Presets: "" = the ``tiny`` ListOps preset (2 layers, width 64, length 100) for 4
 The plot puts each kind at the fraction of attention scores it drops (dense 0, DFSS 2:4 0.5,
 DSA its sparsity; DSA-75 is there so that the DSA line has two points), dense also as a band.
 """
+from lra_sparse.attention.nm import parse_nm
 from lra_sparse.sweep import Group, Sweep
 from lra_sparse.tables import Plot, Selector, Table
 
 SEEDS = (0, 1)
 VARIANTS = (
     ("Dense", {"attention.kind": "dense"}),
-    ("DFSS 2:4", {"attention.kind": "dfss", "attention.n": 2, "attention.m": 4}),
-    ("DSA-75", {"attention.kind": "dsa", "attention.sparsity": 0.75}),
-    ("DSA-90", {"attention.kind": "dsa", "attention.sparsity": 0.9}),
+    ("DFSS 2:4", {"attention.kind": "dfss", "attention.dfss.nm": "2:4"}),
+    ("DSA-75", {"attention.kind": "dsa", "attention.dsa.sparsity": 0.75}),
+    ("DSA-90", {"attention.kind": "dsa", "attention.dsa.sparsity": 0.9}),
 )
 
 
@@ -47,9 +48,10 @@ def dropped_fraction(config) -> float | None:
   if kind == "dense":
     return 0.0
   if kind == "dfss":
-    return 1.0 - config["attention.n"] / config["attention.m"]
+    n, m = parse_nm(config["attention.dfss.nm"])
+    return 1.0 - n / m
   if kind == "dsa":
-    return config["attention.sparsity"]
+    return config["attention.dsa.sparsity"]
   return None
 
 

@@ -12,9 +12,10 @@ density), and DSA masks from a predictor's scores S~ (``dsa_ticket``).
 Score-level functions take q, k ``[batch, length, heads, head_dim]`` or scores
 ``[batch, heads, length, length]`` directly. The model-level helper ``capture_attention`` needs
 only the attention registry contract: every attention core is a Flax module with a ``dims``
-attribute of type ``AttentionDims`` that is called as ``core(q, k, v, mask=..., ...)`` (q, k, v
-positional); DSA
-cores also sow their predicted scores into the "intermediates" collection.
+attribute of type ``AttentionDims`` and its kind's settings in ``config``, called as
+``core(q, k, v, mask=..., ...)`` (q, k, v positional); DSA cores also sow their predicted
+scores into the "intermediates" collection. ``python -m lra_sparse.analysis --workdir=RUN
+--out=maps.png`` runs it on a trained run (``analyse_run``).
 """
 from __future__ import annotations
 
@@ -22,35 +23,28 @@ import functools
 import math
 from typing import Any, Optional, Sequence
 
+from absl import app
+from absl import flags
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import flax.linen as nn
 from flax import traverse_util
 
+from lra_sparse import workdir as workdir_lib
 from lra_sparse.attention import dsa as dsa_lib
+from lra_sparse.attention import parse_attention_config
+from lra_sparse.attention.common import attention_scores, masked_softmax
 from lra_sparse.attention.nm import check_nm, nm_mask
 from lra_sparse.attention.registry import AttentionDims
-
-
-def attention_scores(q, k, mask=None):
-  """S = Q K^T / sqrt(d): float32 [batch, heads, q_len, k_len]; padded keys -> -inf."""
-  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-  scores = scores * jnp.float32(q.shape[-1] ** -0.5)
-  if mask is not None:
-    scores = jnp.where(mask[:, None, None, :], scores, -jnp.inf)
-  return scores
 
 
 def dense_probabilities(scores, mask=None):
   """A = softmax(S) over real keys (rows with no real key -> 0)."""
   if mask is not None:
     scores = jnp.where(mask[:, None, None, :], scores, -jnp.inf)
-  row_max = jnp.max(scores, axis=-1, keepdims=True)
-  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-  unnorm = jnp.exp(scores - row_max)
-  denom = jnp.sum(unnorm, axis=-1, keepdims=True)
-  return unnorm / jnp.where(denom > 0, denom, 1.0)
+  return masked_softmax(scores)
 
 
 def dfss_ticket(scores, n: int, m: int, mask=None):
@@ -158,9 +152,10 @@ def capture_attention(model: nn.Module, variables: Any, *args, method=None,
       if (context.method_name == "__call__" and len(call_args) >= 3
           and isinstance(getattr(module, "dims", None), AttentionDims)):
         q, k = call_args[0], call_args[1]
+        kind_config = getattr(module, "config", None)
         captured.append({"path": "/".join(module.scope.path), "kind": type(module).__name__,
-                         "sparsity": getattr(module, "sparsity", None),
-                         "vector": getattr(module, "vector", 1),
+                         "sparsity": getattr(kind_config, "sparsity", None),
+                         "vector": getattr(kind_config, "vector", 1),
                          "q": q, "k": k, "mask": call_kwargs.get("mask")})
       return next_fun(*call_args, **call_kwargs)
 
@@ -272,12 +267,7 @@ def plot_attention_maps(path: str, q, k, *, mask=None, example: int = 0, head: i
 
 def masked_probabilities(scores, keep):
   """softmax of S over the ticket's entries only (what the sparse kind actually computes)."""
-  logits = jnp.where(keep, scores, -jnp.inf)
-  row_max = jnp.max(logits, axis=-1, keepdims=True)
-  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-  unnorm = jnp.where(keep, jnp.exp(logits - row_max), 0.0)
-  denom = jnp.sum(unnorm, axis=-1, keepdims=True)
-  return unnorm / jnp.where(denom > 0, denom, 1.0)
+  return masked_softmax(jnp.where(keep, scores, -jnp.inf), keep)
 
 
 def proposition_4_2(p: float, sigma: float, density: float = 0.5) -> dict[str, float]:
@@ -302,14 +292,31 @@ def _erfinv(y: float) -> float:
   return (lo + hi) / 2
 
 
-def run_cli(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
-  """``python -m lra_sparse.analysis --workdir=RUN --out=maps.png [--json=report.json]``.
+FLAGS = flags.FLAGS
 
-  Rebuilds the model from RUN/config.json, loads the last checkpoint's parameters (the
-  trainer's ``load_params_from``), runs the first --num_examples of --split, prints the L^p
-  ticket qualities of every attention layer and plots --layer / --head of --example.
+
+def define_flags() -> None:
+  """Defined only when run as a program, so importing this module adds no flags."""
+  flags.DEFINE_string("workdir", None, "A run's workdir (config.json, checkpoints/).")
+  flags.DEFINE_string("out", None, "PNG to write the attention maps to.")
+  flags.DEFINE_string("json", "", "Also write the quality report here.")
+  flags.DEFINE_enum("split", "test", ["train", "val", "test"], "Split to read examples from.")
+  flags.DEFINE_string("data_dir", "", "Override config.data.data_dir.")
+  flags.DEFINE_integer("num_examples", 4, "Examples to run through the model.")
+  flags.DEFINE_integer("example", 0, "Example to plot.")
+  flags.DEFINE_integer("layer", 0, "Attention call index to plot.")
+  flags.DEFINE_integer("head", 0, "Head to plot.")
+  flags.mark_flags_as_required(["workdir", "out"])
+
+
+def analyse_run(workdir: str, out: str, *, json_path: str = "", split: str = "test",
+                data_dir: str = "", num_examples: int = 4, example: int = 0, layer: int = 0,
+                head: int = 0) -> dict[str, Any]:
+  """Rebuilds the model from ``workdir``'s config.json, loads the last checkpoint's parameters
+  (the trainer's ``load_params_from``), runs the first ``num_examples`` of ``split``, returns
+  (and prints) the L^p ticket qualities of every attention layer and plots ``layer`` /
+  ``head`` of ``example`` to ``out``.
   """
-  import argparse  # pylint: disable=import-outside-toplevel
   import json  # pylint: disable=import-outside-toplevel
   import os  # pylint: disable=import-outside-toplevel
 
@@ -317,63 +324,56 @@ def run_cli(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
 
   from lra_sparse import train  # pylint: disable=import-outside-toplevel
   from lra_sparse.data import get_task  # pylint: disable=import-outside-toplevel
-  from lra_sparse.models import build_model  # pylint: disable=import-outside-toplevel
 
-  parser = argparse.ArgumentParser(prog="python -m lra_sparse.analysis",
-                                   description=run_cli.__doc__)
-  parser.add_argument("--workdir", required=True, help="a run's workdir (config.json, "
-                      "checkpoints/)")
-  parser.add_argument("--out", required=True, help="PNG to write the attention maps to")
-  parser.add_argument("--json", default="", help="also write the quality report here")
-  parser.add_argument("--split", default="test", choices=("train", "val", "test"))
-  parser.add_argument("--data_dir", default="", help="override config.data.data_dir")
-  parser.add_argument("--num_examples", type=int, default=4)
-  parser.add_argument("--example", type=int, default=0)
-  parser.add_argument("--layer", type=int, default=0, help="attention call index to plot")
-  parser.add_argument("--head", type=int, default=0)
-  args = parser.parse_args(argv)
-
-  config_path = os.path.join(args.workdir, "config.json")
-  if not os.path.isfile(config_path):
-    raise FileNotFoundError(f"--workdir={args.workdir!r}: no config.json there")
-  with open(config_path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
-  if args.data_dir:
-    config.data.data_dir = args.data_dir
+  if not os.path.isfile(os.path.join(workdir, workdir_lib.CONFIG_FILE)):
+    raise FileNotFoundError(f"--workdir={workdir!r}: no {workdir_lib.CONFIG_FILE} there")
+  config = ml_collections.ConfigDict(workdir_lib.read_config(workdir))
+  if data_dir:
+    config.data.data_dir = data_dir
   task = get_task(config.task)
   spec = task.spec(config)
-  model = build_model(config, spec)
-  arrays = task.load_split(config, args.split)
-  count = min(args.num_examples, len(arrays["targets"]))
-  if not 0 <= args.example < count:
-    raise ValueError(f"--example={args.example} must be in [0, {count})")
+  model = train.make_model(config, spec)
+  arrays = task.load_split(config, split)
+  count = min(num_examples, len(arrays["targets"]))
+  if not 0 <= example < count:
+    raise ValueError(f"--example={example} must be in [0, {count})")
   batch = {name: jnp.asarray(arrays[name][:count]) for name in spec.input_names}
   variables = jax.jit(lambda rng: model.init(rng, batch, deterministic=True))(
       jax.random.key(0))
-  params, fresh, _ = train.load_params_from(args.workdir, variables["params"])
+  params, fresh, _ = train.load_params_from(workdir, variables["params"])
   if fresh:
-    raise ValueError(f"checkpoint in {args.workdir} lacks parameters {fresh[:5]} of the model "
+    raise ValueError(f"checkpoint in {workdir} lacks parameters {fresh[:5]} of the model "
                      f"its config.json describes")
   captured = capture_attention(model, {"params": params}, batch, deterministic=True)
-  if not 0 <= args.layer < len(captured):
-    raise ValueError(f"--layer={args.layer} must be in [0, {len(captured)})")
+  if not 0 <= layer < len(captured):
+    raise ValueError(f"--layer={layer} must be in [0, {len(captured)})")
   report = qualities_from_captures(captured)
-  entry = captured[args.layer]
-  attention = config.attention
-  n, m = ((attention.n, attention.m) if attention.kind == "dfss" else (2, 4))
-  plot_attention_maps(args.out, entry["q"], entry["k"], mask=entry["mask"],
-                      example=args.example, head=args.head, n=n, m=m,
-                      predicted_scores=entry["predicted_scores"],
+  entry = captured[layer]
+  kind_config = parse_attention_config(config.attention)
+  n, m = kind_config.n_m if kind_config.KIND == "dfss" else (2, 4)
+  plot_attention_maps(out, entry["q"], entry["k"], mask=entry["mask"], example=example,
+                      head=head, n=n, m=m, predicted_scores=entry["predicted_scores"],
                       dsa_sparsity=entry["sparsity"] or 0.9,
-                      title=f"{config.task} / {attention.kind}: layer {args.layer} "
-                            f"({entry['path']}), example {args.example}, head {args.head}")
+                      title=f"{config.task} / {kind_config.KIND}: layer {layer} "
+                            f"({entry['path']}), example {example}, head {head}")
   text = json.dumps(report, indent=2, sort_keys=True)
   print(text)
-  if args.json:
-    with open(args.json, "w") as f:
+  if json_path:
+    with open(json_path, "w") as f:
       f.write(text + "\n")
   return report
 
 
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  analyse_run(FLAGS.workdir, FLAGS.out, json_path=FLAGS.json, split=FLAGS.split,
+              data_dir=FLAGS.data_dir, num_examples=FLAGS.num_examples, example=FLAGS.example,
+              layer=FLAGS.layer, head=FLAGS.head)
+
+
 if __name__ == "__main__":
-  run_cli()
+  # Through the imported module, like lra_sparse.sweep and lra_sparse.tables.
+  from lra_sparse import analysis as _analysis_module  # pylint: disable=g-import-not-at-top
+  _analysis_module.define_flags()
+  app.run(_analysis_module.main)

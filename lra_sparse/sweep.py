@@ -29,10 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import difflib
 import hashlib
-import importlib.util
-import inspect
 import itertools
 import json
 import os
@@ -45,14 +42,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from absl import app
 from absl import flags
+import ml_collections
 
-RESULT_FILE = "result.json"
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
-ERROR_FILE = "sweep_error.txt"
-LOG_FILE = "sweep_run.log"
-RUNNING_FILE = "sweep_running.json"
-MANIFEST_FILE = "sweep.json"
+from lra_sparse import config as config_lib
+from lra_sparse.workdir import (ERROR_FILE, LOG_FILE, MANIFEST_FILE, RESULT_FILE, RUNNING_FILE,
+                                last_logged_step, write_json)
+
 GPU_ENV_VAR = "LRA_SWEEP_GPUS"      # "4" (count) or "0,2,3" (ids); overrides nvidia-smi
 MAX_NAME_LENGTH = 150
 ERROR_TAIL_LINES = 60
@@ -128,40 +123,8 @@ class RunPlan:
 # ----------------------------------------------------------------------------- loading specs
 
 
-def split_spec_arg(spec_arg: str) -> tuple[str, str]:
-  """``"experiments/x.py:tiny"`` -> ``("experiments/x.py", "tiny")``."""
-  path, sep, preset = spec_arg.rpartition(":")
-  if sep and path.endswith(".py") and "/" not in preset:
-    return path, preset
-  return spec_arg, ""
-
-
-def load_python_file(path: str):
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"spec file {path!r} does not exist")
-  module_name = "_lra_spec_" + re.sub(r"\W", "_", os.path.abspath(path))
-  spec = importlib.util.spec_from_file_location(module_name, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-def call_spec_function(spec_arg: str, function_name: str) -> Any:
-  """Loads ``path[:preset]`` and returns ``function_name(preset)`` (or ``function_name()``)."""
-  path, preset = split_spec_arg(spec_arg)
-  module = load_python_file(path)
-  function = getattr(module, function_name, None)
-  if not callable(function):
-    raise ValueError(f"{path} defines no {function_name}()")
-  if not preset:
-    return function()
-  if not inspect.signature(function).parameters:
-    raise ValueError(f"{path}: {function_name}() takes no preset, but {preset!r} was given")
-  return function(preset)
-
-
 def load_sweep(spec_arg: str) -> Sweep:
-  sweep = call_spec_function(spec_arg, "get_sweep")
+  sweep = config_lib.call_spec_function(spec_arg, "get_sweep")
   if not isinstance(sweep, Sweep):
     raise ValueError(f"{spec_arg}: get_sweep() must return lra_sparse.sweep.Sweep, "
                      f"got {type(sweep).__name__}")
@@ -269,9 +232,8 @@ def expand_sweep(sweep: Sweep, root: str, validate: bool = True) -> list[RunPlan
   names: dict[str, dict[str, Any]] = {}
   for index, group in enumerate(sweep.groups):
     where = f"sweep {sweep.name!r} group {group.name or index!r}"
-    config_path, preset = split_spec_arg(group.config)
-    if validate:
-      validate_overrides(config_path, preset, group, where)
+    config_path, preset = config_lib.split_spec_arg(group.config)
+    base_config = _load_group_config(config_path, preset, where) if validate else None
     combos = _group_axis_combinations(group, where)
     # Axis keys (variants/zip/product) name the runs, seed always does; fixed overrides do not.
     axis_keys = sorted({key for _, _, combo in combos for key in combo} - {"seed"})
@@ -286,6 +248,8 @@ def expand_sweep(sweep: Sweep, root: str, validate: bool = True) -> list[RunPlan
       parts.append(f"seed={combo['seed']}")
       name = "__".join(parts)
       overrides = {**dict(group.overrides), **combo}
+      if base_config is not None:
+        validate_run_overrides(base_config, overrides, f"{where} run {name!r}")
       identity = {"group": group.name, "config": group.config,
                   "overrides": {k: (repr(v) if isinstance(v, Ref) else v)
                                 for k, v in overrides.items()}}
@@ -312,6 +276,13 @@ def expand_sweep(sweep: Sweep, root: str, validate: bool = True) -> list[RunPlan
       runs_by_group[group.name] = group_runs
     runs.extend(group_runs)
   return runs
+
+
+def _load_group_config(config_path: str, preset: str, where: str):
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"{where}: config file {config_path!r} does not exist "
+                            "(paths are relative to the directory the sweep runs in)")
+  return config_lib.load_config_file(config_path, preset)
 
 
 def _resolve_ref(ref: Ref, overrides: Mapping[str, Any], config_arg: str,
@@ -341,40 +312,14 @@ def _resolve_ref(ref: Ref, overrides: Mapping[str, Any], config_arg: str,
 
 
 
-def validate_overrides(config_path: str, preset: str, group: Group, where: str) -> None:
-  """One clear error for a missing config file, unknown preset, or unknown override key."""
-  config = load_config(config_path, preset)
-  keys = set(group.overrides) | set(group.zip) | set(group.product)
-  for variant in group.variants:
-    keys |= set(variant.overrides if isinstance(variant, Variant) else variant)
-  known = sorted(flatten_config(config.to_dict()))
-  for key in sorted(keys):
-    if key not in known:
-      hint = difflib.get_close_matches(key, known, n=1)
-      raise ValueError(f"{where}: override {key!r} is not a field of {config_path}"
-                       + (f" (did you mean {hint[0]!r}?)" if hint else ""))
-
-
-def load_config(config_path: str, preset: str = ""):
-  if not os.path.isfile(config_path):
-    raise FileNotFoundError(f"config file {config_path!r} does not exist "
-                            "(paths are relative to the directory the sweep runs in)")
-  # Config files import ``configs.base``: the directory above configs/ must be importable.
-  for directory in (os.getcwd(), os.path.dirname(os.path.dirname(os.path.abspath(config_path)))):
-    if directory not in sys.path:
-      sys.path.insert(0, directory)
-  module = load_python_file(config_path)
-  return module.get_config(preset) if preset else module.get_config()
-
-
-def flatten_config(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-  flat = {}
-  for key, value in tree.items():
-    if isinstance(value, Mapping):
-      flat.update(flatten_config(value, f"{prefix}{key}."))
-    else:
-      flat[f"{prefix}{key}"] = value
-  return flat
+def validate_run_overrides(config, overrides: Mapping[str, Any], where: str) -> None:
+  """One clear error for an override key the run's config would refuse or ignore: unknown
+  (with a suggestion), of the old flat attention layout (names the new key), or a field of an
+  attention kind other than the run's."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  if "attention.kind" in overrides and not isinstance(overrides["attention.kind"], Ref):
+    config.attention.kind = overrides["attention.kind"]
+  config_lib.check_override_keys(config, sorted(overrides), where)
 
 
 # ----------------------------------------------------------------------------- run state
@@ -393,23 +338,6 @@ def _read_running(workdir: str) -> dict[str, Any] | None:
   except (OSError, KeyError, ValueError, TypeError):
     return None                        # stale marker of a dead process
   return info
-
-
-def last_logged_step(workdir: str) -> int | None:
-  """Largest ``step`` in metrics.jsonl (unparsable lines ignored), None if nothing logged."""
-  step = None
-  try:
-    with open(os.path.join(workdir, METRICS_FILE)) as f:
-      for line in f:
-        try:
-          record = json.loads(line)
-          value = int(record["step"])
-        except (ValueError, KeyError, TypeError):
-          continue
-        step = value if step is None else max(step, value)
-  except OSError:
-    return None
-  return step
 
 
 def run_state(run: RunPlan, states: Mapping[str, str] | None = None) -> str:
@@ -489,14 +417,6 @@ def _now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _write_json_atomic(path: str, payload: Any) -> None:
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(payload, f, indent=2, sort_keys=False)
-    f.write("\n")
-  os.replace(tmp, path)
-
-
 def write_manifest(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[RunPlan],
                    main_command: Sequence[str], outcomes: Mapping[str, Mapping[str, Any]]) -> None:
   states = all_states(runs)
@@ -518,7 +438,8 @@ def write_manifest(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[RunPla
           **dict(outcomes.get(run.name, {})),
       } for run in runs],
   }
-  _write_json_atomic(os.path.join(root, MANIFEST_FILE), payload)
+  write_json(os.path.join(root, MANIFEST_FILE), payload, sort_keys=False,
+             trailing_newline=True)
 
 
 OUTCOME_KEYS = ("started", "ended", "returncode", "seconds", "slot", "blocked_by")
@@ -701,9 +622,9 @@ def _start(run: RunPlan, slot: str | None, launcher: Launcher) -> _Active:
   except OSError:
     log_file.close()
     raise
-  _write_json_atomic(os.path.join(run.workdir, RUNNING_FILE),
-                     {"pid": process.pid, "host": socket.gethostname(), "started": _now(),
-                      "slot": slot})
+  write_json(os.path.join(run.workdir, RUNNING_FILE),
+             {"pid": process.pid, "host": socket.gethostname(), "started": _now(),
+              "slot": slot}, sort_keys=False, trailing_newline=True)
   return _Active(run=run, process=process, log_file=log_file, slot=slot, started=time.time())
 
 

@@ -9,8 +9,11 @@ The root is searched recursively for run workdirs (a directory with ``config.jso
 else (not the sweep manifest, not directory names) is used to place a run. A table spec is a
 python file whose ``get_table(preset="")`` returns a :class:`Table`: rows and columns are
 :class:`Selector`\ s, each a label and a matcher on the run's flattened config
-(``{"attention.kind": "dfss", "attention.n": 1}``; a list value means "any of", a callable is a
-predicate). A run lands in cell (row, column) when it matches both.
+(``{"attention.kind": "dfss", "attention.dfss.nm": "1:2"}``; a list value means "any of", a
+callable is a predicate, ``None`` matches a run whose config lacks the key, e.g. a field of
+another attention kind). A run lands in cell (row, column) when it matches both. Configs
+written before each attention kind had its own block are read in the current layout
+(``lra_sparse.config.upgrade_legacy_config``), so old roots work with current specs.
 
 A run is
 - finished: ``result.json`` holds ``[split][metric]`` (default ``test`` / ``accuracy``). When
@@ -32,7 +35,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import json
 import math
 import os
 import sys
@@ -41,7 +43,8 @@ from typing import Any, Callable, Mapping, Sequence
 from absl import app
 from absl import flags
 
-from lra_sparse import sweep as sweep_lib
+from lra_sparse import config as config_lib
+from lra_sparse import workdir as workdir_lib
 
 MISSING_MARK = "—"
 PLUS_MINUS = "±"
@@ -58,7 +61,7 @@ class Selector:
 class Plot:
   """Metric against ``x``: one error-bar line per series, dashed lines (± std band) for baselines.
 
-  ``x`` is a flattened config key (``"attention.sparsity"``) or a function of the flattened
+  ``x`` is a flattened config key (``"attention.dsa.sparsity"``) or a function of the flattened
   config (e.g. the fraction of attention scores a kind drops); runs where it is missing/None are
   left out of the series.
   """
@@ -136,27 +139,6 @@ class Reporter:
 # ----------------------------------------------------------------------------- reading logs
 
 
-def _read_metrics(path: str, report: Reporter) -> list[tuple[int, dict[str, Any]]]:
-  """(line number, record) of every valid metrics.jsonl line; bad lines are reported."""
-  records = []
-  if not os.path.exists(path):
-    return records
-  with open(path, errors="replace") as f:
-    for line_number, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except ValueError as e:
-        report(f"{path}:{line_number}: invalid JSON ({e.__class__.__name__}: {e}); line skipped")
-        continue
-      if not isinstance(record, dict) or "step" not in record or "split" not in record:
-        report(f"{path}:{line_number}: not an object with 'step' and 'split'; line skipped")
-        continue
-      records.append((line_number, record))
-  return records
-
-
 def _metric_from_result(result: Any, split: str, metric: str) -> float | None:
   try:
     value = result[split][metric]
@@ -168,25 +150,21 @@ def _metric_from_result(result: Any, split: str, metric: str) -> float | None:
 
 
 def load_run(workdir: str, split: str, metric: str, report: Reporter) -> RunRecord | None:
-  config_path = os.path.join(workdir, sweep_lib.CONFIG_FILE)
+  config_path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
   try:
-    with open(config_path) as f:
-      config = json.load(f)
-    if not isinstance(config, dict):
-      raise ValueError("not a JSON object")
+    config = workdir_lib.read_config(workdir)
   except (OSError, ValueError) as e:
     report(f"{config_path}:1: unreadable config ({e}); run skipped")
     return None
-  metrics_path = os.path.join(workdir, sweep_lib.METRICS_FILE)
-  records = _read_metrics(metrics_path, report)
+  metrics_path = os.path.join(workdir, workdir_lib.METRICS_FILE)
+  records = workdir_lib.read_metrics(workdir, report)
   last_step = max((int(r["step"]) for _, r in records
                    if isinstance(r["step"], (int, float))), default=None)
-  result_path = os.path.join(workdir, sweep_lib.RESULT_FILE)
+  result_path = os.path.join(workdir, workdir_lib.RESULT_FILE)
   value, status = None, "unfinished"
   if os.path.exists(result_path):
     try:
-      with open(result_path) as f:
-        result = json.load(f)
+      result = workdir_lib.read_result(workdir)
       value = _metric_from_result(result, split, metric)
       if value is None:
         report(f"{result_path}:1: no numeric [{split!r}][{metric!r}]")
@@ -206,9 +184,9 @@ def load_run(workdir: str, split: str, metric: str, report: Reporter) -> RunReco
                "run counted as unfinished")
     if value is not None:
       status = "finished"
-  elif os.path.exists(os.path.join(workdir, sweep_lib.ERROR_FILE)):
+  elif os.path.exists(os.path.join(workdir, workdir_lib.ERROR_FILE)):
     status = "failed"
-  return RunRecord(workdir=workdir, config=sweep_lib.flatten_config(config), status=status,
+  return RunRecord(workdir=workdir, config=config_lib.flatten_config(config), status=status,
                    value=value, last_step=last_step)
 
 
@@ -221,7 +199,7 @@ def find_runs(root: str, split: str = "test", metric: str = "accuracy",
   runs = []
   for directory, subdirs, files in os.walk(root):
     subdirs.sort()
-    if sweep_lib.CONFIG_FILE in files:
+    if workdir_lib.CONFIG_FILE in files:
       run = load_run(directory, split, metric, report)
       if run is not None:
         runs.append(run)
@@ -233,6 +211,8 @@ def find_runs(root: str, split: str = "test", metric: str = "accuracy",
 
 
 def _value_matches(actual: Any, expected: Any) -> bool:
+  if expected is None or actual is None:
+    return expected is None and actual is None
   if callable(expected):
     return bool(expected(actual))
   if isinstance(expected, (list, tuple, set, frozenset)):
@@ -245,8 +225,9 @@ def _value_matches(actual: Any, expected: Any) -> bool:
 
 
 def matches(config: Mapping[str, Any], match: Mapping[str, Any]) -> bool:
-  return all(key in config and _value_matches(config[key], expected)
-             for key, expected in match.items())
+  """True when every matcher agrees; a key the config lacks reads as None (so ``None``, alone
+  or in a list, matches runs without the key)."""
+  return all(_value_matches(config.get(key), expected) for key, expected in match.items())
 
 
 def _check_keys(table: Table, runs: Sequence[RunRecord], report: Reporter) -> None:
@@ -260,7 +241,15 @@ def _check_keys(table: Table, runs: Sequence[RunRecord], report: Reporter) -> No
   for selector in selectors:
     for key in selector.match:
       if key not in known:
-        report(f"{selector.label!r}: key {key!r} is in no run's config.json; it matches nothing")
+        legacy = config_lib.legacy_key_message(key)
+        report(f"{selector.label!r}: key {key!r} is in no run's config.json; it matches "
+               + ("only runs without it" if _accepts_missing(selector.match[key]) else "nothing")
+               + (f" ({legacy})" if legacy else ""))
+
+
+def _accepts_missing(expected: Any) -> bool:
+  return expected is None or (isinstance(expected, (list, tuple, set, frozenset))
+                              and any(option is None for option in expected))
 
 
 def build_cells(table: Table, runs: Sequence[RunRecord],
@@ -274,10 +263,10 @@ def build_cells(table: Table, runs: Sequence[RunRecord],
     row_hits = [i for i, row in enumerate(table.rows) if matches(run.config, row.match)]
     column_hits = [i for i, col in enumerate(table.columns) if matches(run.config, col.match)]
     if len(row_hits) > 1:
-      report(f"{os.path.join(run.workdir, sweep_lib.CONFIG_FILE)}:1: matches rows "
+      report(f"{os.path.join(run.workdir, workdir_lib.CONFIG_FILE)}:1: matches rows "
              f"{[table.rows[i].label for i in row_hits]}; counted in each")
     if len(column_hits) > 1:
-      report(f"{os.path.join(run.workdir, sweep_lib.CONFIG_FILE)}:1: matches columns "
+      report(f"{os.path.join(run.workdir, workdir_lib.CONFIG_FILE)}:1: matches columns "
              f"{[table.columns[i].label for i in column_hits]}; counted in each")
     for r in row_hits:
       for c in column_hits:
@@ -500,7 +489,7 @@ def draw_plot(table: Table, runs: Sequence[RunRecord], path: str, report: Report
 
 
 def load_table(spec_arg: str) -> Table:
-  table = sweep_lib.call_spec_function(spec_arg, "get_table")
+  table = config_lib.call_spec_function(spec_arg, "get_table")
   if not isinstance(table, Table):
     raise ValueError(f"{spec_arg}: get_table() must return lra_sparse.tables.Table, "
                      f"got {type(table).__name__}")

@@ -1,16 +1,14 @@
 """One trainer for every LRA task: ``train_and_evaluate(config, workdir)``.
 
-Workdir layout (WORKSPACE.md): ``config.json``, ``metrics.jsonl`` (one JSON object per line:
-``step``, ``split`` and metric names), ``result.json`` (written when the run finished), and
-``checkpoints/`` (orbax). Starting again on the same workdir resumes from the last checkpoint
-and ends at the same total step count.
+The workdir's files (``config.json``, ``metrics.jsonl``, ``result.json``, ``checkpoints/``)
+are defined in ``lra_sparse.workdir``. Starting again on the same workdir resumes from the last
+checkpoint and ends at the same total step count.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import time
 from typing import Any
 
 import flax
@@ -25,10 +23,12 @@ from flax.training import train_state
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
+from lra_sparse import config as config_lib
+from lra_sparse import workdir as workdir_lib
 from lra_sparse.attention import AUX_LOSS, AUX_METRICS
 from lra_sparse.data import get_task
 from lra_sparse.data.pipeline import eval_batches, train_dataset
-from lra_sparse.data.registry import SPLITS, check_split_arrays
+from lra_sparse.data.registry import PAD_ID, SPLITS, TaskSpec, check_split_arrays
 from lra_sparse.models import build_model
 
 AUX_COLLECTIONS = (AUX_LOSS, AUX_METRICS)
@@ -141,32 +141,9 @@ def evaluate(eval_step, params, model_state, arrays, batch_size, batch_sharding,
   return {key: value / count for key, value in totals.items()}
 
 
-# ----------------------------------------------------------------------------- logging
-class MetricsWriter:
-  """Appends one JSON object per line to ``metrics.jsonl``."""
-
-  def __init__(self, path: str):
-    self._path = path
-
-  def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
-    record = {"step": int(step), "split": split, "time": time.time()}
-    for key, value in metrics.items():
-      value = float(value)
-      record[key] = value if math.isfinite(value) else str(value)
-    with open(self._path, "a") as f:
-      f.write(json.dumps(record) + "\n")
-
-
-def _write_json(path: str, obj: Any) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
-
-
 # ----------------------------------------------------------------------------- init_from
 def _latest_checkpoint(workdir: str) -> tuple[ocp.CheckpointManager, int]:
-  ckpt_dir = os.path.join(os.path.abspath(workdir), "checkpoints")
+  ckpt_dir = os.path.join(os.path.abspath(workdir), workdir_lib.CHECKPOINT_DIR)
   if not os.path.isdir(ckpt_dir):
     raise FileNotFoundError(f"config.init_from={workdir!r}: no checkpoints/ directory there")
   manager = ocp.CheckpointManager(ckpt_dir)
@@ -201,6 +178,12 @@ def load_params_from(workdir: str, params) -> tuple[Any, list[str], list[str]]:
 
 
 # ----------------------------------------------------------------------------- main entry
+def make_model(config, spec: TaskSpec) -> nn.Module:
+  """The model of ``config`` for the task ``spec`` describes."""
+  return build_model(ml_collections.FrozenConfigDict(config), model_kind=spec.model_kind,
+                     vocab_size=spec.vocab_size, num_classes=spec.num_classes, pad_id=PAD_ID)
+
+
 def validate_config(config) -> None:
   if config.batch_size <= 0 or config.num_train_steps <= 0:
     raise ValueError("config.batch_size and config.num_train_steps must be positive")
@@ -231,16 +214,18 @@ def _eval_config(config) -> ml_collections.ConfigDict:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains ``config`` in ``workdir`` (resuming if it holds checkpoints) and returns result.json."""
   validate_config(config)
+  config = config_lib.run_config(config)
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
-  _write_json(os.path.join(workdir, "config.json"), json.loads(config.to_json_best_effort()))
-  writer = MetricsWriter(os.path.join(workdir, "metrics.jsonl"))
+  workdir_lib.write_json(os.path.join(workdir, workdir_lib.CONFIG_FILE),
+                         json.loads(config.to_json_best_effort()))
+  writer = workdir_lib.MetricsWriter(workdir)
 
   task = get_task(config.task)
   spec = task.spec(config)
   splits = _load_splits(config, spec)
-  model = build_model(ml_collections.FrozenConfigDict(config), spec)
-  eval_model = build_model(ml_collections.FrozenConfigDict(_eval_config(config)), spec)
+  model = make_model(config, spec)
+  eval_model = make_model(_eval_config(config), spec)
 
   devices = jax.local_devices()
   if config.batch_size % len(devices):
@@ -270,7 +255,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
              f"{devices[0].platform}")
 
   manager = ocp.CheckpointManager(
-      os.path.join(workdir, "checkpoints"),
+      os.path.join(workdir, workdir_lib.CHECKPOINT_DIR),
       options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
   start_step = 0
   if manager.latest_step() is not None:
@@ -322,6 +307,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                            np.bincount(splits["train"]["targets"]).argmax()))
   result = {"step": final_step, "val": val, "test": test,
             "majority_class_accuracy": majority, "num_params": num_params}
-  _write_json(os.path.join(workdir, "result.json"), result)
+  workdir_lib.write_json(os.path.join(workdir, workdir_lib.RESULT_FILE), result)
   manager.close()
   return result

@@ -1,11 +1,15 @@
 """Shared test setup: a synthetic task, GPU skipping, and a small ListOps dataset."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import jax
 
 from lra_sparse.data.registry import TaskSpec, register_task, _TASKS
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -37,7 +41,7 @@ if "synthetic" not in _TASKS:
 @pytest.fixture(scope="session")
 def listops_dir(tmp_path_factory):
   """A small generated ListOps set in the official layout (short sequences for speed)."""
-  from lra_sparse.data.listops import write_listops_dataset
+  from lra_sparse.generators.listops import write_listops_dataset
   out = tmp_path_factory.mktemp("listops")
   write_listops_dataset(str(out), num_train=400, num_val=64, num_test=64, seed=0,
                         min_length=20, max_length=120)
@@ -51,8 +55,8 @@ def tiny_config():
 
 
 def make_tiny_config(task: str = "synthetic", **overrides):
-  from configs.listops import get_config
-  config = get_config("tiny")
+  from lra_sparse.config import load_config_file
+  config = load_config_file(os.path.join(REPO, "configs", "listops.py"), "tiny")
   config.task = task
   config.data.max_length = 32
   config.model.num_layers = 1

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from configs.base import get_base_config
+from lra_sparse.config import get_base_config
 from lra_sparse import analysis
 from lra_sparse.attention import AttentionDims, build_attention
 
@@ -66,7 +66,7 @@ class _TwoLayers(nn.Module):
     config = get_base_config().attention
     for i, kind in enumerate(("dense", "dsa")):
       config.kind = kind
-      config.sparsity = 0.75
+      config.dsa.sparsity = 0.75
       project = lambda name: nn.DenseGeneral((self.dims.num_heads, self.dims.head_dim),
                                              name=f"{name}_{i}")
       q, k, v = project("query")(x), project("key")(x), project("value")(x)

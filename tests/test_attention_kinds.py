@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs.base import get_base_config
-from lra_sparse.attention import (AttentionDims, build_attention, dense_attention,
+from lra_sparse.config import get_base_config
+from lra_sparse.attention import (AttentionDims, DFSSConfig, build_attention, dense_attention,
                                   dfss_attention, nm_mask, nystrom_attention)
 from lra_sparse.attention import dsa as dsa_lib
 
@@ -138,11 +138,15 @@ def np_nystrom_official(q, k, v, mask, num_landmarks, iters=6, nm=None, conv=Non
 
 
 def _config(kind, **fields):
+  """config.attention of the base config selecting ``kind``; ``fields`` set its block
+  (``n``/``m`` are written as the block's ``nm="n:m"``)."""
   config = get_base_config().attention
   config.kind = kind
-  config.num_landmarks = 8
+  config.nystrom.num_landmarks = 8
+  if "n" in fields or "m" in fields:
+    fields["nm"] = f"{fields.pop('n', 2)}:{fields.pop('m', 4)}"
   for name, value in fields.items():
-    config[name] = value
+    config[kind][name] = value
   return config
 
 
@@ -300,20 +304,27 @@ def test_dfss_triton_backend_unavailable_on_cpu_is_one_error():
 
 
 def test_dfss_config_errors():
-  with pytest.raises(ValueError, match=r"config.attention.n=4 must be < config.attention.m=4"):
-    build_attention(_config("dfss", n=4, m=4), _dims())
-  with pytest.raises(ValueError, match=r"config.attention.n=3 must be < config.attention.m=2"):
+  with pytest.raises(ValueError, match=r"config.attention.dfss.nm='5:4'.*need 0 < n <= m"):
+    build_attention(_config("dfss", n=5, m=4), _dims())
+  with pytest.raises(ValueError, match=r"config.attention.dfss.nm='3:2'.*need 0 < n <= m"):
     build_attention(_config("dfss", n=3, m=2), _dims())
-  with pytest.raises(ValueError, match=r"length 36 .* not a multiple of config.attention.m=8"):
+  with pytest.raises(ValueError, match=r"config.attention.dfss.nm='2-4' must be 'n:m'"):
+    build_attention(_config("dfss", nm="2-4"), _dims())
+  with pytest.raises(ValueError, match=r"length 36 .* not a multiple of m=8 from "
+                                       r"config.attention.dfss.nm='2:8'"):
     build_attention(_config("dfss", n=2, m=8), _dims(length=36))
-  with pytest.raises(ValueError, match="config.attention.backend"):
+  with pytest.raises(ValueError, match="config.attention.dfss.backend"):
     build_attention(_config("dfss", backend="cuda"), _dims())
-  with pytest.raises(ValueError, match="config.attention.n=0"):
+  with pytest.raises(ValueError, match=r"config.attention.dfss.nm='0:4'"):
     build_attention(_config("dfss", n=0), _dims())
   with pytest.raises(TypeError):  # ConfigDict keeps the field a bool
     _config("dfss", deterministic_kernels="yes")
+  with pytest.raises(ValueError, match="config.attention.dfss.deterministic_kernels"):
+    DFSSConfig(deterministic_kernels="yes")
   core = build_attention(_config("dfss", deterministic_kernels=True), _dims())
-  assert core.deterministic_kernels is True
+  assert core.config.deterministic_kernels is True
+  # One N:M rule everywhere: n == m is allowed (it keeps every key).
+  assert build_attention(_config("dfss", n=4, m=4), _dims()).config.n_m == (4, 4)
 
 
 # ---------------------------------------------------------------------------------------- DSA
@@ -485,21 +496,22 @@ def test_dsa_core_variants_finite(quant_bits, vector, selection, dropout):
 
 
 def test_dsa_config_errors():
-  cases = [({"sparsity": 1.0}, r"config.attention.sparsity=1.0 must be in \[0, 1\)"),
-           ({"sparsity": -0.1}, r"config.attention.sparsity=-0.1"),
-           ({"sigma": 0.0}, r"config.attention.sigma=0.0 must be in \(0, 1\]"),
-           ({"sigma": 1.5}, r"config.attention.sigma=1.5"),
-           ({"sigma": 0.01}, r"predictor rank"),
-           ({"quant_bits": 3}, r"config.attention.quant_bits=3"),
-           ({"quant_bits": 16}, r"config.attention.quant_bits=16"),
-           ({"vector": 2}, r"config.attention.vector=2"),
-           ({"selection": "random"}, r"config.attention.selection='random'"),
-           ({"mse_weight": -1.0}, r"config.attention.mse_weight=-1.0"),
-           ({"topk_algorithm": "sort"}, r"config.attention.topk_algorithm='sort'")]
+  cases = [({"sparsity": 1.0}, r"config.attention.dsa.sparsity=1.0 must be in \[0, 1\)"),
+           ({"sparsity": -0.1}, r"config.attention.dsa.sparsity=-0.1"),
+           ({"sigma": 0.0}, r"config.attention.dsa.sigma=0.0 must be in \(0, 1\]"),
+           ({"sigma": 1.5}, r"config.attention.dsa.sigma=1.5"),
+           ({"sigma": 0.01}, r"config.attention.dsa.sigma=0.01 .*predictor rank"),
+           ({"quant_bits": 3}, r"config.attention.dsa.quant_bits=3"),
+           ({"quant_bits": 16}, r"config.attention.dsa.quant_bits=16"),
+           ({"vector": 2}, r"config.attention.dsa.vector=2"),
+           ({"selection": "random"}, r"config.attention.dsa.selection='random'"),
+           ({"mse_weight": -1.0}, r"config.attention.dsa.mse_weight=-1.0"),
+           ({"topk_algorithm": "sort"}, r"config.attention.dsa.topk_algorithm='sort'")]
   for fields, message in cases:
     with pytest.raises(ValueError, match=message):
       build_attention(_config("dsa", **fields), _dims())
-  with pytest.raises(ValueError, match="length 36 is not a multiple of config.attention.vector=8"):
+  with pytest.raises(ValueError, match="length 36 is not a multiple of "
+                                       "config.attention.dsa.vector=8"):
     build_attention(_config("dsa", vector=8), _dims(length=36))
 
 
@@ -572,12 +584,12 @@ def test_nystrom_bad_inputs_and_config_errors():
     nystrom_attention(q, k, v, num_landmarks=6, nm="2:4")
   with pytest.raises(ValueError, match="nm='2-4'"):
     nystrom_attention(q, k, v, num_landmarks=8, nm="2-4")
-  cases = [({"num_landmarks": 64}, r"config.attention.num_landmarks=64"),
-           ({"num_landmarks": 0}, r"config.attention.num_landmarks=0"),
-           ({"pinv_iters": 0}, r"config.attention.pinv_iters=0"),
-           ({"conv_kernel": 4}, r"config.attention.conv_kernel=4"),
-           ({"nm": "4:4"}, r"config.attention.nm='4:4' needs 0 < n < m"),
-           ({"nm": "two:four"}, r"config.attention.nm='two:four'"),
+  cases = [({"num_landmarks": 64}, r"config.attention.nystrom.num_landmarks=64"),
+           ({"num_landmarks": 0}, r"config.attention.nystrom.num_landmarks=0"),
+           ({"pinv_iters": 0}, r"config.attention.nystrom.pinv_iters=0"),
+           ({"conv_kernel": 4}, r"config.attention.nystrom.conv_kernel=4"),
+           ({"nm": "5:4"}, r"config.attention.nystrom.nm='5:4'.*need 0 < n <= m"),
+           ({"nm": "two:four"}, r"config.attention.nystrom.nm='two:four'"),
            ({"num_landmarks": 6, "nm": "1:4"}, r"num_landmarks=6 must be a multiple of m=4")]
   for fields, message in cases:
     with pytest.raises(ValueError, match=message):
@@ -585,13 +597,13 @@ def test_nystrom_bad_inputs_and_config_errors():
 
 
 def test_dsa_topk_algorithm_config_gives_the_same_attention():
-  """config.attention.topk_algorithm='radix' (sort-free) selects exactly what lax.top_k does."""
+  """config.attention.dsa.topk_algorithm='radix' (sort-free) selects exactly what lax.top_k does."""
   q, k, v, x = _dsa_inputs(7)
   mask = jnp.asarray(_mask())
   outs = []
   for algorithm in ("top_k", "radix"):
     core = build_attention(_config("dsa", sparsity=0.7, topk_algorithm=algorithm), _dims())
-    assert core.topk_algorithm == algorithm
+    assert core.config.topk_algorithm == algorithm
     variables = _init(core, q, k, v, mask=mask, inputs=x)
     out, _ = _apply(core, {"params": variables["params"]}, q, k, v, mask=mask, inputs=x,
                     mutable=["aux_loss", "aux_metrics"])

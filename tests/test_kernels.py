@@ -1,6 +1,7 @@
 """Tests of the DFSS kernels.
 
-CPU: the pure-JAX reference (kernels/dfss_reference.py) against a float64 numpy brute force
+CPU: the pure-JAX reference (lra_sparse/kernels/dfss_reference.py) and the shared N:M selection
+(lra_sparse.attention.nm.nm_mask) against a float64 numpy brute force
 (ties, odd lengths, padded rows, fully padded rows, gradients).  GPU (marked ``gpu``, skipped
 without a GPU or jax_triton): the Triton kernels against the reference on random inputs, with
 every output buffer poisoned (NaN) before the kernel writes it.
@@ -17,54 +18,55 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from kernels import dfss_reference as ref
+from lra_sparse.attention.nm import nm_mask
+from lra_sparse.kernels import dfss_reference as ref
 
 
 # ----------------------------------------------------------------------------- numpy oracle
 def np_keep(scores, n, m):
-    """float64 brute force: stable sort of each group, descending (ties -> lower index)."""
-    s = np.asarray(scores, np.float64)
-    g = s.reshape(s.shape[:-1] + (s.shape[-1] // m, m))
-    order = np.argsort(-g, axis=-1, kind="stable")
-    rank = np.argsort(order, axis=-1, kind="stable")
-    return (rank < n).reshape(s.shape)
+  """float64 brute force: stable sort of each group, descending (ties -> lower index)."""
+  s = np.asarray(scores, np.float64)
+  g = s.reshape(s.shape[:-1] + (s.shape[-1] // m, m))
+  order = np.argsort(-g, axis=-1, kind="stable")
+  rank = np.argsort(order, axis=-1, kind="stable")
+  return (rank < n).reshape(s.shape)
 
 
 def np_dfss(q, k, v, n, m, mask=None):
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    b, l, h, d = q.shape
-    s = np.einsum("blhd,bkhd->bhlk", q, k) / math.sqrt(d)
-    valid = np.ones((b, l), bool) if mask is None else np.asarray(mask, bool)
-    kp = -(-l // m) * m
-    s = np.pad(s, [(0, 0)] * 3 + [(0, kp - l)])
-    valid = np.pad(valid, [(0, 0), (0, kp - l)])
-    s = np.where(valid[:, None, None, :], s, -np.inf)
-    keep = np_keep(s, n, m)
-    t = np.where(keep, s, -np.inf)
-    mx = t.max(-1, keepdims=True)
-    mx = np.where(np.isfinite(mx), mx, 0.0)
-    e = np.exp(t - mx)
-    z = e.sum(-1, keepdims=True)
-    p = (e / np.where(z == 0, 1.0, z))[..., :l]
-    return np.einsum("bhlk,bkhd->blhd", p, v), keep
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  b, l, h, d = q.shape
+  s = np.einsum("blhd,bkhd->bhlk", q, k) / math.sqrt(d)
+  valid = np.ones((b, l), bool) if mask is None else np.asarray(mask, bool)
+  kp = -(-l // m) * m
+  s = np.pad(s, [(0, 0)] * 3 + [(0, kp - l)])
+  valid = np.pad(valid, [(0, 0), (0, kp - l)])
+  s = np.where(valid[:, None, None, :], s, -np.inf)
+  keep = np_keep(s, n, m)
+  t = np.where(keep, s, -np.inf)
+  mx = t.max(-1, keepdims=True)
+  mx = np.where(np.isfinite(mx), mx, 0.0)
+  e = np.exp(t - mx)
+  z = e.sum(-1, keepdims=True)
+  p = (e / np.where(z == 0, 1.0, z))[..., :l]
+  return np.einsum("bhlk,bkhd->blhd", p, v), keep
 
 
 def rand_qkv(key, shape, dtype=jnp.float32, ints=False):
-    ks = jax.random.split(key, 3)
-    if ints:  # many exact ties in the scores
-        q, k = (jax.random.randint(kk, shape, -1, 2).astype(dtype) for kk in ks[:2])
-    else:
-        q, k = (jax.random.normal(kk, shape, dtype) for kk in ks[:2])
-    v = jax.random.normal(ks[2], shape, dtype)
-    return q, k, v
+  ks = jax.random.split(key, 3)
+  if ints:  # many exact ties in the scores
+    q, k = (jax.random.randint(kk, shape, -1, 2).astype(dtype) for kk in ks[:2])
+  else:
+    q, k = (jax.random.normal(kk, shape, dtype) for kk in ks[:2])
+  v = jax.random.normal(ks[2], shape, dtype)
+  return q, k, v
 
 
 def make_mask(key, b, l, full_pad_row=True):
-    lengths = jax.random.randint(key, (b,), max(1, l // 3), l + 1)
-    mask = jnp.arange(l)[None, :] < lengths[:, None]
-    if full_pad_row and b > 1:
-        mask = mask.at[-1].set(False)  # a fully padded sequence
-    return mask
+  lengths = jax.random.randint(key, (b,), max(1, l // 3), l + 1)
+  mask = jnp.arange(l)[None, :] < lengths[:, None]
+  if full_pad_row and b > 1:
+    mask = mask.at[-1].set(False)  # a fully padded sequence
+  return mask
 
 
 HI = jax.lax.Precision.HIGHEST
@@ -73,62 +75,62 @@ HI = jax.lax.Precision.HIGHEST
 # ----------------------------------------------------------------------------- CPU: reference
 @pytest.mark.parametrize("n,m", [(1, 2), (2, 4), (1, 4), (3, 4), (2, 8), (4, 8), (7, 8)])
 @pytest.mark.parametrize("ints", [False, True])
-def test_nm_keep_mask_matches_bruteforce(n, m, ints):
-    key = jax.random.PRNGKey(n * 10 + m)
-    if ints:
-        x = jax.random.randint(key, (3, 5, 8 * m), -2, 3).astype(jnp.float32)
-    else:
-        x = jax.random.normal(key, (3, 5, 8 * m))
-    x = x.at[0, 0, :m].set(-jnp.inf)  # a group of padded keys
-    got = np.asarray(jax.jit(ref.nm_keep_mask, static_argnums=(1, 2))(x, n, m))
-    np.testing.assert_array_equal(got, np_keep(np.asarray(x), n, m))
-    assert (got.reshape(-1, m).sum(-1) == n).all()
+def test_nm_mask_matches_bruteforce(n, m, ints):
+  key = jax.random.PRNGKey(n * 10 + m)
+  if ints:
+    x = jax.random.randint(key, (3, 5, 8 * m), -2, 3).astype(jnp.float32)
+  else:
+    x = jax.random.normal(key, (3, 5, 8 * m))
+  x = x.at[0, 0, :m].set(-jnp.inf)  # a group of padded keys
+  got = np.asarray(jax.jit(nm_mask, static_argnums=(1, 2))(x, n, m))
+  np.testing.assert_array_equal(got, np_keep(np.asarray(x), n, m))
+  assert (got.reshape(-1, m).sum(-1) == n).all()
 
 
-def test_nm_keep_mask_tie_goes_to_lower_index():
-    x = jnp.array([[1.0, 1.0, 1.0, 1.0, 0.0, 2.0, 2.0, 1.0]])
-    np.testing.assert_array_equal(np.asarray(ref.nm_keep_mask(x, 2, 4)),
-                                  [[True, True, False, False, False, True, True, False]])
-    np.testing.assert_array_equal(np.asarray(ref.nm_keep_mask(x, 1, 2)),
-                                  [[True, False, True, False, False, True, True, False]])
+def test_nm_mask_tie_goes_to_lower_index():
+  x = jnp.array([[1.0, 1.0, 1.0, 1.0, 0.0, 2.0, 2.0, 1.0]])
+  np.testing.assert_array_equal(np.asarray(nm_mask(x, 2, 4)),
+                                [[True, True, False, False, False, True, True, False]])
+  np.testing.assert_array_equal(np.asarray(nm_mask(x, 1, 2)),
+                                [[True, False, True, False, False, True, True, False]])
 
 
 @pytest.mark.parametrize("n,m", [(1, 2), (2, 4), (3, 8)])
 def test_compress_roundtrip_and_metadata(n, m):
-    key = jax.random.PRNGKey(7)
-    k_len = 40 * m  # not a multiple of 32 keys for m=2
-    x = jax.random.normal(key, (2, 6, k_len))
-    vals, meta = jax.jit(ref.nm_prune_compress, static_argnums=(1, 2))(x, n, m)
-    assert vals.shape == (2, 6, k_len * n // m)
-    assert meta.dtype == jnp.int32 and meta.shape == (2, 6, -(-k_len // 32))
-    # metadata budget: one bit per key = m bits per group (2 bits for 1:2, 4 for 2:4)
-    assert meta.size * 32 <= (x.size // m) * m + 32 * 2 * 6
-    keep = np_keep(np.asarray(x), n, m)
-    np.testing.assert_array_equal(np.asarray(ref.unpack_keep_bits(meta, k_len)), keep)
-    np.testing.assert_array_equal(np.asarray(vals), np.asarray(x)[keep].reshape(vals.shape))
-    dense = ref.decompress(vals, meta, n, m, fill=-jnp.inf)
-    np.testing.assert_array_equal(np.asarray(dense), np.where(keep, np.asarray(x), -np.inf))
+  key = jax.random.PRNGKey(7)
+  k_len = 40 * m  # not a multiple of 32 keys for m=2
+  x = jax.random.normal(key, (2, 6, k_len))
+  vals, meta = jax.jit(ref.nm_prune_compress, static_argnums=(1, 2))(x, n, m)
+  assert vals.shape == (2, 6, k_len * n // m)
+  assert meta.dtype == jnp.int32 and meta.shape == (2, 6, -(-k_len // 32))
+  # metadata budget: one bit per key = m bits per group (2 bits for 1:2, 4 for 2:4)
+  assert meta.size * 32 <= (x.size // m) * m + 32 * 2 * 6
+  keep = np_keep(np.asarray(x), n, m)
+  np.testing.assert_array_equal(np.asarray(ref.unpack_keep_bits(meta, k_len)), keep)
+  np.testing.assert_array_equal(np.asarray(vals), np.asarray(x)[keep].reshape(vals.shape))
+  dense = ref.decompress(vals, meta, n, m, fill=-jnp.inf)
+  np.testing.assert_array_equal(np.asarray(dense), np.where(keep, np.asarray(x), -np.inf))
 
 
 def test_compressed_softmax_and_spmm_reference():
-    n, m = 2, 4
-    key = jax.random.PRNGKey(3)
-    s = jax.random.normal(key, (2, 3, 5, 32))
-    s = s.at[0, 0, 1].set(-jnp.inf)  # a fully padded row
-    vals, meta = jax.jit(ref.nm_prune_compress, static_argnums=(1, 2))(s, n, m)
-    p = jax.jit(ref.compressed_softmax_reference)(vals)
-    assert not np.isnan(np.asarray(p)).any()
-    np.testing.assert_array_equal(np.asarray(p[0, 0, 1]), 0.0)
-    keep = np_keep(np.asarray(s), n, m)
-    t = np.where(keep, np.asarray(s, np.float64), -np.inf)
-    mx = np.max(t, -1, keepdims=True)
-    e = np.exp(t - np.where(np.isfinite(mx), mx, 0))
-    z = e.sum(-1, keepdims=True)
-    dense_p = e / np.where(z == 0, 1, z)
-    np.testing.assert_allclose(np.asarray(ref.decompress(p, meta, n, m)), dense_p, atol=1e-6)
-    v = jax.random.normal(jax.random.PRNGKey(4), (2, 3, 32, 8))
-    np.testing.assert_allclose(np.asarray(ref.spmm_reference(p, meta, v, n, m)),
-                               dense_p @ np.asarray(v, np.float64), atol=1e-5)
+  n, m = 2, 4
+  key = jax.random.PRNGKey(3)
+  s = jax.random.normal(key, (2, 3, 5, 32))
+  s = s.at[0, 0, 1].set(-jnp.inf)  # a fully padded row
+  vals, meta = jax.jit(ref.nm_prune_compress, static_argnums=(1, 2))(s, n, m)
+  p = jax.jit(ref.compressed_softmax_reference)(vals)
+  assert not np.isnan(np.asarray(p)).any()
+  np.testing.assert_array_equal(np.asarray(p[0, 0, 1]), 0.0)
+  keep = np_keep(np.asarray(s), n, m)
+  t = np.where(keep, np.asarray(s, np.float64), -np.inf)
+  mx = np.max(t, -1, keepdims=True)
+  e = np.exp(t - np.where(np.isfinite(mx), mx, 0))
+  z = e.sum(-1, keepdims=True)
+  dense_p = e / np.where(z == 0, 1, z)
+  np.testing.assert_allclose(np.asarray(ref.decompress(p, meta, n, m)), dense_p, atol=1e-6)
+  v = jax.random.normal(jax.random.PRNGKey(4), (2, 3, 32, 8))
+  np.testing.assert_allclose(np.asarray(ref.spmm_reference(p, meta, v, n, m)),
+                             dense_p @ np.asarray(v, np.float64), atol=1e-5)
 
 
 @pytest.mark.parametrize("n,m,l,masked,ints", [
@@ -140,95 +142,146 @@ def test_compressed_softmax_and_spmm_reference():
     (1, 4, 7, False, True),
 ])
 def test_reference_matches_numpy(n, m, l, masked, ints):
-    key = jax.random.PRNGKey(l * 100 + n * 10 + m)
-    q, k, v = rand_qkv(key, (3, l, 2, 4), ints=ints)  # head_dim 4: 1/sqrt(d) exact (ties stay ties)
-    mask = make_mask(jax.random.PRNGKey(1), 3, l) if masked else None
-    got = jax.jit(lambda q, k, v: ref.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask, precision=HI))(q, k, v)
-    want, _ = np_dfss(q, k, v, n, m, mask)
-    assert not np.isnan(np.asarray(got)).any()
-    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
-    if masked:
-        np.testing.assert_array_equal(np.asarray(got[-1]), 0.0)  # fully padded row -> zeros
+  key = jax.random.PRNGKey(l * 100 + n * 10 + m)
+  q, k, v = rand_qkv(key, (3, l, 2, 4), ints=ints)  # head_dim 4: 1/sqrt(d) exact (ties stay ties)
+  mask = make_mask(jax.random.PRNGKey(1), 3, l) if masked else None
+  got = jax.jit(lambda q, k, v: ref.dfss_attention_reference(
+      q, k, v, n=n, m=m, mask=mask, precision=HI))(q, k, v)
+  want, _ = np_dfss(q, k, v, n, m, mask)
+  assert not np.isnan(np.asarray(got)).any()
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+  if masked:
+    np.testing.assert_array_equal(np.asarray(got[-1]), 0.0)  # fully padded row -> zeros
 
 
 @pytest.mark.parametrize("n,m,l,ints", [(2, 4, 13, False), (1, 2, 10, True), (3, 8, 24, False)])
 def test_reference_gradients_match_dense_masked_softmax(n, m, l, ints):
-    key = jax.random.PRNGKey(11 + l)
-    q, k, v = rand_qkv(key, (2, l, 2, 4), ints=ints)
-    mask = make_mask(jax.random.PRNGKey(2), 2, l)
-    _, keep = np_dfss(q, k, v, n, m, mask)
-    keep = jnp.asarray(keep[..., :l])
-    ct = jax.random.normal(jax.random.PRNGKey(5), q.shape)
+  key = jax.random.PRNGKey(11 + l)
+  q, k, v = rand_qkv(key, (2, l, 2, 4), ints=ints)
+  mask = make_mask(jax.random.PRNGKey(2), 2, l)
+  _, keep = np_dfss(q, k, v, n, m, mask)
+  keep = jnp.asarray(keep[..., :l])
+  ct = jax.random.normal(jax.random.PRNGKey(5), q.shape)
 
-    def dense(q, k, v):  # dense masked softmax with the (constant) N:M keep mask
-        s = jnp.einsum("blhd,bkhd->bhlk", q, k, precision=HI) / math.sqrt(q.shape[-1])
-        s = jnp.where(keep & mask[:, None, None, :], s, -jnp.inf)
-        mx = jax.lax.stop_gradient(jnp.max(s, -1, keepdims=True))
-        e = jnp.exp(s - jnp.where(jnp.isfinite(mx), mx, 0.0))
-        z = e.sum(-1, keepdims=True)
-        p = e / jnp.where(z == 0, 1.0, z)
-        return jnp.einsum("bhlk,bkhd->blhd", p, v, precision=HI)
+  def dense(q, k, v):  # dense masked softmax with the (constant) N:M keep mask
+    s = jnp.einsum("blhd,bkhd->bhlk", q, k, precision=HI) / math.sqrt(q.shape[-1])
+    s = jnp.where(keep & mask[:, None, None, :], s, -jnp.inf)
+    mx = jax.lax.stop_gradient(jnp.max(s, -1, keepdims=True))
+    e = jnp.exp(s - jnp.where(jnp.isfinite(mx), mx, 0.0))
+    z = e.sum(-1, keepdims=True)
+    p = e / jnp.where(z == 0, 1.0, z)
+    return jnp.einsum("bhlk,bkhd->blhd", p, v, precision=HI)
 
-    f_ref = lambda *a: jnp.sum(ref.dfss_attention_reference(*a, n=n, m=m, mask=mask, precision=HI) * ct)
-    f_dense = lambda *a: jnp.sum(dense(*a) * ct)
-    g_ref = jax.jit(jax.grad(f_ref, argnums=(0, 1, 2)))(q, k, v)
-    g_dense = jax.jit(jax.grad(f_dense, argnums=(0, 1, 2)))(q, k, v)
-    for a, b in zip(g_ref, g_dense):
-        assert not np.isnan(np.asarray(a)).any()
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+  f_ref = lambda *a: jnp.sum(
+      ref.dfss_attention_reference(*a, n=n, m=m, mask=mask, precision=HI) * ct)
+  f_dense = lambda *a: jnp.sum(dense(*a) * ct)
+  g_ref = jax.jit(jax.grad(f_ref, argnums=(0, 1, 2)))(q, k, v)
+  g_dense = jax.jit(jax.grad(f_dense, argnums=(0, 1, 2)))(q, k, v)
+  for a, b in zip(g_ref, g_dense):
+    assert not np.isnan(np.asarray(a)).any()
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("logic_rank", [True, False])
-@pytest.mark.parametrize("n,m", [(1, 2), (1, 4), (2, 4), (3, 4), (1, 8), (2, 8), (3, 8), (5, 8), (7, 8)])
+@pytest.mark.parametrize("n,m", [(1, 2), (1, 4), (2, 4), (3, 4), (1, 8), (2, 8), (3, 8), (5, 8),
+                                 (7, 8)])
 def test_kernel_nm_selection_code_matches_bruteforce(n, m, logic_rank, monkeypatch):
-    """The N:M selection lines the Triton kernels are generated from, run on numpy tiles
-    (tile i holds keys g*m + i, as in the kernels) against the float64 brute force."""
-    import types
-    from kernels import dfss_triton
-    monkeypatch.setitem(dfss_triton._GEN_OPTIONS, "logic_rank", logic_rank)
-    rows, groups = 64, 16
-    lines = dfss_triton._rank_keep(m, "s", "keep", f"({rows}, {groups})", n)
-    code = "\n".join(lines).replace(".to(tl.int32)", ".astype(np.int32)")
-    tl_shim = types.SimpleNamespace(maximum=np.maximum, zeros=np.zeros, int32=np.int32)
-    rng = np.random.default_rng(n * 100 + m)
-    for trial in range(4):
-        if trial % 2:  # many exact ties
-            dense = rng.integers(-1, 2, (rows, groups * m)).astype(np.float32)
-        else:
-            dense = rng.standard_normal((rows, groups * m)).astype(np.float32)
-        if trial >= 2:  # padded keys (-inf), including whole padded groups
-            dense[rng.random(dense.shape) < 0.3] = -np.inf
-            dense[:, :m] = -np.inf
-        env = {"np": np, "tl": tl_shim, "NKEEP": n}
-        env.update({f"s{i}": dense[:, i::m] for i in range(m)})
-        exec(code, env)  # noqa: S102 - our own generated code
-        got = np.empty_like(dense, dtype=bool)
-        for i in range(m):
-            got[:, i::m] = env[f"keep{i}"]
-        np.testing.assert_array_equal(got, np_keep(dense, n, m))
+  """The N:M selection lines the Triton kernels are generated from, run on numpy tiles
+  (tile i holds keys g*m + i, as in the kernels) against the float64 brute force."""
+  import types
+  from lra_sparse.kernels import dfss_triton
+  monkeypatch.setitem(dfss_triton._GEN_OPTIONS, "logic_rank", logic_rank)
+  rows, groups = 64, 16
+  lines = dfss_triton._rank_keep(m, "s", "keep", f"({rows}, {groups})", n)
+  code = "\n".join(lines).replace(".to(tl.int32)", ".astype(np.int32)")
+  tl_shim = types.SimpleNamespace(maximum=np.maximum, zeros=np.zeros, int32=np.int32)
+  rng = np.random.default_rng(n * 100 + m)
+  for trial in range(4):
+    if trial % 2:  # many exact ties
+      dense = rng.integers(-1, 2, (rows, groups * m)).astype(np.float32)
+    else:
+      dense = rng.standard_normal((rows, groups * m)).astype(np.float32)
+    if trial >= 2:  # padded keys (-inf), including whole padded groups
+      dense[rng.random(dense.shape) < 0.3] = -np.inf
+      dense[:, :m] = -np.inf
+    env = {"np": np, "tl": tl_shim, "NKEEP": n}
+    env.update({f"s{i}": dense[:, i::m] for i in range(m)})
+    exec(code, env)  # noqa: S102 - our own generated code
+    got = np.empty_like(dense, dtype=bool)
+    for i in range(m):
+      got[:, i::m] = env[f"keep{i}"]
+    np.testing.assert_array_equal(got, np_keep(dense, n, m))
 
 
 def test_cpu_import_does_not_load_triton():
-    import sys
-    import kernels  # noqa: F401
-    from kernels import dfss_triton
-    if jax.default_backend() != "gpu":
-        assert not dfss_triton.is_available()
-        assert "jax_triton" not in sys.modules
+  import sys
+  import lra_sparse.kernels  # noqa: F401
+  from lra_sparse.kernels import dfss_triton
+  if jax.default_backend() != "gpu":
+    assert not dfss_triton.is_available()
+    assert "jax_triton" not in sys.modules
+
+
+def test_reference_n_equals_m_is_dense_and_n_above_m_is_rejected():
+  q, k, v = rand_qkv(jax.random.PRNGKey(21), (2, 12, 2, 4))
+  mask = make_mask(jax.random.PRNGKey(22), 2, 12)
+  got = ref.dfss_attention_reference(q, k, v, n=4, m=4, mask=mask, precision=HI)
+  want, keep = np_dfss(q, k, v, 4, 4, mask)
+  assert keep.all()
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="0 < n <= m"):
+    ref.dfss_attention_reference(q, k, v, n=3, m=2)
+
+
+def test_unsupported_reason_states_what_the_triton_kernel_runs():
+  """The one capability predicate (shapes and dtypes only: runs on a CPU without triton);
+  dfss_attention_triton raises ValueError with the same reason before launching anything."""
+  import sys
+  from lra_sparse.kernels import dfss_triton
+
+  def arr(shape=(2, 64, 2, 64), dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+  reason = dfss_triton.unsupported_reason
+  for n, m, dtype, d in [(2, 4, jnp.bfloat16, 64), (1, 2, jnp.float32, 16),
+                         (3, 8, jnp.float16, 128), (1, 32, jnp.float32, 32)]:
+    x = arr((2, 64, 2, d), dtype)
+    assert reason(x, x, n, m) is None
+    assert reason(x, x, n, m, k=x) is None
+  x = arr()
+  assert "n < m" in reason(x, x, 4, 4)
+  assert "0 < n <= m" in reason(x, x, 3, 2)
+  assert "power of two" in reason(x, x, 1, 3)
+  assert "power of two" in reason(x, x, 1, 64)
+  d48 = arr((2, 64, 2, 48))
+  assert reason(d48, d48, 2, 4) == "head_dim 48 not in (16, 32, 64, 128)"
+  assert "dtype" in reason(arr(dtype=jnp.int32), arr(dtype=jnp.int32), 2, 4)
+  assert "v.shape" in reason(x, arr((2, 64, 2, 32)), 2, 4)
+  assert "v.dtype" in reason(x, arr(dtype=jnp.float32), 2, 4)
+  assert "k.dtype" in reason(x, x, 2, 4, k=arr(dtype=jnp.float32))
+  assert "[batch, length, heads, head_dim]" in reason(arr((64, 64)), arr((64, 64)), 2, 4)
+  q = jnp.zeros((1, 8, 1, 64), jnp.bfloat16)
+  with pytest.raises(ValueError, match="the Triton kernel needs n < m"):
+    dfss_triton.dfss_attention_triton(q, q, q, n=4, m=4)
+  with pytest.raises(ValueError, match="head_dim 48"):
+    q48 = jnp.zeros((1, 8, 1, 48), jnp.bfloat16)
+    dfss_triton.dfss_attention_triton(q48, q48, q48, n=2, m=4)
+  if jax.default_backend() != "gpu":
+    assert "jax_triton" not in sys.modules
 
 
 # ----------------------------------------------------------------------------- GPU: kernels
 def _need_triton():
-    from kernels import dfss_triton
-    if not dfss_triton.is_available():
-        pytest.skip("needs a GPU and jax_triton")
-    return dfss_triton
+  from lra_sparse.kernels import dfss_triton
+  if not dfss_triton.is_available():
+    pytest.skip("needs a GPU and jax_triton")
+  return dfss_triton
 
 
 def rel_err(a, b):
-    a = np.asarray(a, np.float64)
-    b = np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+  a = np.asarray(a, np.float64)
+  b = np.asarray(b, np.float64)
+  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
 # fp32 inputs run their products as TF32 on the tensor cores (like XLA's default fp32 matmul on
@@ -241,9 +294,9 @@ TOL = {jnp.float32: 2e-3, jnp.bfloat16: 2e-2}  # measured max on an H100: fp32 4
 
 
 def tf32_exact(x):
-    """Rounds to multiples of 2^-6 in [-4, 4]: exact in TF32, and dot products of such vectors
-    (|sum| < 2^7, multiples of 2^-12) are exact in fp32."""
-    return jnp.clip(jnp.round(x * 64.0) / 64.0, -4.0, 4.0).astype(x.dtype)
+  """Rounds to multiples of 2^-6 in [-4, 4]: exact in TF32, and dot products of such vectors
+  (|sum| < 2^7, multiples of 2^-12) are exact in fp32."""
+  return jnp.clip(jnp.round(x * 64.0) / 64.0, -4.0, 4.0).astype(x.dtype)
 
 GPU_CASES = [
     # dtype, n, m, batch, length, heads, head_dim, masked
@@ -261,111 +314,119 @@ GPU_CASES = [
 
 
 def _case_id(c):
-    return f"{jnp.dtype(c[0]).name}-{c[1]}of{c[2]}-B{c[3]}L{c[4]}H{c[5]}D{c[6]}{'-mask' if c[7] else ''}"
+  return (f"{jnp.dtype(c[0]).name}-{c[1]}of{c[2]}-B{c[3]}L{c[4]}H{c[5]}D{c[6]}"
+          f"{'-mask' if c[7] else ''}")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", ["fused", "fused-deterministic", "compressed"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=_case_id)
 def test_triton_matches_reference(case, impl):
-    dt = _need_triton()
-    dtype, n, m, b, l, h, d, masked = case
-    seed = zlib.crc32(f"{_case_id(case)}-{impl}".encode()) % (2**31)
-    q, k, v = rand_qkv(jax.random.PRNGKey(seed), (b, l, h, d), dtype)
-    mask = make_mask(jax.random.PRNGKey(seed + 1), b, l) if masked else None
-    ct = jax.random.normal(jax.random.PRNGKey(seed + 2), q.shape, dtype)
-    if dtype == jnp.float32:
-        q, k, v, ct = (tf32_exact(x) for x in (q, k, v, ct))
+  dt = _need_triton()
+  dtype, n, m, b, l, h, d, masked = case
+  seed = zlib.crc32(f"{_case_id(case)}-{impl}".encode()) % (2**31)
+  q, k, v = rand_qkv(jax.random.PRNGKey(seed), (b, l, h, d), dtype)
+  mask = make_mask(jax.random.PRNGKey(seed + 1), b, l) if masked else None
+  ct = jax.random.normal(jax.random.PRNGKey(seed + 2), q.shape, dtype)
+  if dtype == jnp.float32:
+    q, k, v, ct = (tf32_exact(x) for x in (q, k, v, ct))
 
-    def f_tri(q, k, v):
-        return dt.dfss_attention_triton(q, k, v, n=n, m=m, mask=mask, impl=impl.split("-")[0],
-                                        deterministic=impl.endswith("deterministic"))
+  def f_tri(q, k, v):
+    return dt.dfss_attention_triton(q, k, v, n=n, m=m, mask=mask, impl=impl.split("-")[0],
+                                    deterministic=impl.endswith("deterministic"))
 
-    def f_ref(q, k, v):  # reference in fp32 at highest precision
-        q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
-        return ref.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask, precision=HI)
+  def f_ref(q, k, v):  # reference in fp32 at highest precision
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    return ref.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask, precision=HI)
 
-    with dt.poison_outputs():
-        out, vjp = jax.vjp(jax.jit(f_tri), q, k, v)
-        grads = vjp(ct)
-    want, vjp_ref = jax.vjp(f_ref, q, k, v)
-    grads_ref = vjp_ref(ct.astype(jnp.float32))
-    tol = TOL[dtype]
-    assert out.dtype == dtype and out.shape == q.shape
-    for name, a, r in [("out", out, want)] + [(f"d{x}", g, gr) for x, g, gr in zip("qkv", grads, grads_ref)]:
-        a = np.asarray(a.astype(jnp.float32))
-        assert not np.isnan(a).any(), f"{name}: NaN (unwritten or invalid) elements"
-        e = rel_err(a, r)
-        print(f"{_case_id(case)} {impl} {name} rel_err={e:.2e}")
-        assert e < tol, (name, e)
-    if masked and b > 1:  # make_mask pads the whole last sequence when b > 1
-        assert np.all(np.asarray(out[-1].astype(jnp.float32)) == 0.0)
+  with dt.poison_outputs():
+    out, vjp = jax.vjp(jax.jit(f_tri), q, k, v)
+    grads = vjp(ct)
+  want, vjp_ref = jax.vjp(f_ref, q, k, v)
+  grads_ref = vjp_ref(ct.astype(jnp.float32))
+  tol = TOL[dtype]
+  assert out.dtype == dtype and out.shape == q.shape
+  named = [("out", out, want)] + [(f"d{x}", g, gr) for x, g, gr in zip("qkv", grads, grads_ref)]
+  for name, a, r in named:
+    a = np.asarray(a.astype(jnp.float32))
+    assert not np.isnan(a).any(), f"{name}: NaN (unwritten or invalid) elements"
+    e = rel_err(a, r)
+    print(f"{_case_id(case)} {impl} {name} rel_err={e:.2e}")
+    assert e < tol, (name, e)
+  if masked and b > 1:  # make_mask pads the whole last sequence when b > 1
+    assert np.all(np.asarray(out[-1].astype(jnp.float32)) == 0.0)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n,m,dtype", [(2, 4, jnp.bfloat16), (1, 2, jnp.float32), (3, 8, jnp.bfloat16)])
+@pytest.mark.parametrize("n,m,dtype",
+                         [(2, 4, jnp.bfloat16), (1, 2, jnp.float32), (3, 8, jnp.bfloat16)])
 def test_triton_compressed_form_matches_reference(n, m, dtype):
-    """SDDMM+prune writes exactly the reference's compressed values and keep bits."""
-    dt = _need_triton()
-    b, l, h, d = 2, 300, 2, 64
-    q, k, _ = rand_qkv(jax.random.PRNGKey(n + m), (b, l, h, d), dtype)
-    mask = make_mask(jax.random.PRNGKey(9), b, l)
-    with dt.poison_outputs():
-        sc, meta = jax.jit(lambda q, k: dt.sddmm_prune(q, k, n=n, m=m, mask=mask))(q, k)
-        probs = jax.jit(lambda s: dt.compressed_softmax(s, m=m))(sc)
-    s_ref = ref.dfss_scores(q.astype(jnp.float32), k.astype(jnp.float32), mask=mask, m=m, precision=HI)
-    lk = s_ref.shape[-1]
-    s_ref = s_ref.reshape(b * h, l, lk)
-    vals_ref, meta_ref = ref.nm_prune_compress(s_ref, n, m)
-    keep = np.asarray(ref.unpack_keep_bits(meta[:, :l], lk))
-    keep_ref = np.asarray(ref.unpack_keep_bits(meta_ref, lk))
-    assert not np.isnan(np.asarray(sc)).any() and not np.isnan(np.asarray(probs)).any()
-    mism = float(np.mean(keep != keep_ref))
-    assert mism < 1e-3, mism  # only near-ties may flip (different summation order)
-    vals = np.asarray(sc[:, :l, : lk // m * n])
-    both = np.isfinite(vals) & np.isfinite(np.asarray(vals_ref))
-    agree = (keep == keep_ref).reshape(b * h, l, lk // m, m).all(-1)
-    agree = np.repeat(agree, n, axis=-1)
-    np.testing.assert_allclose(vals[both & agree], np.asarray(vals_ref)[both & agree], rtol=2e-2, atol=2e-2)
-    p_ref = ref.compressed_softmax_reference(jnp.asarray(vals))
-    assert rel_err(probs[:, :l, : lk // m * n].astype(jnp.float32), p_ref) < 1e-5
-    # memory of the stored attention matrix: compressed values + 1 bit per key
-    assert meta.dtype == jnp.int32 and meta.shape[-1] * 32 == sc.shape[-1] * m // n
+  """SDDMM+prune writes exactly the reference's compressed values and keep bits."""
+  dt = _need_triton()
+  b, l, h, d = 2, 300, 2, 64
+  q, k, _ = rand_qkv(jax.random.PRNGKey(n + m), (b, l, h, d), dtype)
+  mask = make_mask(jax.random.PRNGKey(9), b, l)
+  with dt.poison_outputs():
+    sc, meta = jax.jit(lambda q, k: dt.sddmm_prune(q, k, n=n, m=m, mask=mask))(q, k)
+    probs = jax.jit(lambda s: dt.compressed_softmax(s, m=m))(sc)
+  s_ref = ref.dfss_scores(q.astype(jnp.float32), k.astype(jnp.float32), mask=mask, m=m,
+                          precision=HI)
+  lk = s_ref.shape[-1]
+  s_ref = s_ref.reshape(b * h, l, lk)
+  vals_ref, meta_ref = ref.nm_prune_compress(s_ref, n, m)
+  keep = np.asarray(ref.unpack_keep_bits(meta[:, :l], lk))
+  keep_ref = np.asarray(ref.unpack_keep_bits(meta_ref, lk))
+  assert not np.isnan(np.asarray(sc)).any() and not np.isnan(np.asarray(probs)).any()
+  mism = float(np.mean(keep != keep_ref))
+  assert mism < 1e-3, mism  # only near-ties may flip (different summation order)
+  vals = np.asarray(sc[:, :l, : lk // m * n])
+  both = np.isfinite(vals) & np.isfinite(np.asarray(vals_ref))
+  agree = (keep == keep_ref).reshape(b * h, l, lk // m, m).all(-1)
+  agree = np.repeat(agree, n, axis=-1)
+  np.testing.assert_allclose(vals[both & agree], np.asarray(vals_ref)[both & agree], rtol=2e-2,
+                             atol=2e-2)
+  p_ref = ref.compressed_softmax_reference(jnp.asarray(vals))
+  assert rel_err(probs[:, :l, : lk // m * n].astype(jnp.float32), p_ref) < 1e-5
+  # memory of the stored attention matrix: compressed values + 1 bit per key
+  assert meta.dtype == jnp.int32 and meta.shape[-1] * 32 == sc.shape[-1] * m // n
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_triton_backward_modes_agree_and_deterministic_is_bitwise(dtype):
-    """The one-pass backward (dQ by atomics) equals the two-kernel one up to summation order;
-    deterministic=True gives bit-identical gradients on repeated runs."""
-    dt = _need_triton()
-    q, k, v = rand_qkv(jax.random.PRNGKey(5), (2, 700, 2, 64), dtype)
-    ct = jax.random.normal(jax.random.PRNGKey(6), q.shape, dtype)
-    n, m = (1, 2) if dtype == jnp.float32 else (2, 4)
+  """The one-pass backward (dQ by atomics) equals the two-kernel one up to summation order;
+  deterministic=True gives bit-identical gradients on repeated runs."""
+  dt = _need_triton()
+  q, k, v = rand_qkv(jax.random.PRNGKey(5), (2, 700, 2, 64), dtype)
+  ct = jax.random.normal(jax.random.PRNGKey(6), q.shape, dtype)
+  n, m = (1, 2) if dtype == jnp.float32 else (2, 4)
 
-    def grads(det):
-        f = lambda q, k, v: jnp.sum((dt.dfss_attention_triton(q, k, v, n=n, m=m, deterministic=det) * ct)
-                                    .astype(jnp.float32))
-        return [np.asarray(g.astype(jnp.float32)) for g in jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, k, v)]
+  def grads(det):
+    f = lambda q, k, v: jnp.sum(
+        (dt.dfss_attention_triton(q, k, v, n=n, m=m, deterministic=det) * ct).astype(jnp.float32))
+    return [np.asarray(g.astype(jnp.float32))
+            for g in jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, k, v)]
 
-    det1, det2, fast = grads(True), grads(True), grads(False)
-    for a, b, c in zip(det1, det2, fast):
-        assert np.array_equal(a, b)
-        assert rel_err(c, a) < (1e-3 if dtype == jnp.float32 else 1e-2)  # near-tie flips only
+  det1, det2, fast = grads(True), grads(True), grads(False)
+  for a, b, c in zip(det1, det2, fast):
+    assert np.array_equal(a, b)
+    assert rel_err(c, a) < (1e-3 if dtype == jnp.float32 else 1e-2)  # near-tie flips only
 
 
 @pytest.mark.gpu
 def test_triton_grad_through_model_jit():
-    """jax.grad of a function using the kernels (inside jit) runs and matches the reference."""
-    dt = _need_triton()
-    q, k, v = rand_qkv(jax.random.PRNGKey(0), (2, 256, 2, 64), jnp.bfloat16)
-    w = jax.random.normal(jax.random.PRNGKey(1), (64, 64), jnp.bfloat16) * 0.1
+  """jax.grad of a function using the kernels (inside jit) runs and matches the reference."""
+  dt = _need_triton()
+  q, k, v = rand_qkv(jax.random.PRNGKey(0), (2, 256, 2, 64), jnp.bfloat16)
+  w = jax.random.normal(jax.random.PRNGKey(1), (64, 64), jnp.bfloat16) * 0.1
 
-    def loss(w, attn):
-        o = attn(q @ w, k, v)
-        return jnp.mean(o.astype(jnp.float32) ** 2)
+  def loss(w, attn):
+    o = attn(q @ w, k, v)
+    return jnp.mean(o.astype(jnp.float32) ** 2)
 
-    g = jax.jit(jax.grad(lambda w: loss(w, lambda a, b, c: dt.dfss_attention_triton(a, b, c, n=2, m=4))))(w)
-    g_ref = jax.grad(lambda w: loss(w, lambda a, b, c: ref.dfss_attention_reference(
-        a.astype(jnp.float32), b.astype(jnp.float32), c.astype(jnp.float32), n=2, m=4, precision=HI)))(w)
-    assert rel_err(g.astype(jnp.float32), g_ref.astype(jnp.float32)) < 3e-2
+  g = jax.jit(jax.grad(
+      lambda w: loss(w, lambda a, b, c: dt.dfss_attention_triton(a, b, c, n=2, m=4))))(w)
+  g_ref = jax.grad(lambda w: loss(w, lambda a, b, c: ref.dfss_attention_reference(
+      a.astype(jnp.float32), b.astype(jnp.float32), c.astype(jnp.float32), n=2, m=4,
+      precision=HI)))(w)
+  assert rel_err(g.astype(jnp.float32), g_ref.astype(jnp.float32)) < 3e-2

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from lra_sparse.data import get_task, listops
+from lra_sparse.generators import listops as listops_generator
 from lra_sparse.data.registry import check_split_arrays
 
 # The vocabulary as the task contract states it, written out by hand (not imported).
@@ -83,7 +84,8 @@ def test_lra_to_string_format_and_evaluator():
 
 @pytest.mark.parametrize("min_length,max_length,num", [(20, 90, 600), (500, 2000, 30)])
 def test_generator_labels_lengths_structure(min_length, max_length, num):
-  examples = listops.generate_listops(num, seed=1, min_length=min_length, max_length=max_length)
+  examples = listops_generator.generate_listops(num, seed=1, min_length=min_length,
+                                                max_length=max_length)
   assert len(examples) == num
   assert len({source for source, _ in examples}) == num
   all_arg_counts = []
@@ -103,24 +105,24 @@ def test_generator_labels_lengths_structure(min_length, max_length, num):
 
 
 def test_generator_options_and_bad_arguments():
-  shallow = listops.generate_listops(50, seed=0, min_length=3, max_length=40, max_depth=3,
-                                     max_args=4)
+  shallow = listops_generator.generate_listops(50, seed=0, min_length=3, max_length=40,
+                                               max_depth=3, max_args=4)
   for source, target in shallow:
     value, length, op_depth, arg_counts = lra_evaluate(source)
     assert value == target and op_depth <= 2 and max(arg_counts) <= 4
   with pytest.raises(ValueError, match="min_length"):
-    listops.generate_listops(5, min_length=100, max_length=100)
+    listops_generator.generate_listops(5, min_length=100, max_length=100)
   with pytest.raises(ValueError, match="longest"):
-    listops.generate_listops(5, min_length=50, max_length=100, max_depth=2)
+    listops_generator.generate_listops(5, min_length=50, max_length=100, max_depth=2)
   with pytest.raises(ValueError, match="distinct"):
     # Only [OP a b] trees have length 4: 4 * 100 of them.
-    listops.generate_listops(401, min_length=3, max_length=5)
+    listops_generator.generate_listops(401, min_length=3, max_length=5)
   with pytest.raises(ValueError, match="max_args"):
-    listops.generate_listops(5, min_length=3, max_length=50, max_args=1)
+    listops_generator.generate_listops(5, min_length=3, max_length=50, max_args=1)
   with pytest.raises(ValueError, match="max_depth"):
-    listops.generate_listops(5, min_length=3, max_length=50, max_depth=1)
+    listops_generator.generate_listops(5, min_length=3, max_length=50, max_depth=1)
   with pytest.raises(ValueError, match="num_val"):
-    listops.write_listops_dataset("unused", 5, 0, 5, min_length=3, max_length=50)
+    listops_generator.write_listops_dataset("unused", 5, 0, 5, min_length=3, max_length=50)
 
 
 def read_files(directory):
@@ -134,9 +136,9 @@ def read_files(directory):
 def test_write_dataset_deterministic_distinct_official_layout(tmp_path):
   kwargs = dict(num_train=60, num_val=10, num_test=10, min_length=30, max_length=120,
                 progress=False)
-  listops.write_listops_dataset(str(tmp_path / "a"), seed=7, **kwargs)
-  listops.write_listops_dataset(str(tmp_path / "b"), seed=7, **kwargs)
-  listops.write_listops_dataset(str(tmp_path / "c"), seed=8, **kwargs)
+  listops_generator.write_listops_dataset(str(tmp_path / "a"), seed=7, **kwargs)
+  listops_generator.write_listops_dataset(str(tmp_path / "b"), seed=7, **kwargs)
+  listops_generator.write_listops_dataset(str(tmp_path / "c"), seed=8, **kwargs)
   a, b, c = (read_files(tmp_path / name) for name in "abc")
   assert a == b
   assert all(a[split] != c[split] for split in a)
@@ -221,8 +223,8 @@ def test_loader_irregular_spacing_and_lf_line_ends(tmp_path):
 
 
 def test_loader_reads_generated_files(tmp_path):
-  listops.write_listops_dataset(str(tmp_path), 30, 5, 5, seed=3, min_length=20, max_length=80,
-                                progress=False)
+  listops_generator.write_listops_dataset(str(tmp_path), 30, 5, 5, seed=3, min_length=20,
+                                          max_length=80, progress=False)
   arrays = get_task("listops").load_split(make_config(tmp_path, 400), "train")
   with open(tmp_path / "basic_train.tsv") as f:
     rows = [line.rstrip("\n").split("\t") for line in f][1:]
@@ -278,13 +280,13 @@ def test_loader_missing_files_and_bad_arguments(tmp_path):
 
 def test_cli_writes_the_official_files(tmp_path):
   out = tmp_path / "cli"
-  command = [sys.executable, "-m", "lra_sparse.data.listops", f"--output_dir={out}",
+  command = [sys.executable, "-m", "lra_sparse.generators.listops", f"--output_dir={out}",
              "--num_train=20", "--num_val=4", "--num_test=4", "--seed=5", "--min_length=10",
              "--max_length=60"]
   result = subprocess.run(command, capture_output=True, text=True, timeout=120,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   assert result.returncode == 0, result.stderr[-2000:]
   assert "majority class" in result.stdout and "examples/s" in result.stdout
-  listops.write_listops_dataset(str(tmp_path / "api"), 20, 4, 4, seed=5, min_length=10,
-                                max_length=60, progress=False)
+  listops_generator.write_listops_dataset(str(tmp_path / "api"), 20, 4, 4, seed=5,
+                                          min_length=10, max_length=60, progress=False)
   assert read_files(out) == read_files(tmp_path / "api")

@@ -10,8 +10,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lra_sparse.data import pathfinder as pf
+from lra_sparse.config import load_python_file
+from lra_sparse.data import pathfinder as pf_data
 from lra_sparse.data.registry import check_split_arrays, get_task
+from lra_sparse.generators import pathfinder as pf
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _flood(mask: np.ndarray, start: np.ndarray) -> np.ndarray:
@@ -171,7 +175,7 @@ def test_write_dataset_in_lra_layout(tmp_path):
     assert len(rows) == num
     expected = pf.generate_batch(settings, seed=1, batch=batch, num=num)
     for i, row in enumerate(rows):
-      assert len(row) == pf.METADATA_FIELDS
+      assert len(row) == pf_data.METADATA_FIELDS
       assert row[0] == f"imgs/{batch}" and row[1] == f"sample_{i}.png" and int(row[2]) == i
       assert int(row[3]) == expected[i].label
       assert (float(row[4]), int(row[5]), int(row[6])) == (1.0, 6, 2)
@@ -211,7 +215,7 @@ def _write_fixture(data_dir, difficulty="hard", counts=(4, 3, 3), names=("0", "2
                    size=32, seed=0):
   """Random PNGs + text metadata as LRA's release; returns (pixels, labels) in load order."""
   rng = np.random.default_rng(seed)
-  root = os.path.join(str(data_dir), pf.DIFFICULTY_DIRS[difficulty])
+  root = os.path.join(str(data_dir), pf_data.DIFFICULTY_DIRS[difficulty])
   os.makedirs(os.path.join(root, "metadata"), exist_ok=True)
   pixels, labels = [], []
   for name, num in zip(names, counts):     # names are listed in numeric order
@@ -358,8 +362,8 @@ def test_bad_config_values(tmp_path):
 # Configs.
 
 def test_configs_carry_lra_defaults_and_tiny_presets():
-  from configs import pathfinder as pathfinder_config
-  from configs import pathx as pathx_config
+  pathfinder_config = load_python_file(os.path.join(REPO, "configs", "pathfinder.py"))
+  pathx_config = load_python_file(os.path.join(REPO, "configs", "pathx.py"))
   import lra_sparse.attention as attention
 
   config = pathfinder_config.get_config()
@@ -382,7 +386,7 @@ def test_configs_carry_lra_defaults_and_tiny_presets():
       (64, 500000, 2500)
   tiny = pathx_config.get_config("tiny")
   assert tiny.attention.kind in attention.attention_kinds()
-  assert 16384 % tiny.attention.num_landmarks == 0
+  assert 16384 % tiny.attention.nystrom.num_landmarks == 0
   for module in (pathfinder_config, pathx_config):
     with pytest.raises(ValueError, match="unknown preset"):
       module.get_config("huge")

@@ -14,6 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from lra_sparse import config as config_lib
 from lra_sparse import sweep as sweep_lib
 from lra_sparse import tables
 
@@ -29,12 +30,17 @@ def write_run(root, name, *, task, kind, seed, accuracy=None, metrics_lines=None
   """A run workdir as the trainer (config.json, metrics.jsonl, result.json) and sweep leave it."""
   workdir = root / name
   workdir.mkdir(parents=True)
+  blocks = {"dense": {"implementation": "auto"}, "dfss": {"nm": "2:4"},
+            "dsa": {"sparsity": 0.9, "sigma": 0.25}}
   config = {"task": task, "seed": seed, "init_from": "",
-            "attention": {"kind": kind, "n": 2, "m": 4, "sparsity": 0.9},
+            "attention": {"kind": kind, kind: dict(blocks[kind])},
             "model": {"dtype": "float32"}}
   for key, value in (extra or {}).items():
-    section, field = key.split(".")
-    config[section][field] = value
+    *sections, field = key.split(".")
+    node = config
+    for section in sections:
+      node = node.setdefault(section, {})
+    node[field] = value
   (workdir / "config.json").write_text(json.dumps(config))
   lines = metrics_lines if metrics_lines is not None else [
       json.dumps({"step": 10, "split": "train", "loss": 2.0, "accuracy": 0.1}),
@@ -57,11 +63,11 @@ def get_table(preset=""):
   return Table(
       title="synthetic" + (" " + preset if preset else ""),
       rows=[Selector("Dense", {"attention.kind": "dense"}),
-            Selector("DFSS 2:4", {"attention.kind": "dfss", "attention.n": 2, "attention.m": 4}),
-            Selector("DSA-90", {"attention.kind": "dsa", "attention.sparsity": 0.9})],
+            Selector("DFSS 2:4", {"attention.kind": "dfss", "attention.dfss.nm": "2:4"}),
+            Selector("DSA-90", {"attention.kind": "dsa", "attention.dsa.sparsity": 0.9})],
       columns=[Selector("ListOps", {"task": "listops"}), Selector("Text", {"task": "text"})],
       average=True,
-      plot=Plot(x="attention.sparsity", series=[Selector("DSA", {"attention.kind": "dsa"})],
+      plot=Plot(x="attention.dsa.sparsity", series=[Selector("DSA", {"attention.kind": "dsa"})],
                 baselines=[Selector("Dense", {"attention.kind": "dense"})]),
   )
 """
@@ -201,11 +207,12 @@ def test_plot_points_mean_std_per_x(tmp_path):
   for sparsity, accs in values.items():
     for seed, acc in enumerate(accs):
       write_run(root, f"dsa_{sparsity}_{seed}", task="listops", kind="dsa", seed=seed,
-                accuracy=acc, extra={"attention.sparsity": sparsity})
+                accuracy=acc, extra={"attention.dsa.sparsity": sparsity})
   write_run(root, "dsa_0.9_unfinished", task="listops", kind="dsa", seed=7,
-            extra={"attention.sparsity": 0.9})
+            extra={"attention.dsa.sparsity": 0.9})
   runs = tables.find_runs(str(root), report=tables.Reporter(echo=False))
-  plot = tables.Plot(x="attention.sparsity", series=[tables.Selector("DSA", {"task": "listops"})])
+  plot = tables.Plot(x="attention.dsa.sparsity",
+                     series=[tables.Selector("DSA", {"task": "listops"})])
   points = tables.plot_points(plot, runs, 100.0)["DSA"]
   assert [x for x, _ in points] == [0.5, 0.9]
   for (x, cell), expected in zip(points, values.values()):
@@ -213,8 +220,8 @@ def test_plot_points_mean_std_per_x(tmp_path):
     np.testing.assert_allclose(cell.mean, np.mean(expected) * 100, rtol=1e-12)
     np.testing.assert_allclose(cell.std, np.std(np.asarray(expected) * 100, ddof=1), rtol=1e-12)
   # x as a function of the config (here: percent kept); None leaves a run out.
-  kept = tables.Plot(x=lambda c: None if c["attention.sparsity"] > 0.8
-                     else round(100 * (1 - c["attention.sparsity"])),
+  kept = tables.Plot(x=lambda c: None if c["attention.dsa.sparsity"] > 0.8
+                     else round(100 * (1 - c["attention.dsa.sparsity"])),
                      series=[tables.Selector("DSA", {})])
   points = tables.plot_points(kept, runs, 100.0)["DSA"]
   assert [(x, cell.n) for x, cell in points] == [(50, 2)]
@@ -234,10 +241,48 @@ def test_table_bad_inputs(tmp_path, synthetic_root):
     tables.make_table(str(root), str(no_table), "markdown")
   # A matcher key that no config has is reported (a typo would silently match nothing).
   typo = tmp_path / "typo.py"
-  typo.write_text(TABLE_SPEC.replace('"attention.sparsity": 0.9', '"attention.sparsty": 0.9'))
+  typo.write_text(TABLE_SPEC.replace('"attention.dsa.sparsity": 0.9',
+                                     '"attention.dsa.sparsty": 0.9'))
   report = tables.Reporter(echo=False)
   tables.make_table(str(root), str(typo), "markdown", report=report)
-  assert any("'attention.sparsty' is in no run's config.json" in m for m in report.messages)
+  assert any("'attention.dsa.sparsty' is in no run's config.json" in m for m in report.messages)
+  # A key of the old flat layout is reported with its new name.
+  old_key = tmp_path / "old_key.py"
+  old_key.write_text(TABLE_SPEC.replace('"attention.dsa.sparsity": 0.9',
+                                        '"attention.sparsity": 0.9'))
+  report = tables.Reporter(echo=False)
+  tables.make_table(str(root), str(old_key), "markdown", report=report)
+  assert any("'attention.sparsity' is in no run's config.json" in m
+             and "use config.attention.dsa.sparsity" in m for m in report.messages)
+
+
+def test_runs_written_before_per_kind_attention_blocks_are_read(tmp_path):
+  """Old config.json files (flat attention fields, every kind's defaults) still land in the
+  cells of current specs; the fields of other kinds are dropped, n/m become nm."""
+  root = tmp_path / "old_runs"
+  old_attention = {"n": 1, "m": 2, "sparsity": 0.9, "sigma": 0.25, "implementation": "auto",
+                   "backend": "auto", "num_landmarks": 64, "nm": ""}
+  for seed, (kind, acc) in enumerate([("dense", 0.36), ("dfss", 0.35), ("dsa", 0.34)]):
+    workdir = root / f"{kind}_{seed}"
+    workdir.mkdir(parents=True)
+    (workdir / "config.json").write_text(json.dumps(
+        {"task": "listops", "seed": 0, "init_from": "",
+         "attention": {"kind": kind, **old_attention}}))
+    (workdir / "result.json").write_text(json.dumps({"step": 1, "test": {"accuracy": acc}}))
+  runs = {os.path.basename(r.workdir): r for r in tables.find_runs(
+      str(root), report=tables.Reporter(echo=False))}
+  assert runs["dfss_1"].config["attention.dfss.nm"] == "1:2"
+  assert "attention.dsa.sparsity" not in runs["dfss_1"].config
+  assert runs["dsa_2"].config["attention.dsa.sparsity"] == 0.9
+  assert runs["dense_0"].config["attention.dense.implementation"] == "auto"
+  assert not any(key in runs["dense_0"].config for key in
+                 ("attention.n", "attention.sparsity", "attention.nystrom.nm"))
+  spec = tmp_path / "spec.py"
+  spec.write_text(TABLE_SPEC.replace('"attention.dfss.nm": "2:4"', '"attention.dfss.nm": "1:2"'))
+  text = tables.make_table(str(root), str(spec), "markdown", report=tables.Reporter(echo=False))
+  assert "| Dense | 36.00 (n=1) | — | — |" in text
+  assert "| DFSS 2:4 | 35.00 (n=1) | — | — |" in text
+  assert "| DSA-90 | 34.00 (n=1) | — | — |" in text
 
 
 # ----------------------------------------------------------------------------- sweeps
@@ -252,10 +297,10 @@ def get_sweep(preset=""):
             seeds=[0, 1]),
       Group(name="ft", config={config!r},
             overrides={{"init_from": Ref("pre"), **steps}},
-            variants=[Variant("dfss2-4", {{"attention.kind": "dfss", "attention.n": 2,
-                                           "attention.m": 4}}),
+            variants=[Variant("dfss2-4", {{"attention.kind": "dfss",
+                                           "attention.dfss.nm": "2:4"}}),
                       {{"attention.kind": "dsa"}}],
-            product={{"attention.sparsity": [0.9, 0.95]}},
+            product={{"model.dtype": ["float32", "bfloat16"]}},
             seeds=[0, 1]),
   ])
 """
@@ -263,14 +308,14 @@ def get_sweep(preset=""):
 EXPECTED_NAMES = [
     "pre__listops-tiny__seed=0",
     "pre__listops-tiny__seed=1",
-    "ft__listops-tiny__dfss2-4__sparsity=0.9__seed=0",
-    "ft__listops-tiny__dfss2-4__sparsity=0.9__seed=1",
-    "ft__listops-tiny__dfss2-4__sparsity=0.95__seed=0",
-    "ft__listops-tiny__dfss2-4__sparsity=0.95__seed=1",
-    "ft__listops-tiny__kind=dsa__sparsity=0.9__seed=0",
-    "ft__listops-tiny__kind=dsa__sparsity=0.9__seed=1",
-    "ft__listops-tiny__kind=dsa__sparsity=0.95__seed=0",
-    "ft__listops-tiny__kind=dsa__sparsity=0.95__seed=1",
+    "ft__listops-tiny__dfss2-4__dtype=float32__seed=0",
+    "ft__listops-tiny__dfss2-4__dtype=float32__seed=1",
+    "ft__listops-tiny__dfss2-4__dtype=bfloat16__seed=0",
+    "ft__listops-tiny__dfss2-4__dtype=bfloat16__seed=1",
+    "ft__listops-tiny__kind=dsa__dtype=float32__seed=0",
+    "ft__listops-tiny__kind=dsa__dtype=float32__seed=1",
+    "ft__listops-tiny__kind=dsa__dtype=bfloat16__seed=0",
+    "ft__listops-tiny__kind=dsa__dtype=bfloat16__seed=1",
 ]
 
 # Stands in for ``python -m lra_sparse.main``: writes config.json/result.json like the trainer,
@@ -316,16 +361,16 @@ def test_dry_run_lists_expected_runs(sweep_spec, tmp_path):
   runs = sweep_lib.expand_sweep(sweep_lib.load_sweep(f"{spec}:tiny"), str(tmp_path / "root"))
   assert [run.name for run in runs] == EXPECTED_NAMES
   assert all(run.workdir == str(tmp_path / "root" / run.name) for run in runs)
-  ft = runs[EXPECTED_NAMES.index("ft__listops-tiny__kind=dsa__sparsity=0.95__seed=1")]
-  assert ft.overrides == {"attention.kind": "dsa", "attention.sparsity": 0.95, "seed": 1,
+  ft = runs[EXPECTED_NAMES.index("ft__listops-tiny__kind=dsa__dtype=bfloat16__seed=1")]
+  assert ft.overrides == {"attention.kind": "dsa", "model.dtype": "bfloat16", "seed": 1,
                           "num_train_steps": 5,
                           "init_from": str(tmp_path / "root" / "pre__listops-tiny__seed=1")}
   assert ft.depends_on == ["pre__listops-tiny__seed=1"]
   assert ft.command(["main"]) == [
       "main", f"--config={LISTOPS_TINY}", f"--workdir={ft.workdir}",
-      "--config.attention.kind=dsa", "--config.attention.sparsity=0.95",
+      "--config.attention.kind=dsa",
       f"--config.init_from={tmp_path / 'root' / 'pre__listops-tiny__seed=1'}",
-      "--config.num_train_steps=5", "--config.seed=1"]
+      "--config.model.dtype=bfloat16", "--config.num_train_steps=5", "--config.seed=1"]
   # The CLI prints the same runs, all pending, and launches nothing.
   proc = subprocess.run([sys.executable, "-m", "lra_sparse.sweep", f"--sweep={spec}:tiny",
                          f"--root={tmp_path / 'root'}", "--dry_run"],
@@ -344,28 +389,45 @@ def test_names_do_not_depend_on_dict_order(tmp_path):
     order = (lambda d: dict(reversed(list(d.items())))) if reverse else dict
     return sweep_lib.Sweep("s", [sweep_lib.Group(
         config=LISTOPS_TINY,
-        variants=[order({"attention.kind": "dfss", "attention.n": 1, "attention.m": 2})],
-        product=order({"attention.sigma": [0.1, 0.2], "model.dtype": ["float32", "bfloat16"]}),
-        zip=order({"attention.sparsity": [0.9, 0.95], "attention.quant_bits": [2, 4]}))])
+        variants=[order({"attention.kind": "dsa", "attention.dsa.vector": 4})],
+        product=order({"attention.dsa.sigma": [0.1, 0.2],
+                       "model.dtype": ["float32", "bfloat16"]}),
+        zip=order({"attention.dsa.sparsity": [0.9, 0.95], "attention.dsa.quant_bits": [2, 4]}))])
   names = [r.name for r in sweep_lib.expand_sweep(sweep(False), str(tmp_path))]
   assert names == [r.name for r in sweep_lib.expand_sweep(sweep(True), str(tmp_path))]
   assert len(names) == 8 and len(set(names)) == 8
-  assert names[0] == ("listops-tiny__kind=dfss__m=2__n=1__quant_bits=2__sigma=0.1__"
-                      "sparsity=0.9__dtype=float32__seed=0")
+  assert names[0] == ("listops-tiny__quant_bits=2__sigma=0.1__sparsity=0.9__vector=4__"
+                      "kind=dsa__dtype=float32__seed=0")
 
 
 def test_sweep_spec_errors(tmp_path):
   group = lambda **kw: sweep_lib.Sweep("s", [sweep_lib.Group(config=LISTOPS_TINY, **kw)])
-  with pytest.raises(ValueError, match=r"'attention.sparsty' is not a field .*did you mean "
-                                       r"'attention.sparsity'"):
-    sweep_lib.expand_sweep(group(product={"attention.sparsty": [0.9]}), str(tmp_path))
-  with pytest.raises(ValueError, match="zip lists have different lengths"):
-    sweep_lib.expand_sweep(group(zip={"attention.n": [1, 2], "attention.m": [2]}), str(tmp_path))
-  with pytest.raises(ValueError, match="set by more than one"):
-    sweep_lib.expand_sweep(group(overrides={"attention.n": 1}, product={"attention.n": [2]}),
+  dsa = {"attention.kind": "dsa"}
+  with pytest.raises(ValueError, match=r"config.attention.dsa.sparsty is not a field .*did you "
+                                       r"mean config.attention.dsa.sparsity"):
+    sweep_lib.expand_sweep(group(overrides=dsa, product={"attention.dsa.sparsty": [0.9]}),
                            str(tmp_path))
+  with pytest.raises(ValueError, match=r"config.attention.sparsity no longer exists: use "
+                                       r"config.attention.dsa.sparsity"):
+    sweep_lib.expand_sweep(group(overrides=dsa, product={"attention.sparsity": [0.9]}),
+                           str(tmp_path))
+  with pytest.raises(ValueError, match=r"config.attention.n no longer exists.*"
+                                       r"config.attention.dfss.nm"):
+    sweep_lib.expand_sweep(group(overrides={"attention.n": 1}), str(tmp_path))
+  with pytest.raises(ValueError, match=r"config.attention.dsa.sparsity is set, but "
+                                       r"config.attention.kind='dense'"):
+    sweep_lib.expand_sweep(group(variants=[{"attention.kind": "dense"}],
+                                 overrides={"attention.dsa.sparsity": 0.9}), str(tmp_path))
+  with pytest.raises(ValueError, match="zip lists have different lengths"):
+    sweep_lib.expand_sweep(group(zip={"attention.dsa.sigma": [0.1, 0.2],
+                                      "attention.dsa.sparsity": [0.9]}), str(tmp_path))
+  with pytest.raises(ValueError, match="set by more than one"):
+    sweep_lib.expand_sweep(group(overrides={"attention.dsa.sigma": 0.1},
+                                 product={"attention.dsa.sigma": [0.2]}), str(tmp_path))
   with pytest.raises(ValueError, match="two runs get the name"):
-    sweep_lib.expand_sweep(group(product={"attention.nm": ["1:2", "1-2"]}), str(tmp_path))
+    sweep_lib.expand_sweep(group(overrides={"attention.kind": "nystrom"},
+                                 product={"attention.nystrom.nm": ["1:2", "1-2"]}),
+                           str(tmp_path))
   with pytest.raises(ValueError, match="unknown preset"):
     sweep_lib.expand_sweep(sweep_lib.Sweep("s", [sweep_lib.Group(
         config=LISTOPS_TINY.replace(":tiny", ":huge"))]), str(tmp_path))
@@ -514,7 +576,7 @@ def test_experiment_specs_expand(name, preset, tmp_path, monkeypatch):
   monkeypatch.chdir(REPO)
   spec = f"experiments/{name}.py" + (f":{preset}" if preset else "")
   sweep = sweep_lib.load_sweep(spec)
-  configs = {sweep_lib.split_spec_arg(group.config)[0] for group in sweep.groups}
+  configs = {config_lib.split_spec_arg(group.config)[0] for group in sweep.groups}
   validate = all(os.path.exists(config) for config in configs)
   runs = sweep_lib.expand_sweep(sweep, str(tmp_path), validate=validate)
   assert len(runs) == EXPERIMENTS[name][1 if preset else 0]
@@ -538,5 +600,5 @@ def test_tiny_listops_spec(tmp_path, monkeypatch):
                                 str(tmp_path))
   assert [run.name for run in runs] == [
       f"listops-tiny__{v}__seed={s}" for v in (
-          "kind=dense", "kind=dfss__m=4__n=2", "kind=dsa__sparsity=0.75",
-          "kind=dsa__sparsity=0.9") for s in (0, 1)]
+          "kind=dense", "nm=2-4__kind=dfss", "sparsity=0.75__kind=dsa",
+          "sparsity=0.9__kind=dsa") for s in (0, 1)]

@@ -12,13 +12,17 @@ import struct
 import numpy as np
 import pytest
 
-from configs import image as image_config
-from configs import retrieval as retrieval_config
-from configs import text as text_config
-from lra_sparse.data import registry
+from lra_sparse.config import load_python_file
+from lra_sparse.data import common
 from lra_sparse.data import image as image_data
-from lra_sparse.data import retrieval as retrieval_data
-from lra_sparse.data import text as text_data
+from lra_sparse.data import registry
+from lra_sparse.generators import retrieval as retrieval_generator
+from lra_sparse.generators import text as text_generator
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+image_config = load_python_file(os.path.join(REPO, "configs", "image.py"))
+retrieval_config = load_python_file(os.path.join(REPO, "configs", "retrieval.py"))
+text_config = load_python_file(os.path.join(REPO, "configs", "text.py"))
 
 FASHION_MNIST_FILES = [os.path.join(image_data.FASHION_MNIST_DIR, name) for name in (
     "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
@@ -148,7 +152,7 @@ def test_text_bad_inputs(tmp_path):
   with pytest.raises(ValueError, match="max_length"):
     task.load_split(text_config_for(data_dir, max_length=0), "train")
   with pytest.raises(ValueError, match=r"labels\.tsv: example 2 has label 2"):
-    text_data.check_labels(np.array([0, 1, 2]), 2, "labels.tsv")
+    common.check_labels(np.array([0, 1, 2]), 2, "labels.tsv")
 
 
 def test_text_tfds_source_reads_imdb_reviews(tmp_path):
@@ -487,7 +491,7 @@ def test_tiny_presets_load_generated_and_real_data(tmp_path):
   config = text_config.get_config("tiny")
   assert config.data.data_dir == "data/text_tiny"
   config.data.data_dir = str(tmp_path / "text")
-  text_data.write_tiny_aclimdb(config.data.data_dir, num_train=40, num_test=10)
+  text_generator.write_tiny_aclimdb(config.data.data_dir, num_train=40, num_test=10)
   train = registry.get_task("text").load_split(config, "train")
   check_contract("text", config, train)
   assert train["inputs"].shape == (40, config.data.max_length)
@@ -497,7 +501,7 @@ def test_tiny_presets_load_generated_and_real_data(tmp_path):
   config = retrieval_config.get_config("tiny")
   assert config.data.data_dir == "data/retrieval_tiny"
   config.data.data_dir = str(tmp_path / "aan")
-  retrieval_data.write_tiny_aan(config.data.data_dir, num_train=30, num_eval=6, num_test=8)
+  retrieval_generator.write_tiny_aan(config.data.data_dir, num_train=30, num_eval=6, num_test=8)
   sizes = {split: len(registry.get_task("retrieval").load_split(config, split)["targets"])
            for split in registry.SPLITS}
   assert sizes == {"train": 30, "val": 6, "test": 8}

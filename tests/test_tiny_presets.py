@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import gzip
-import importlib
 import json
 import os
 import struct
@@ -11,6 +10,9 @@ import numpy as np
 import pytest
 
 from lra_sparse import train
+from lra_sparse.config import load_config_file
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _write_idx(path: str, array: np.ndarray) -> None:
@@ -41,8 +43,9 @@ def _pathfinder_dir(root, resolution=32) -> str:
   """
   from PIL import Image
   from lra_sparse.data import pathfinder
-  pathfinder.write_dataset(str(root), resolution=resolution, difficulty="easy", num_images=320,
-                           seed=0)
+  from lra_sparse.generators import pathfinder as pathfinder_generator
+  pathfinder_generator.write_dataset(str(root), resolution=resolution, difficulty="easy",
+                                     num_images=320, seed=0)
   paths, labels, _ = pathfinder.read_metadata(os.path.join(str(root), "curv_baseline"))
   for path, label in zip(paths, labels):
     pixels = np.array(Image.open(path))
@@ -56,11 +59,11 @@ def _task_setup(task: str, tmp_path, listops_dir) -> dict:
   if task == "listops":
     return {"data.data_dir": listops_dir, "data.max_length": 128}
   if task == "text":
-    from lra_sparse.data.text import write_tiny_aclimdb
+    from lra_sparse.generators.text import write_tiny_aclimdb
     write_tiny_aclimdb(str(tmp_path / "imdb"), num_train=320, num_test=64)
     return {"data.data_dir": str(tmp_path / "imdb"), "data.max_length": 192}
   if task == "retrieval":
-    from lra_sparse.data.retrieval import write_tiny_aan
+    from lra_sparse.generators.retrieval import write_tiny_aan
     write_tiny_aan(str(tmp_path / "aan"), num_train=320, num_eval=32, num_test=32)
     return {"data.data_dir": str(tmp_path / "aan"), "data.max_length": 192}
   # The 1024-pixel tasks keep one layer: the test is about the pipeline, not capacity.
@@ -101,26 +104,36 @@ def _assert_trains(config, workdir):
 
 @pytest.mark.parametrize("task", ["listops", "text", "retrieval", "image", "pathfinder"])
 def test_tiny_preset_trains(task, tmp_path, listops_dir):
-  config = importlib.import_module(f"configs.{task}").get_config("tiny")
+  config = load_config_file(os.path.join(REPO, "configs", f"{task}.py"), "tiny")
   overrides = _task_setup(task, tmp_path, listops_dir)
   overrides.setdefault("batch_size", 16)
   _assert_trains(_short(config, **overrides), tmp_path / "run")
 
 
 @pytest.mark.parametrize("attention", [
-    {"attention.kind": "dfss", "attention.n": 2, "attention.m": 4},
-    {"attention.kind": "dfss", "attention.n": 1, "attention.m": 2},
-    {"attention.kind": "dsa", "attention.sparsity": 0.9, "attention.sigma": 0.25},
-    {"attention.kind": "dsa", "attention.sparsity": 0.9, "attention.quant_bits": 4,
-     "attention.vector": 4},
-    {"attention.kind": "nystrom", "attention.num_landmarks": 16, "attention.nm": ""},
-    {"attention.kind": "nystrom", "attention.num_landmarks": 16, "attention.nm": "2:4"},
+    {"attention.kind": "dfss", "attention.dfss.nm": "2:4"},
+    {"attention.kind": "dfss", "attention.dfss.nm": "1:2"},
+    {"attention.kind": "dsa", "attention.dsa.sparsity": 0.9, "attention.dsa.sigma": 0.25},
+    {"attention.kind": "dsa", "attention.dsa.sparsity": 0.9, "attention.dsa.quant_bits": 4,
+     "attention.dsa.vector": 4},
+    {"attention.kind": "nystrom", "attention.nystrom.num_landmarks": 16,
+     "attention.nystrom.nm": ""},
+    {"attention.kind": "nystrom", "attention.nystrom.num_landmarks": 16,
+     "attention.nystrom.nm": "2:4"},
 ], ids=lambda a: "-".join(str(v) for v in a.values()))
 def test_attention_kind_trains_on_listops(attention, tmp_path, listops_dir):
-  config = importlib.import_module("configs.listops").get_config("tiny")
+  config = load_config_file(os.path.join(REPO, "configs", "listops.py"), "tiny")
   overrides = {"data.data_dir": listops_dir, "data.max_length": 128, "batch_size": 16,
                "optim.learning_rate": 0.01, **attention}
   result = _assert_trains(_short(config, **overrides), tmp_path / "run")
+  # config.json holds the kind and only that kind's block, with the values set.
+  with open(tmp_path / "run" / "config.json") as f:
+    recorded = json.load(f)["attention"]
+  kind = attention["attention.kind"]
+  assert set(recorded) == {"kind", kind}
+  for key, value in attention.items():
+    if key != "attention.kind":
+      assert recorded[kind][key.rsplit(".", 1)[1]] == value
   if attention["attention.kind"] == "dsa":
     with open(tmp_path / "run" / "metrics.jsonl") as f:
       val = [json.loads(l) for l in f if '"val"' in l][-1]

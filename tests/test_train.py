@@ -70,8 +70,7 @@ def test_resume_after_interruption_matches_uninterrupted_run(tmp_path, tiny_conf
 
 
 _DEVICE_SCRIPT = """
-import json, sys
-sys.path.insert(0, {tests!r})
+import json
 import jax
 from conftest import make_tiny_config
 from lra_sparse import train
@@ -88,8 +87,8 @@ def test_two_cpu_devices_match_one_device(tmp_path, num_devices):
   for count in (1, num_devices):
     workdir = str(tmp_path / f"dev{count}")
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={count}",
-               JAX_PLATFORMS="cpu")
-    script = _DEVICE_SCRIPT.format(tests=os.path.dirname(__file__), workdir=workdir)
+               JAX_PLATFORMS="cpu", PYTHONPATH=os.path.dirname(os.path.abspath(__file__)))
+    script = _DEVICE_SCRIPT.format(workdir=workdir)
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -142,3 +141,44 @@ def test_init_from_copies_shared_params_and_eval_dtype(tmp_path, tiny_config):
   bad.model.qkv_dim = 48
   with pytest.raises(ValueError, match="has shape"):
     train.train_and_evaluate(bad, str(tmp_path / "bad"))
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _main(tmp_path, *overrides, workdir="run"):
+  return subprocess.run(
+      [sys.executable, "-m", "lra_sparse.main", "--config=configs/listops.py:tiny",
+       f"--workdir={tmp_path / workdir}", *overrides],
+      cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.attention.sparsity=0.95",
+     "error: config.attention.sparsity no longer exists: use config.attention.dsa.sparsity"),
+    ("--config.attention.n=1",
+     "error: config.attention.n no longer exists: DFSS's N:M is one string, "
+     "config.attention.dfss.nm (e.g. --config.attention.dfss.nm=2:4)"),
+    ("--config.attention.dsa.sparsity=0.95",
+     "error: config.attention.dsa.sparsity is set, but config.attention.kind='dense': it would "
+     "be ignored (set config.attention.kind='dsa', or drop it)"),
+])
+def test_cli_refuses_old_and_unused_attention_keys_in_one_line(tmp_path, override, message):
+  proc = _main(tmp_path, override)
+  assert proc.returncode != 0
+  assert proc.stderr.strip().splitlines() == [message]
+  assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_cli_sets_a_kind_field_and_records_only_that_kind(tmp_path, listops_dir):
+  proc = _main(tmp_path, "--config.attention.kind=dsa", "--config.attention.dsa.sparsity=0.95",
+               f"--config.data.data_dir={listops_dir}", "--config.data.max_length=128",
+               "--config.num_train_steps=2", "--config.eval_every_steps=2",
+               "--config.checkpoint_every_steps=2", "--config.log_every_steps=1",
+               "--config.num_eval_batches=1", "--config.batch_size=8")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  config = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert config["attention"] == {"kind": "dsa", "dsa": {
+      "sigma": 0.25, "sparsity": 0.95, "quant_bits": 0, "mse_weight": 1.0, "vector": 1,
+      "selection": "topk", "threshold": 0.0, "topk_algorithm": "top_k"}}
+  assert "test accuracy" in proc.stdout

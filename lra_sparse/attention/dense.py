@@ -1,13 +1,28 @@
 """Dense softmax attention: softmax(Q K^T / sqrt(d) + padding) V."""
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import flax.linen as nn
 
-from lra_sparse.attention.registry import AttentionDims, register_attention
+from lra_sparse.attention import common
+from lra_sparse.attention.registry import AttentionDims, KindConfig, register_attention
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "reference")
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseConfig(KindConfig):
+  """``config.attention.dense``."""
+  KIND = "dense"
+  # auto: cuDNN on a GPU for half precision, else XLA | xla | cudnn | reference (explicit
+  # einsum/softmax; also what attention dropout runs through)
+  implementation: str = "auto"
+
+  def __post_init__(self):
+    self.check_choice("implementation", IMPLEMENTATIONS)
 
 
 def _on_gpu() -> bool:
@@ -16,20 +31,9 @@ def _on_gpu() -> bool:
 
 def dense_attention_reference(q, k, v, mask=None, *, dropout_rate=0.0, dropout_rng=None):
   """Explicit formulation (used for attention dropout and as the test reference)."""
-  scale = q.shape[-1] ** -0.5
-  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * scale
-  if mask is not None:
-    scores = jnp.where(mask[:, None, None, :], scores, -jnp.inf)
-  # A row with no real key gets zeros, not NaN.
-  row_max = jnp.max(scores, axis=-1, keepdims=True)
-  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-  unnorm = jnp.exp(scores - row_max)
-  denom = jnp.sum(unnorm, axis=-1, keepdims=True)
-  probs = unnorm / jnp.where(denom > 0, denom, 1.0)
-  if dropout_rate > 0.0 and dropout_rng is not None:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
-    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-  return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+  probs = common.masked_softmax(common.attention_scores(q, k, mask))
+  probs = common.dropout_probabilities(probs, dropout_rate, dropout_rng)
+  return common.attend(probs, v)
 
 
 def dense_attention(q, k, v, mask=None, *, implementation: str = "auto"):
@@ -63,8 +67,9 @@ def dense_attention(q, k, v, mask=None, *, implementation: str = "auto"):
 
 
 class DenseAttention(nn.Module):
+  """Attention core for ``config.attention.kind = "dense"``."""
   dims: AttentionDims
-  implementation: str = "auto"
+  config: DenseConfig = DenseConfig()
 
   @nn.compact
   def __call__(self, q, k, v, *, mask, inputs=None, deterministic=True):
@@ -72,13 +77,9 @@ class DenseAttention(nn.Module):
     if self.dims.dropout_rate > 0.0 and not deterministic:
       return dense_attention_reference(q, k, v, mask, dropout_rate=self.dims.dropout_rate,
                                        dropout_rng=self.make_rng("dropout"))
-    return dense_attention(q, k, v, mask, implementation=self.implementation)
+    return dense_attention(q, k, v, mask, implementation=self.config.implementation)
 
 
-@register_attention("dense")
-def _build_dense(config, dims: AttentionDims) -> nn.Module:
-  implementation = config.get("implementation", "auto")
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"config.attention.implementation={implementation!r}; "
-                     f"choose one of {IMPLEMENTATIONS}")
-  return DenseAttention(dims=dims, implementation=implementation)
+@register_attention("dense", DenseConfig)
+def _build_dense(config: DenseConfig, dims: AttentionDims) -> nn.Module:
+  return DenseAttention(dims=dims, config=config)

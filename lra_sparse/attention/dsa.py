@@ -33,6 +33,7 @@ Choices (the papers leave these open):
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from typing import Optional
@@ -42,14 +43,41 @@ import jax.numpy as jnp
 import numpy as np
 import flax.linen as nn
 
-from lra_sparse.attention.dfss import masked_softmax
-from lra_sparse.attention.registry import (AUX_LOSS, AUX_METRICS, AttentionDims,
+from lra_sparse.attention import common
+from lra_sparse.attention.registry import (AUX_LOSS, AUX_METRICS, AttentionDims, KindConfig,
                                            register_attention)
 
 SELECTIONS = ("topk", "threshold")
 QUANT_BITS = (0, 2, 4, 8)
 VECTORS = (1, 4, 8)
+TOPK_ALGORITHMS = ("radix", "top_k")
 PROJECTION_SEED = 20220601  # fixed: P must be reproducible without being stored
+
+
+@dataclasses.dataclass(frozen=True)
+class DSAConfig(KindConfig):
+  """``config.attention.dsa``."""
+  KIND = "dsa"
+  sigma: float = 0.25              # predictor size k / d, in (0, 1]
+  sparsity: float = 0.9            # share of each row's real keys dropped, in [0, 1)
+  quant_bits: int = 0              # 0 = float predictor; 2 | 4 | 8 = fake-quantised
+  mse_weight: float = 1.0          # weight of MSE(S, S~) in the training loss
+  vector: int = 1                  # column-vector granularity: 1 | 4 | 8
+  selection: str = "topk"          # "topk" | "threshold"
+  threshold: float = 0.0           # selection="threshold": keep S~ >= threshold
+  # "top_k" (lax.top_k) | "radix" (sort-free select); radix was 1.5x slower per train step on
+  # an H100 (experiments/train_step_h100.md)
+  topk_algorithm: str = "top_k"
+
+  def __post_init__(self):
+    self.check_float("sigma", low=0.0, high=1.0, low_open=True)
+    self.check_float("sparsity", low=0.0, high=1.0, high_open=True)
+    self.check_choice("quant_bits", QUANT_BITS)
+    self.check_float("mse_weight", low=0.0)
+    self.check_choice("vector", VECTORS)
+    self.check_choice("selection", SELECTIONS)
+    self.check_float("threshold")
+    self.check_choice("topk_algorithm", TOPK_ALGORITHMS)
 
 
 def predictor_rank(sigma: float, model_dim: int) -> int:
@@ -102,7 +130,6 @@ def static_keep(sparsity: float, length: int) -> int:
   return max(1, min(length, math.ceil((1.0 - sparsity) * length - 1e-6)))
 
 
-TOPK_ALGORITHMS = ("radix", "top_k")
 _RADIX_BITS = 4
 
 
@@ -163,8 +190,7 @@ def _topk_mask_lax(scores, need, max_keep: int):
   return (scores > last) | ((scores == last) & (position <= last_tied_index))
 
 
-# radix was 1.5x slower per train step on an H100 (experiments/train_step_h100.md)
-TOPK_ALGORITHM = "top_k"
+TOPK_ALGORITHM = DSAConfig.topk_algorithm
 
 
 def topk_mask(scores, counts, *, algorithm: Optional[str] = None,
@@ -223,57 +249,46 @@ def attention_under_mask(q, k, v, keep, *, mask=None, dropout_rate: float = 0.0,
                          dropout_rng=None, scores=None):
   """softmax(S restricted to ``keep``) V with the real S = Q K^T / sqrt(d); empty rows -> 0."""
   if scores is None:
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-    scores = scores * jnp.float32(q.shape[-1] ** -0.5)
+    scores = common.attention_scores(q, k)
   if mask is not None:
     keep = keep & mask[:, None, None, :]
-  probs = masked_softmax(jnp.where(keep, scores, -jnp.inf), keep)
-  if dropout_rate > 0.0 and dropout_rng is not None:
-    drop_keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
-    probs = jnp.where(drop_keep, probs / (1.0 - dropout_rate), 0.0)
-  return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v,
-                    preferred_element_type=jnp.float32).astype(q.dtype)
+  probs = common.masked_softmax(jnp.where(keep, scores, -jnp.inf), keep)
+  probs = common.dropout_probabilities(probs, dropout_rate, dropout_rng)
+  return common.attend(probs, v, q.dtype)
 
 
 class DSAAttention(nn.Module):
   """Attention core for ``config.attention.kind = "dsa"``."""
   dims: AttentionDims
-  sigma: float = 0.25
-  sparsity: float = 0.9
-  quant_bits: int = 0
-  mse_weight: float = 1.0
-  vector: int = 1
-  selection: str = "topk"
-  threshold: float = 0.0
-  topk_algorithm: str = TOPK_ALGORITHM
+  config: DSAConfig = DSAConfig()
 
   def projection(self) -> jax.Array:
     """This layer's fixed P [model_dim, k]."""
-    rank = predictor_rank(self.sigma, self.dims.model_dim)
+    rank = predictor_rank(self.config.sigma, self.dims.model_dim)
     return jnp.asarray(random_projection(projection_seed(self.scope.path), self.dims.model_dim,
                                          rank))
 
   @nn.compact
   def __call__(self, q, k, v, *, mask, inputs=None, deterministic=True):
-    dims = self.dims
+    dims, config = self.dims, self.config
     if inputs is None or inputs.shape != q.shape[:2] + (dims.model_dim,):
       raise ValueError(f"DSA needs the block input [batch, length, {dims.model_dim}] as "
                        f"inputs=, got {None if inputs is None else inputs.shape}")
-    rank = predictor_rank(self.sigma, dims.model_dim)
+    rank = predictor_rank(config.sigma, dims.model_dim)
     init = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
     w_query = self.param("predictor_query", init, (dims.num_heads, rank, rank), jnp.float32)
     w_key = self.param("predictor_key", init, (dims.num_heads, rank, rank), jnp.float32)
 
     real_tokens = None if mask is None else mask[..., None]
-    x = fake_quantize(inputs.astype(jnp.float32), self.quant_bits, real_tokens)
+    x = fake_quantize(inputs.astype(jnp.float32), config.quant_bits, real_tokens)
     xp = jnp.einsum("bld,dk->blk", x, self.projection())
     compute = q.dtype
-    q_pred = jnp.einsum("blk,hkj->blhj", xp, fake_quantize(w_query, self.quant_bits))
-    k_pred = jnp.einsum("blk,hkj->blhj", xp, fake_quantize(w_key, self.quant_bits))
+    q_pred = jnp.einsum("blk,hkj->blhj", xp, fake_quantize(w_query, config.quant_bits))
+    k_pred = jnp.einsum("blk,hkj->blhj", xp, fake_quantize(w_key, config.quant_bits))
     scale = jnp.float32(q.shape[-1] ** -0.5)
     predicted = jnp.einsum("bqhj,bkhj->bhqk", q_pred.astype(compute), k_pred.astype(compute),
                            preferred_element_type=jnp.float32) * scale
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+    scores = common.attention_scores(q, k)
 
     # MSE(S, S~) over real (query, key) pairs; gradients reach both paths.
     if mask is None:
@@ -282,17 +297,17 @@ class DSAAttention(nn.Module):
       pairs = (mask[:, None, :, None] & mask[:, None, None, :]).astype(jnp.float32)
       total = jnp.sum(jnp.square(scores - predicted) * pairs)
       mse = total / jnp.maximum(jnp.sum(pairs) * dims.num_heads, 1.0)
-    self.sow(AUX_LOSS, "dsa_mse", self.mse_weight * mse)
+    self.sow(AUX_LOSS, "dsa_mse", config.mse_weight * mse)
     self.sow(AUX_METRICS, "dsa_mse", mse)
 
     # Stored only when a caller asks for "intermediates" (lra_sparse.analysis does).
     self.sow("intermediates", "predicted_scores", predicted)
-    keep = predicted_mask(predicted, mask=mask, sparsity=self.sparsity, vector=self.vector,
-                          selection=self.selection, threshold=self.threshold,
-                          topk_algorithm=self.topk_algorithm)
+    keep = predicted_mask(predicted, mask=mask, sparsity=config.sparsity, vector=config.vector,
+                          selection=config.selection, threshold=config.threshold,
+                          topk_algorithm=config.topk_algorithm)
     if deterministic:
       self.sow(AUX_METRICS, "dsa_hit_rate", hit_rate(keep, scores, mask=mask,
-                                                     sparsity=self.sparsity))
+                                                     sparsity=config.sparsity))
     use_dropout = dims.dropout_rate > 0.0 and not deterministic
     return attention_under_mask(
         q, k, v, keep, mask=mask, scores=scores,
@@ -321,45 +336,13 @@ def hit_rate(keep, scores, *, mask=None, sparsity: float):
   return hits / jnp.maximum(jnp.sum(predicted, dtype=jnp.float32), 1.0)
 
 
-@register_attention("dsa")
-def _build_dsa(config, dims: AttentionDims) -> nn.Module:
-  """Validates config.attention.{sigma, sparsity, quant_bits, mse_weight, vector, selection,
-  threshold, topk_algorithm} against ``dims``."""
-  sigma = config.get("sigma", 0.25)
-  sparsity = config.get("sparsity", 0.9)
-  quant_bits = config.get("quant_bits", 0)
-  mse_weight = config.get("mse_weight", 1.0)
-  vector = config.get("vector", 1)
-  selection = config.get("selection", "topk")
-  threshold = config.get("threshold", 0.0)
-  topk_algorithm = config.get("topk_algorithm", TOPK_ALGORITHM)
-  if not isinstance(sigma, (int, float)) or not 0.0 < sigma <= 1.0:
-    raise ValueError(f"config.attention.sigma={sigma!r} must be in (0, 1] (sigma = k / d)")
-  rank = predictor_rank(sigma, dims.model_dim)
-  if rank < 1:
-    raise ValueError(f"config.attention.sigma={sigma} gives a predictor rank "
-                     f"round(sigma * {dims.model_dim}) = 0; use sigma >= "
-                     f"{0.5 / dims.model_dim:.3g}")
-  if not isinstance(sparsity, (int, float)) or not 0.0 <= sparsity < 1.0:
-    raise ValueError(f"config.attention.sparsity={sparsity!r} must be in [0, 1)")
-  if isinstance(quant_bits, bool) or quant_bits not in QUANT_BITS:
-    raise ValueError(f"config.attention.quant_bits={quant_bits!r}; choose one of {QUANT_BITS} "
-                     f"(0 = float predictor)")
-  if not isinstance(mse_weight, (int, float)) or mse_weight < 0:
-    raise ValueError(f"config.attention.mse_weight={mse_weight!r} must be >= 0")
-  if isinstance(vector, bool) or vector not in VECTORS:
-    raise ValueError(f"config.attention.vector={vector!r}; choose one of {VECTORS}")
-  if dims.length % vector:
+@register_attention("dsa", DSAConfig)
+def _build_dsa(config: DSAConfig, dims: AttentionDims) -> nn.Module:
+  """Checks config.attention.dsa against the model's sizes."""
+  if predictor_rank(config.sigma, dims.model_dim) < 1:
+    raise config.error("sigma", f"gives a predictor rank round(sigma * {dims.model_dim}) = 0; "
+                                f"use sigma >= {0.5 / dims.model_dim:.3g}")
+  if dims.length % config.vector:
     raise ValueError(f"sequence length {dims.length} is not a multiple of "
-                     f"config.attention.vector={vector}")
-  if selection not in SELECTIONS:
-    raise ValueError(f"config.attention.selection={selection!r}; choose one of {SELECTIONS}")
-  if not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
-    raise ValueError(f"config.attention.threshold={threshold!r} must be a finite number")
-  if topk_algorithm not in TOPK_ALGORITHMS:
-    raise ValueError(f"config.attention.topk_algorithm={topk_algorithm!r}; choose one of "
-                     f"{TOPK_ALGORITHMS}")
-  return DSAAttention(dims=dims, sigma=float(sigma), sparsity=float(sparsity),
-                      quant_bits=int(quant_bits), mse_weight=float(mse_weight),
-                      vector=int(vector), selection=selection, threshold=float(threshold),
-                      topk_algorithm=topk_algorithm)
+                     f"config.attention.dsa.vector={config.vector}")
+  return DSAAttention(dims=dims, config=config)

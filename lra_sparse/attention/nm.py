@@ -1,5 +1,8 @@
 """Dynamic N:M selection: keep the n largest of every m consecutive entries.
 
+One spelling and one rule for N:M everywhere (configs, functions, kernels): the string
+``"n:m"`` (or an ``(n, m)`` pair) with integers ``0 < n <= m``; ``n == m`` keeps every entry.
+
 The rank of an entry inside its group is the number of group members that beat it (greater,
 or equal with a lower index), computed by m broadcast comparisons. No sort or argsort: XLA
 fuses the comparisons into whatever elementwise pass reads the scores (an argsort version
@@ -7,8 +10,12 @@ measured 36-50x slower than dense attention on an H100).
 """
 from __future__ import annotations
 
+from typing import Union
+
 import jax
 import jax.numpy as jnp
+
+NMSpec = Union[str, tuple[int, int]]
 
 
 def check_nm(n: int, m: int, *, what: str = "n:m") -> None:
@@ -19,13 +26,33 @@ def check_nm(n: int, m: int, *, what: str = "n:m") -> None:
     raise ValueError(f"{what}: need 0 < n <= m, got n={n}, m={m}")
 
 
+def parse_nm(spec: NMSpec, *, what: str = "nm") -> tuple[int, int]:
+  """``"2:4"`` or ``(2, 4)`` -> ``(2, 4)``, checked by ``check_nm``; anything else -> one
+  ValueError naming ``what``."""
+  if isinstance(spec, str):
+    parts = spec.split(":")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+      raise ValueError(f"{what}={spec!r} must be 'n:m' with integers 0 < n <= m, e.g. '2:4'")
+    n, m = int(parts[0]), int(parts[1])
+  elif isinstance(spec, (tuple, list)) and len(spec) == 2:
+    n, m = spec
+  else:
+    raise ValueError(f"{what}={spec!r} must be 'n:m' (a string) or an (n, m) pair")
+  check_nm(n, m, what=f"{what}={spec!r}")
+  return n, m
+
+
+def format_nm(n: int, m: int) -> str:
+  return f"{n}:{m}"
+
+
 def nm_mask(scores: jax.Array, n: int, m: int) -> jax.Array:
   """bool, same shape as ``scores``: True for the n largest of every m consecutive entries.
 
   Groups run along the LAST axis, whose size must be a multiple of m. Ties go to the lower
   index; -inf entries (padded keys) lose to every finite one. n == m keeps everything.
   """
-  check_nm(n, m)
+  check_nm(n, m, what="nm_mask")
   length = scores.shape[-1]
   if length % m:
     raise ValueError(f"nm_mask: last dimension {length} is not a multiple of m={m}")

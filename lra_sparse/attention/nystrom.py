@@ -24,28 +24,42 @@ their last axis (landmarks for F, keys for B) before their softmax, as DFSS stor
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import dataclasses
+from typing import Optional, Union
 
 import jax
 import jax.numpy as jnp
 import flax.linen as nn
 
-from lra_sparse.attention.dfss import masked_softmax
-from lra_sparse.attention.nm import check_nm, nm_mask
-from lra_sparse.attention.registry import AttentionDims, register_attention
+from lra_sparse.attention import common
+from lra_sparse.attention.nm import nm_mask, parse_nm
+from lra_sparse.attention.registry import AttentionDims, KindConfig, register_attention
 
 
-def parse_nm(nm: Optional[str]) -> Optional[Tuple[int, int]]:
-  """"" / None -> None; "n:m" -> (n, m) with 0 < n < m; anything else -> ValueError."""
-  if nm is None or nm == "":
-    return None
-  parts = str(nm).split(":")
-  if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-    raise ValueError(f"nm={nm!r} must be '' or 'n:m' with integers, e.g. '2:4'")
-  n, m = int(parts[0]), int(parts[1])
-  if not 0 < n < m:
-    raise ValueError(f"nm={nm!r} needs 0 < n < m")
-  return n, m
+@dataclasses.dataclass(frozen=True)
+class NystromConfig(KindConfig):
+  """``config.attention.nystrom``."""
+  KIND = "nystrom"
+  num_landmarks: int = 64
+  pinv_iters: int = 6              # iterations of the Moore-Penrose pseudo-inverse
+  conv_kernel: int = 35            # depthwise conv skip on V over the length axis; 0 = none
+  nm: str = ""                     # "" (plain Nystromformer) or "n:m": DFSS on F and B
+
+  def __post_init__(self):
+    self.check_int("num_landmarks", 1)
+    self.check_int("pinv_iters", 1)
+    self.check_int("conv_kernel", 0)
+    if self.conv_kernel and self.conv_kernel % 2 == 0:
+      raise self.error("conv_kernel", "must be 0 (no conv skip) or odd")
+    if self.nm:
+      _, m = parse_nm(self.nm, what="config.attention.nystrom.nm")
+      if self.num_landmarks % m:
+        raise self.error("num_landmarks", f"must be a multiple of m={m} from "
+                                          f"config.attention.nystrom.nm={self.nm!r}")
+
+  @property
+  def n_m(self) -> Optional[tuple[int, int]]:
+    return parse_nm(self.nm) if self.nm else None
 
 
 def iterative_pinv(matrix, iters: int = 6):
@@ -63,26 +77,19 @@ def iterative_pinv(matrix, iters: int = 6):
 
 def _softmax(logits, nm):
   """Softmax over the last axis, optionally over the N:M-kept entries only (-inf = excluded)."""
-  if nm is not None:
-    keep = nm_mask(logits, *nm)
-  else:
-    keep = jnp.isfinite(logits)
-  return masked_softmax(jnp.where(keep, logits, -jnp.inf), keep)
+  if nm is None:
+    return common.masked_softmax(logits)
+  keep = nm_mask(logits, *nm)
+  return common.masked_softmax(jnp.where(keep, logits, -jnp.inf), keep)
 
 
-def _dropout(probs, rate, rng):
-  if rate <= 0.0 or rng is None:
-    return probs
-  keep = jax.random.bernoulli(rng, 1.0 - rate, probs.shape)
-  return jnp.where(keep, probs / (1.0 - rate), 0.0)
-
-
-def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6, nm=None, mask=None,
+def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
+                      nm: Union[None, str, tuple[int, int]] = None, mask=None,
                       dropout_rate: float = 0.0, dropout_rng=None):
   """Nystrom attention WITHOUT the conv skip (the core adds it). q, k, v: [batch, length,
-  heads, head_dim]; mask: bool [batch, length] (True = real). ``nm``: None / "" or "n:m" (or an
-  (n, m) tuple) for Nystrom+DFSS; num_landmarks must then be a multiple of m. Dropout, when
-  given, applies to the probability matrices F and B.
+  heads, head_dim]; mask: bool [batch, length] (True = real). ``nm``: None / "" (plain) or
+  "n:m" / an (n, m) pair for Nystrom+DFSS; num_landmarks must then be a multiple of m.
+  Dropout, when given, applies to the probability matrices F and B.
   """
   if q.ndim != 4 or k.shape != q.shape or v.shape[:-1] != k.shape[:-1]:
     raise ValueError(f"nystrom_attention: q, k, v must be [batch, length, heads, head_dim] "
@@ -94,12 +101,7 @@ def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6, nm=No
                      f"in [1, length={length}]")
   if isinstance(pinv_iters, bool) or not isinstance(pinv_iters, int) or pinv_iters < 1:
     raise ValueError(f"nystrom_attention: pinv_iters={pinv_iters!r} must be an integer >= 1")
-  if isinstance(nm, tuple):
-    check_nm(*nm, what="nystrom_attention nm")
-    if nm[0] >= nm[1]:
-      raise ValueError(f"nystrom_attention: nm={nm} needs n < m")
-  else:
-    nm = parse_nm(nm)
+  nm = parse_nm(nm, what="nystrom_attention: nm") if nm not in (None, "") else None
   if nm is not None and num_landmarks % nm[1]:
     raise ValueError(f"nystrom_attention: num_landmarks={num_landmarks} must be a multiple of "
                      f"m={nm[1]} for N:M pruning along the landmark axis")
@@ -132,8 +134,8 @@ def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6, nm=No
   kernel_b = _softmax(logits_b, nm)                                             # [m x L]
   if dropout_rate > 0.0 and dropout_rng is not None:
     rng_f, rng_b = jax.random.split(dropout_rng)
-    kernel_f = _dropout(kernel_f, dropout_rate, rng_f)
-    kernel_b = _dropout(kernel_b, dropout_rate, rng_b)
+    kernel_f = common.dropout_probabilities(kernel_f, dropout_rate, rng_f)
+    kernel_b = common.dropout_probabilities(kernel_b, dropout_rate, rng_b)
   out = kernel_f @ (iterative_pinv(kernel_a, pinv_iters) @ (kernel_b @ vh))
   return jnp.swapaxes(out[:, :, :length], 1, 2).astype(q.dtype)
 
@@ -154,24 +156,22 @@ def depthwise_length_conv(values, kernel):
 class NystromAttention(nn.Module):
   """Attention core for ``config.attention.kind = "nystrom"`` (+ DFSS with ``nm``)."""
   dims: AttentionDims
-  num_landmarks: int = 64
-  pinv_iters: int = 6
-  conv_kernel: int = 35
-  nm: str = ""
+  config: NystromConfig = NystromConfig()
 
   @nn.compact
   def __call__(self, q, k, v, *, mask, inputs=None, deterministic=True):
     del inputs
+    config = self.config
     use_dropout = self.dims.dropout_rate > 0.0 and not deterministic
-    out = nystrom_attention(q, k, v, num_landmarks=self.num_landmarks,
-                            pinv_iters=self.pinv_iters, nm=self.nm, mask=mask,
+    out = nystrom_attention(q, k, v, num_landmarks=config.num_landmarks,
+                            pinv_iters=config.pinv_iters, nm=config.n_m, mask=mask,
                             dropout_rate=self.dims.dropout_rate if use_dropout else 0.0,
                             dropout_rng=self.make_rng("dropout") if use_dropout else None)
-    if self.conv_kernel:
+    if config.conv_kernel:
       # PyTorch's default Conv2d init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = K.
-      bound = self.conv_kernel ** -0.5
+      bound = config.conv_kernel ** -0.5
       init = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound)
-      kernel = self.param("conv_kernel", init, (self.conv_kernel, self.dims.num_heads),
+      kernel = self.param("conv_kernel", init, (config.conv_kernel, self.dims.num_heads),
                           jnp.float32)
       real = (jnp.ones(v.shape[:2], bool) if mask is None else mask)[:, :, None, None]
       skip = depthwise_length_conv(jnp.where(real, v, 0).astype(jnp.float32), kernel)
@@ -179,29 +179,9 @@ class NystromAttention(nn.Module):
     return out
 
 
-@register_attention("nystrom")
-def _build_nystrom(config, dims: AttentionDims) -> nn.Module:
-  """Validates config.attention.{num_landmarks, pinv_iters, conv_kernel, nm} against dims."""
-  num_landmarks = config.get("num_landmarks", 64)
-  pinv_iters = config.get("pinv_iters", 6)
-  conv_kernel = config.get("conv_kernel", 35)
-  nm = config.get("nm", "")
-  if isinstance(num_landmarks, bool) or not isinstance(num_landmarks, int) or not (
-      0 < num_landmarks <= dims.length):
-    raise ValueError(f"config.attention.num_landmarks={num_landmarks!r} must be an integer in "
-                     f"[1, sequence length {dims.length}]")
-  if isinstance(pinv_iters, bool) or not isinstance(pinv_iters, int) or pinv_iters < 1:
-    raise ValueError(f"config.attention.pinv_iters={pinv_iters!r} must be an integer >= 1")
-  if (isinstance(conv_kernel, bool) or not isinstance(conv_kernel, int) or conv_kernel < 0
-      or (conv_kernel and conv_kernel % 2 == 0)):
-    raise ValueError(f"config.attention.conv_kernel={conv_kernel!r} must be 0 (no conv skip) "
-                     f"or an odd positive integer")
-  try:
-    parsed = parse_nm(nm)
-  except ValueError as error:
-    raise ValueError(f"config.attention.{error}") from None
-  if parsed is not None and num_landmarks % parsed[1]:
-    raise ValueError(f"config.attention.num_landmarks={num_landmarks} must be a multiple of "
-                     f"m={parsed[1]} from config.attention.nm={nm!r}")
-  return NystromAttention(dims=dims, num_landmarks=num_landmarks, pinv_iters=pinv_iters,
-                          conv_kernel=conv_kernel, nm=nm or "")
+@register_attention("nystrom", NystromConfig)
+def _build_nystrom(config: NystromConfig, dims: AttentionDims) -> nn.Module:
+  """Checks config.attention.nystrom against the model's sizes."""
+  if config.num_landmarks > dims.length:
+    raise config.error("num_landmarks", f"must be <= the sequence length {dims.length}")
+  return NystromAttention(dims=dims, config=config)

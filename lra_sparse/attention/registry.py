@@ -1,11 +1,18 @@
-"""Registry of attention kinds.
+"""Registry of attention kinds and their configs.
 
-An attention *kind* is a factory ``(attention_config, dims) -> flax.linen.Module`` registered
-under a name. The returned module is the attention *core*: it receives the already projected
-``q, k, v`` of shape ``[batch, length, heads, head_dim]`` and returns the attended values of the
-same shape. The surrounding ``MultiHeadAttention`` block owns the q/k/v/output projections.
+An attention *kind* registers three things under its name, all in its own file:
 
-Core call signature::
+- a config class: a frozen dataclass (subclass of ``KindConfig``) whose fields are the kind's
+  settings with their defaults, and whose ``__post_init__`` checks them. It is the one
+  declaration of the kind's config: the base config's ``config.attention.<kind>`` block is
+  built from it, a run's ``config.json`` holds the block of the kind it uses, and
+  ``--config.attention.<kind>.<field>=...`` sets a field from the command line.
+- a builder ``(kind_config, dims) -> flax.linen.Module`` that checks the config against the
+  model's sizes (``dims``) and returns the attention *core*.
+
+The core receives the already projected ``q, k, v`` of shape ``[batch, length, heads,
+head_dim]`` and returns the attended values of the same shape. The surrounding
+``MultiHeadAttention`` block owns the q/k/v/output projections. Core call signature::
 
     core(q, k, v, *, mask, inputs, deterministic) -> [batch, length, heads, head_dim]
 
@@ -22,12 +29,15 @@ Cores report extra training terms through Flax ``sow``:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+import math
+from typing import Any, Callable, ClassVar, Mapping
 
 import flax.linen as nn
+import ml_collections
 
 AUX_LOSS = "aux_loss"
 AUX_METRICS = "aux_metrics"
+DEFAULT_KIND = "dense"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,17 +51,71 @@ class AttentionDims:
   dtype: Any = None    # compute dtype (jnp.float32 / jnp.bfloat16)
 
 
-AttentionFactory = Callable[[Any, AttentionDims], nn.Module]
-_REGISTRY: dict[str, AttentionFactory] = {}
+@dataclasses.dataclass(frozen=True)
+class KindConfig:
+  """Base of every kind's config dataclass: field checks with messages that name the field as
+  the user writes it (``config.attention.<kind>.<field>``)."""
+  KIND: ClassVar[str] = ""
+
+  def error(self, field: str, requirement: str) -> ValueError:
+    return ValueError(f"config.attention.{self.KIND}.{field}={getattr(self, field)!r} "
+                      f"{requirement}")
+
+  def check_choice(self, field: str, choices) -> None:
+    value = getattr(self, field)
+    if isinstance(value, bool) or value not in choices:
+      raise self.error(field, f"is not one of {tuple(choices)}")
+
+  def check_bool(self, field: str) -> None:
+    if not isinstance(getattr(self, field), bool):
+      raise self.error(field, "must be True or False")
+
+  def check_int(self, field: str, low: int, high: float = math.inf) -> None:
+    value = getattr(self, field)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+      bound = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
+      raise self.error(field, f"must be an integer {bound}")
+
+  def check_float(self, field: str, *, low: float = -math.inf, high: float = math.inf,
+                  low_open: bool = False, high_open: bool = False) -> None:
+    """A finite number in the interval; ints are accepted (and stored as float)."""
+    value = getattr(self, field)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+      raise self.error(field, "must be a finite number")
+    if value < low or value > high or (low_open and value == low) or (
+        high_open and value == high):
+      interval = (("(" if low_open else "[") + f"{low:g}, {high:g}" + (")" if high_open else "]"))
+      raise self.error(field, f"must be in {interval}")
+    object.__setattr__(self, field, float(value))
 
 
-def register_attention(kind: str) -> Callable[[AttentionFactory], AttentionFactory]:
-  """Decorator: registers ``factory(attention_config, dims) -> core module`` under ``kind``."""
-  def decorate(factory: AttentionFactory) -> AttentionFactory:
+KindBuilder = Callable[[Any, AttentionDims], nn.Module]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kind:
+  config_class: type
+  build: KindBuilder
+
+
+_REGISTRY: dict[str, _Kind] = {}
+
+
+def register_attention(kind: str, config_class: type) -> Callable[[KindBuilder], KindBuilder]:
+  """Decorator on ``build(kind_config, dims) -> core``: registers ``kind`` with its config
+  class (a frozen ``KindConfig`` dataclass with a default for every field)."""
+  if not (isinstance(config_class, type) and issubclass(config_class, KindConfig)
+          and dataclasses.is_dataclass(config_class)):
+    raise TypeError(f"attention kind {kind!r}: config_class must be a KindConfig dataclass")
+  if config_class.KIND != kind:
+    raise ValueError(f"attention kind {kind!r}: {config_class.__name__}.KIND is "
+                     f"{config_class.KIND!r}")
+
+  def decorate(build: KindBuilder) -> KindBuilder:
     if kind in _REGISTRY:
       raise ValueError(f"attention kind {kind!r} is registered twice")
-    _REGISTRY[kind] = factory
-    return factory
+    _REGISTRY[kind] = _Kind(config_class, build)
+    return build
   return decorate
 
 
@@ -59,11 +123,53 @@ def attention_kinds() -> list[str]:
   return sorted(_REGISTRY)
 
 
-def build_attention(attention_config: Any, dims: AttentionDims) -> nn.Module:
-  """Builds the core named by ``attention_config.kind``; unknown kinds get one clear error."""
-  kind = attention_config.get("kind") if hasattr(attention_config, "get") else None
+def _check_kind(kind: Any) -> str:
   if kind not in _REGISTRY:
-    raise ValueError(
-        f"unknown attention kind {kind!r} (config.attention.kind); known kinds: "
-        f"{', '.join(attention_kinds())}")
-  return _REGISTRY[kind](attention_config, dims)
+    raise ValueError(f"unknown attention kind {kind!r} (config.attention.kind); known kinds: "
+                     f"{', '.join(attention_kinds())}")
+  return kind
+
+
+def config_class(kind: str) -> type:
+  return _REGISTRY[_check_kind(kind)].config_class
+
+
+def kind_fields(kind: str) -> dict[str, Any]:
+  """The default value of every field of ``kind``'s config."""
+  return dataclasses.asdict(config_class(kind)())
+
+
+def default_attention_config(kind: str = DEFAULT_KIND) -> ml_collections.ConfigDict:
+  """``config.attention`` of the base config: ``kind`` and one block of defaults per kind."""
+  config = ml_collections.ConfigDict()
+  config.kind = _check_kind(kind)
+  for name in attention_kinds():
+    config[name] = ml_collections.ConfigDict(kind_fields(name))
+  return config
+
+
+def parse_attention_config(attention: Any) -> KindConfig:
+  """The checked config object of the selected kind, from ``config.attention`` (a mapping with
+  ``kind`` and a ``<kind>`` block; the other kinds' blocks are ignored) or a ``KindConfig``."""
+  if isinstance(attention, KindConfig):
+    return attention
+  if not isinstance(attention, (Mapping, ml_collections.ConfigDict)):
+    raise ValueError(f"config.attention must be a ConfigDict, got {type(attention).__name__}")
+  kind = _check_kind(attention.get("kind"))
+  block = attention.get(kind)
+  if block is None:
+    block = {}
+  block = block.to_dict() if hasattr(block, "to_dict") else dict(block)
+  cls = _REGISTRY[kind].config_class
+  known = {field.name for field in dataclasses.fields(cls)}
+  unknown = sorted(set(block) - known)
+  if unknown:
+    raise ValueError(f"config.attention.{kind} has no field(s) {unknown}; its fields: "
+                     f"{sorted(known)}")
+  return cls(**block)
+
+
+def build_attention(attention: Any, dims: AttentionDims) -> nn.Module:
+  """The core of the selected kind (``config.attention`` or a kind's config object)."""
+  kind_config = parse_attention_config(attention)
+  return _REGISTRY[kind_config.KIND].build(kind_config, dims)

@@ -32,13 +32,13 @@ from typing import Any
 
 import numpy as np
 
+from lra_sparse.data.common import (PIXEL_OFFSET, PIXEL_VOCAB_SIZE, check_labels,
+                                    check_split_name, load_tfds_source, take_first)
 from lra_sparse.data.registry import TaskSpec, register_task
-from lra_sparse.data.text import check_labels, check_split_name, load_tfds_source, take_first
 
 NUM_CLASSES = 10
 IMAGE_SIZE = 32
 SEQUENCE_LENGTH = IMAGE_SIZE * IMAGE_SIZE
-PIXEL_VOCAB_SIZE = 257                # 256 pixel values shifted by one + PAD_ID
 SOURCES = ("fashion_mnist", "tfds")
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 TRAIN_FRACTION_NUMERATOR = 9          # LRA: train[:90%] / train[90%:]
@@ -111,7 +111,7 @@ def read_fashion_mnist(data_dir: str, prefix: str) -> tuple[np.ndarray, np.ndarr
 
 
 def pad_to_square(images: np.ndarray, size: int = IMAGE_SIZE) -> np.ndarray:
-  """Zero-pads ``[N, H, W]`` images evenly on all sides to ``[N, size, size]`` (28 -> 2 + 28 + 2)."""
+  """Zero-pads ``[N, H, W]`` images evenly on all sides to ``[N, size, size]`` (28 -> 2+28+2)."""
   height, width = images.shape[1:]
   if height > size or width > size:
     raise ValueError(f"images of {height}x{width} do not fit in {size}x{size}")
@@ -192,5 +192,5 @@ class ImageTask:
     # Subset before padding and widening to int32: tiny presets keep a few hundred images.
     kept = take_first({"images": images, "labels": labels}, config.data.get("max_examples", 0))
     images, labels = pad_to_square(kept["images"]), kept["labels"]
-    return {"inputs": images.reshape(len(images), SEQUENCE_LENGTH).astype(np.int32) + 1,
-            "targets": labels}
+    inputs = images.reshape(len(images), SEQUENCE_LENGTH).astype(np.int32) + PIXEL_OFFSET
+    return {"inputs": inputs, "targets": labels}

@@ -35,8 +35,8 @@ class Task(Protocol):
 
 
 _TASKS: dict[str, Callable[[], Task]] = {}
-# Built-in tasks register themselves when their module is imported; importing lazily keeps
-# `python -m lra_sparse.data.<task>` (the generators' CLIs) free of double imports.
+# Built-in tasks register themselves (``@register_task``) when their loader module is imported;
+# get_task imports only the module of the task asked for, so a run imports only its own loader.
 _BUILTIN_TASK_MODULES = {
     "listops": "lra_sparse.data.listops",
     "text": "lra_sparse.data.text",

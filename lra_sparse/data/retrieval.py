@@ -1,4 +1,4 @@
-"""LRA Retrieval: AAN citation matching with a dual encoder (google-research/long-range-arena, matching).
+"""LRA Retrieval: AAN citation matching with a dual encoder (long-range-arena, matching).
 
 Files: ``{config.data.data_dir}/new_aan_pairs.{train,eval,test}.tsv`` from ``lra_release/tsv_data``.
 Each line has five tab-separated fields and no header: ``label, id1, id2, text1, text2``. As in
@@ -11,21 +11,22 @@ Each document is byte-tokenized like LRA's ``tokenizer="char"`` (``ByteTextEncod
 + 1 (0 is padding), vocabulary 257, truncated to ``config.data.max_length`` (4000 in LRA) per
 document. Arrays: ``inputs1``, ``inputs2`` int32 ``[N, max_length]``, ``targets`` int32 ``[N]``.
 A document with an empty text field becomes an all-padding row (LRA's reader accepts it too).
+
+Small learnable files in this format for the tiny preset (not real AAN text):
+``python -m lra_sparse.generators.retrieval --output_dir=data/retrieval_tiny``.
 """
 from __future__ import annotations
 
 import math
 import os
 import time
-from typing import Any, Sequence
+from typing import Any
 
-from absl import app
-from absl import flags
 from absl import logging
 import numpy as np
 
+from lra_sparse.data.common import BYTE_VOCAB_SIZE, check_split_name, fill_byte_tokens, take_first
 from lra_sparse.data.registry import TaskSpec, register_task
-from lra_sparse.data.text import BYTE_VOCAB_SIZE, check_split_name, take_first
 
 FILE_PREFIX = "new_aan_pairs"
 NUM_COLUMNS = 5                        # label, id1, id2, text1, text2
@@ -46,12 +47,6 @@ def _parse_label(field: bytes, where: str) -> int:
     raise ValueError(f"{where}: label {field.decode('utf-8', 'replace')!r} is outside the "
                      f"classes 0..{NUM_CLASSES - 1}")
   return int(value)
-
-
-def _fill_tokens(row: np.ndarray, text: bytes) -> None:
-  data = np.frombuffer(text[:len(row)], dtype=np.uint8)
-  row[:len(data)] = data
-  row[:len(data)] += 1
 
 
 def read_aan_tsv(path: str, max_length: int) -> dict[str, np.ndarray]:
@@ -81,14 +76,15 @@ def read_aan_tsv(path: str, max_length: int) -> dict[str, np.ndarray]:
         raise ValueError(f"{where}: expected {NUM_COLUMNS} tab-separated columns "
                          f"(label, id1, id2, text1, text2), got {len(fields)}")
       targets[count] = _parse_label(fields[0], where)
-      _fill_tokens(inputs1[count], fields[3])
-      _fill_tokens(inputs2[count], fields[4])
+      fill_byte_tokens(inputs1[count], fields[3])
+      fill_byte_tokens(inputs2[count], fields[4])
       count += 1
   if count == 0:
     raise ValueError(f"AAN file {path} holds no examples")
   return {"inputs1": inputs1[:count], "inputs2": inputs2[:count], "targets": targets[:count]}
 
 
+@register_task("retrieval")
 class RetrievalTask:
   """Pairs of AAN papers as byte sequences; label 1 if one cites the other."""
 
@@ -117,65 +113,3 @@ class RetrievalTask:
                  time.perf_counter() - start, num_full, 2 * len(arrays["targets"]),
                  config.data.max_length)
     return arrays
-
-
-# `python -m lra_sparse.data.retrieval` runs this file a second time as __main__ after the
-# package import registered the library copy: register once (as lra_sparse/data/listops.py does).
-if __name__ != "__main__":
-  register_task("retrieval")(RetrievalTask)
-
-
-def write_tiny_aan(data_dir: str, *, num_train: int = 4000, num_eval: int = 500,
-                   num_test: int = 500, seed: int = 0) -> None:
-  """Writes small learnable AAN-format files for the "tiny" preset (not real AAN text).
-
-  Each document draws words from one of a few topic vocabularies; a pair is labelled 1 when both
-  documents share a topic, so a tiny dual encoder can learn it from bytes.
-  """
-  rng = np.random.default_rng(seed)
-  topics = [["graph", "node", "edge", "path", "tree"], ["parse", "syntax", "grammar", "verb"],
-            ["speech", "audio", "phone", "acoustic"], ["translate", "bilingual", "align", "corpus"]]
-  common = ["we", "the", "a", "model", "method", "results", "of", "in", "paper", "show"]
-  os.makedirs(data_dir, exist_ok=True)
-
-  def document(topic: int) -> str:
-    # Under ~200 bytes: the tiny preset's 256 tokens per document never cut a topic word.
-    words = list(rng.choice(common, size=int(rng.integers(10, 25))))
-    for _ in range(int(rng.integers(3, 7))):
-      words.insert(int(rng.integers(0, len(words) + 1)), str(rng.choice(topics[topic])))
-    return " ".join(words)
-
-  for name, count in (("train", num_train), ("eval", num_eval), ("test", num_test)):
-    with open(os.path.join(data_dir, f"{FILE_PREFIX}.{name}.tsv"), "w", encoding="utf-8") as f:
-      for index in range(count):
-        label = index % 2
-        topic1 = int(rng.integers(len(topics)))
-        topic2 = topic1 if label else (topic1 + int(rng.integers(1, len(topics)))) % len(topics)
-        f.write(f"{float(label)}\t{name}-{index}a\t{name}-{index}b\t"
-                f"{document(topic1)}\t{document(topic2)}\n")
-
-
-# ---------------------------------------------------------------------------------------------
-# CLI: python -m lra_sparse.data.retrieval --output_dir=data/retrieval_tiny
-
-def _define_flags() -> None:
-  flags.DEFINE_string("output_dir", None, "Directory for the AAN-format demo set.")
-  flags.DEFINE_integer("num_train", 4000, "Number of training pairs.")
-  flags.DEFINE_integer("num_eval", 500, "Number of validation pairs.")
-  flags.DEFINE_integer("num_test", 500, "Number of test pairs.")
-  flags.DEFINE_integer("seed", 0, "Seed of the numpy Generator.")
-  flags.mark_flag_as_required("output_dir")
-
-
-def main(argv: Sequence[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  f = flags.FLAGS
-  write_tiny_aan(f.output_dir, num_train=f.num_train, num_eval=f.num_eval,
-                 num_test=f.num_test, seed=f.seed)
-  print(f"wrote {f.output_dir}/{FILE_PREFIX}.{{train,eval,test}}.tsv")
-
-
-if __name__ == "__main__":
-  _define_flags()
-  app.run(main)

@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import flax.linen as nn
 
 from lra_sparse.attention import AttentionDims, build_attention
-from lra_sparse.data.registry import PAD_ID
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -88,11 +87,12 @@ class EncoderBlock(nn.Module):
 
 
 class Encoder(nn.Module):
-  """tokens int [batch, max_length] (0 = padding) -> pooled features [batch, emb_dim]."""
+  """tokens int [batch, max_length] (``pad_id`` = padding) -> pooled features [batch, emb_dim]."""
   model_config: Any
   attention_config: Any
   vocab_size: int
   max_length: int
+  pad_id: int = 0
 
   @nn.compact
   def __call__(self, tokens, *, deterministic: bool):
@@ -101,7 +101,7 @@ class Encoder(nn.Module):
     if tokens.ndim != 2 or tokens.shape[1] != self.max_length:
       raise ValueError(f"tokens must be [batch, {self.max_length}], got {tokens.shape}")
     length = padded_length(self.max_length, mc)
-    mask = tokens != PAD_ID
+    mask = tokens != self.pad_id
     x = nn.Embed(self.vocab_size, mc.emb_dim, name="embed")(tokens)
     if mc.pooling == "cls":
       cls = self.param("cls", nn.initializers.normal(0.02), (1, 1, mc.emb_dim))

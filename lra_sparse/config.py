@@ -1,0 +1,236 @@
+"""The run config: shared defaults, the attention block, and checks of config keys.
+
+Task configs (``configs/<task>.py``) call ``get_base_config()`` and override what differs;
+every field can be set from the command line (``--config.model.num_layers=2``).
+
+``config.attention`` holds ``kind`` and one block per attention kind, built from the config
+class each kind declares next to its math (``lra_sparse/attention/<kind>.py``):
+``--config.attention.kind=dsa --config.attention.dsa.sparsity=0.95``. A run uses, checks and
+writes to its ``config.json`` only the block of its kind (``run_config``). Setting a field of
+another kind is an error, and so is a key of the old flat layout (``attention.sparsity``,
+``attention.n``...): the error names the new key. Old ``config.json`` files are read through
+``upgrade_legacy_config``.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import inspect
+import os
+import re
+from typing import Any, Mapping
+
+import ml_collections
+
+from lra_sparse.attention import (attention_kinds, default_attention_config,
+                                  parse_attention_config)
+
+# The flat attention keys used before each kind had its own block -> their new keys.
+LEGACY_ATTENTION_KEYS = {
+    "implementation": "attention.dense.implementation",
+    "n": "attention.dfss.nm",
+    "m": "attention.dfss.nm",
+    "backend": "attention.dfss.backend",
+    "deterministic_kernels": "attention.dfss.deterministic_kernels",
+    "sigma": "attention.dsa.sigma",
+    "sparsity": "attention.dsa.sparsity",
+    "quant_bits": "attention.dsa.quant_bits",
+    "mse_weight": "attention.dsa.mse_weight",
+    "vector": "attention.dsa.vector",
+    "selection": "attention.dsa.selection",
+    "threshold": "attention.dsa.threshold",
+    "topk_algorithm": "attention.dsa.topk_algorithm",
+    "num_landmarks": "attention.nystrom.num_landmarks",
+    "pinv_iters": "attention.nystrom.pinv_iters",
+    "conv_kernel": "attention.nystrom.conv_kernel",
+    "nm": "attention.nystrom.nm",
+}
+
+
+def get_base_config() -> ml_collections.ConfigDict:
+  """Shared defaults for every LRA task (google-research/long-range-arena, transformer_base)."""
+  config = ml_collections.ConfigDict()
+  config.task = ""                  # a name from lra_sparse.data.task_names()
+  config.seed = 0
+
+  config.data = ml_collections.ConfigDict()
+  config.data.data_dir = ""         # task files (official layout); task-specific fields below
+  config.data.max_length = 2000
+
+  config.model = ml_collections.ConfigDict()
+  config.model.num_layers = 4
+  config.model.num_heads = 8
+  config.model.emb_dim = 512
+  config.model.qkv_dim = 512
+  config.model.mlp_dim = 1024
+  config.model.dropout_rate = 0.1
+  # LRA used 0.1; fused kernels (cuDNN, DFSS Triton) have no dropout on probabilities, so 0 keeps
+  # them usable. Every kind honours a value > 0 through its reference path.
+  config.model.attention_dropout_rate = 0.0
+  config.model.pooling = "cls"      # "cls" | "mean"
+  config.model.classifier_dim = 1024
+  config.model.pad_multiple = 16    # sequence (incl. CLS) padded to a multiple: N:M, kernel tiles
+  config.model.dtype = "float32"    # compute dtype: "float32" | "bfloat16"; params stay float32
+
+  # kind (a name from lra_sparse.attention.attention_kinds()) and one block per kind:
+  # attention.dense.implementation, attention.dfss.{nm, backend, deterministic_kernels},
+  # attention.dsa.{sigma, sparsity, ...}, attention.nystrom.{num_landmarks, ..., nm}.
+  config.attention = default_attention_config()
+
+  config.optim = ml_collections.ConfigDict()
+  config.optim.learning_rate = 0.05
+  config.optim.schedule = "rsqrt"   # "rsqrt" (linear warmup x rsqrt decay) | "cosine"
+  config.optim.warmup_steps = 1000
+  config.optim.weight_decay = 0.1
+  config.optim.b1 = 0.9
+  config.optim.b2 = 0.98
+  config.optim.eps = 1e-9
+  config.optim.grad_clip_norm = 0.0  # 0 = off
+
+  config.batch_size = 32
+  config.num_train_steps = 5000
+  config.eval_every_steps = 500
+  config.num_eval_batches = 0       # 0 = the whole split
+  config.checkpoint_every_steps = 500
+  config.log_every_steps = 50
+  config.init_from = ""             # workdir of a finished run: load its params, then train
+  config.eval_dtype = ""            # "" = as trained; "bfloat16" casts params for evaluation
+  return config
+
+
+def set_tiny_model(config: ml_collections.ConfigDict, *, num_layers: int, num_heads: int,
+                   width: int, mlp_dim: int) -> None:
+  """The CPU presets' model: emb = qkv = ``width``, classifier as wide as the MLP, no dropout."""
+  config.model.num_layers = num_layers
+  config.model.num_heads = num_heads
+  config.model.emb_dim = width
+  config.model.qkv_dim = width
+  config.model.mlp_dim = mlp_dim
+  config.model.classifier_dim = mlp_dim
+  config.model.dropout_rate = 0.0
+
+
+# ----------------------------------------------------------------------------- files
+def load_python_file(path: str):
+  """Imports the python file at ``path`` as a fresh module (configs, sweep and table specs)."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path!r} does not exist (paths are relative to the directory "
+                            "the command runs in)")
+  module_name = "_lra_file_" + re.sub(r"\W", "_", os.path.abspath(path))
+  spec = importlib.util.spec_from_file_location(module_name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def load_config_file(path: str, preset: str = "") -> ml_collections.ConfigDict:
+  """``get_config(preset)`` of a config file, as ``--config=path[:preset]`` loads it."""
+  module = load_python_file(path)
+  return module.get_config(preset) if preset else module.get_config()
+
+
+def split_spec_arg(spec_arg: str) -> tuple[str, str]:
+  """``"experiments/x.py:tiny"`` -> ``("experiments/x.py", "tiny")``."""
+  path, sep, preset = spec_arg.rpartition(":")
+  if sep and path.endswith(".py") and "/" not in preset:
+    return path, preset
+  return spec_arg, ""
+
+
+def call_spec_function(spec_arg: str, function_name: str) -> Any:
+  """Loads ``path[:preset]`` and returns ``function_name(preset)`` (or ``function_name()``)."""
+  path, preset = split_spec_arg(spec_arg)
+  module = load_python_file(path)
+  function = getattr(module, function_name, None)
+  if not callable(function):
+    raise ValueError(f"{path} defines no {function_name}()")
+  if not preset:
+    return function()
+  if not inspect.signature(function).parameters:
+    raise ValueError(f"{path}: {function_name}() takes no preset, but {preset!r} was given")
+  return function(preset)
+
+
+def flatten_config(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  """``{"attention": {"dsa": {"sparsity": 0.9}}}`` -> ``{"attention.dsa.sparsity": 0.9}``."""
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, (Mapping, ml_collections.ConfigDict)):
+      flat.update(flatten_config(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+# ----------------------------------------------------------------------------- keys
+def legacy_key_message(key: str) -> str | None:
+  """For a key of the old flat attention layout, the error text naming its new key."""
+  if not key.startswith("attention."):
+    return None
+  field = key[len("attention."):]
+  if field not in LEGACY_ATTENTION_KEYS:
+    return None
+  new = LEGACY_ATTENTION_KEYS[field]
+  if field in ("n", "m"):
+    return (f"config.{key} no longer exists: DFSS's N:M is one string, "
+            f"config.{new} (e.g. --config.{new}=2:4)")
+  return f"config.{key} no longer exists: use config.{new}"
+
+
+def check_override_keys(config: ml_collections.ConfigDict, keys, where: str = "") -> None:
+  """One ValueError for the first bad override key: a key of the old flat attention layout
+  (names the new key), a key the config does not have (suggests the closest), or a field of
+  another attention kind than the one ``config`` selects."""
+  prefix = f"{where}: " if where else ""
+  known = flatten_config(config.to_dict())
+  kind = config.attention.kind
+  for key in keys:
+    legacy = legacy_key_message(key)
+    if legacy:
+      raise ValueError(prefix + legacy)
+    if key not in known:
+      hint = difflib.get_close_matches(key, list(known), n=1)
+      raise ValueError(f"{prefix}config.{key} is not a field of the config"
+                       + (f" (did you mean config.{hint[0]}?)" if hint else ""))
+    parts = key.split(".")
+    if len(parts) > 2 and parts[0] == "attention" and parts[1] != kind:
+      raise ValueError(f"{prefix}config.{key} is set, but config.attention.kind={kind!r}: "
+                       f"it would be ignored (set config.attention.kind={parts[1]!r}, or drop "
+                       "it)")
+
+
+def run_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The config a run uses and records: ``attention`` holds ``kind`` and that kind's block
+  only (checked by the kind's config class); everything else as given."""
+  attention = parse_attention_config(config.attention)   # checks kind and its fields
+  resolved = ml_collections.ConfigDict(config.to_dict())
+  kind = attention.KIND
+  pruned = ml_collections.ConfigDict()
+  pruned.kind = kind
+  pruned[kind] = resolved.attention[kind]
+  resolved.attention = pruned
+  return resolved
+
+
+def upgrade_legacy_config(tree: Mapping[str, Any]) -> dict[str, Any]:
+  """A nested config dict in the current layout. Configs written before each attention kind
+  had its own block (flat ``attention.n``, ``attention.sparsity``...) are converted: the fields
+  of the run's kind move into ``attention.<kind>`` (``n``/``m`` become ``nm="n:m"``) and the
+  other kinds' fields, which that run never used, are dropped. Current configs come back as
+  they are."""
+  tree = dict(tree)
+  attention = tree.get("attention")
+  if not isinstance(attention, Mapping) or not any(
+      field in attention and not isinstance(attention[field], Mapping)
+      for field in LEGACY_ATTENTION_KEYS):
+    return tree
+  kind = attention.get("kind")
+  block = {}
+  for field, new in LEGACY_ATTENTION_KEYS.items():
+    _, new_kind, new_field = new.split(".")
+    if new_kind == kind and field in attention and field not in ("n", "m"):
+      block[new_field] = attention[field]
+  if kind == "dfss" and "n" in attention and "m" in attention:
+    block["nm"] = f"{attention['n']}:{attention['m']}"
+  tree["attention"] = {"kind": kind, **({kind: block} if kind in attention_kinds() else {})}
+  return tree

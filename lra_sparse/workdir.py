@@ -1,0 +1,123 @@
+"""The run-directory format: file names, atomic JSON, the metrics log and its reader.
+
+A run's workdir holds (WORKSPACE.md, section 1):
+
+- ``config.json``: the run's config (``lra_sparse.config.run_config``), rewritten at every
+  (re)start;
+- ``metrics.jsonl``: one JSON object per line with ``step``, ``split``, ``time`` and the
+  metrics (non-finite values written as strings such as ``"nan"``);
+- ``result.json``: written once, when the run finished (a run is finished iff it exists);
+- ``checkpoints/``: orbax checkpoints.
+
+When the sweep runner launched the run it also holds ``sweep_run.log``,
+``sweep_running.json`` and (after a failure) ``sweep_error.txt``; a sweep root holds
+``sweep.json``. Train, sweep, tables and analysis read and write these files only through
+this module.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any, Callable, Optional
+
+from lra_sparse import config as config_lib
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.json"
+CHECKPOINT_DIR = "checkpoints"
+# Written by the sweep runner (lra_sparse.sweep).
+ERROR_FILE = "sweep_error.txt"
+LOG_FILE = "sweep_run.log"
+RUNNING_FILE = "sweep_running.json"
+MANIFEST_FILE = "sweep.json"      # in the sweep root, not in a run's workdir
+
+
+def write_json(path: str, payload: Any, *, sort_keys: bool = True,
+               trailing_newline: bool = False) -> None:
+  """Writes JSON atomically: a temporary file in the same directory, then ``os.replace``."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(payload, f, indent=2, sort_keys=sort_keys)
+    if trailing_newline:
+      f.write("\n")
+  os.replace(tmp, path)
+
+
+def is_finished(workdir: str) -> bool:
+  return os.path.exists(os.path.join(workdir, RESULT_FILE))
+
+
+def read_config(workdir: str) -> dict[str, Any]:
+  """The run's config.json as a nested dict in the current layout (configs written before
+  each attention kind had its own block are converted: ``config.upgrade_legacy_config``).
+  Raises OSError / ValueError when the file is missing or not a JSON object."""
+  with open(os.path.join(workdir, CONFIG_FILE)) as f:
+    config = json.load(f)
+  if not isinstance(config, dict):
+    raise ValueError("not a JSON object")
+  return config_lib.upgrade_legacy_config(config)
+
+
+def read_result(workdir: str) -> Any:
+  """The parsed result.json (OSError / ValueError when missing or invalid)."""
+  with open(os.path.join(workdir, RESULT_FILE)) as f:
+    return json.load(f)
+
+
+class MetricsWriter:
+  """Appends one JSON object per line to ``<workdir>/metrics.jsonl``."""
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, METRICS_FILE)
+
+  def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
+    record = {"step": int(step), "split": split, "time": time.time()}
+    for key, value in metrics.items():
+      value = float(value)
+      record[key] = value if math.isfinite(value) else str(value)
+    with open(self.path, "a") as f:
+      f.write(json.dumps(record) + "\n")
+
+
+def read_metrics(workdir: str, report: Optional[Callable[[str], None]] = None
+                 ) -> list[tuple[int, dict[str, Any]]]:
+  """(line number, record) of every valid line of metrics.jsonl (none if the file is absent).
+
+  A line that is not a JSON object with ``step`` and ``split`` is skipped and, when ``report``
+  is given, reported as ``FILE:LINE: ...``.
+  """
+  path = os.path.join(workdir, METRICS_FILE)
+  records = []
+  if not os.path.exists(path):
+    return records
+  with open(path, errors="replace") as f:
+    for line_number, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except ValueError as e:
+        if report:
+          report(f"{path}:{line_number}: invalid JSON ({e.__class__.__name__}: {e}); "
+                 "line skipped")
+        continue
+      if not isinstance(record, dict) or "step" not in record or "split" not in record:
+        if report:
+          report(f"{path}:{line_number}: not an object with 'step' and 'split'; line skipped")
+        continue
+      records.append((line_number, record))
+  return records
+
+
+def last_logged_step(workdir: str) -> Optional[int]:
+  """Largest ``step`` in metrics.jsonl (unusable lines ignored), None if nothing logged."""
+  steps = []
+  for _, record in read_metrics(workdir):
+    try:
+      steps.append(int(record["step"]))
+    except (ValueError, TypeError):
+      continue
+  return max(steps, default=None)
