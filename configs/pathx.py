@@ -10,8 +10,9 @@ Presets: ``--config=configs/pathx.py`` (LRA defaults: 1 layer, 2 heads, 32/16/32
 1e-3 cosine, 200 epochs, warmup 1 epoch, gradient clipping 1.0) or
 ``--config=configs/pathx.py:tiny`` (a CPU-sized run on a small easy set: ``python -m
 lra_sparse.generators.pathfinder --output_dir=data/pathx_tiny --resolution=128
---difficulty=easy --num_images=600 --seed=0``). At 16384 tokens a dense score matrix is 1 GiB (float32) per
-example and head, so the tiny preset uses Nystromformer attention (64 landmarks).
+--difficulty=easy --num_images=600 --seed=0``). At 16384 tokens a dense score matrix is 1 GiB
+(float32) per example and head, so the tiny preset uses Nystromformer attention (64
+landmarks).
 """
 from lra_sparse.config import get_base_config, set_tiny_model
 

@@ -22,7 +22,8 @@ SEEDS = (0, 1, 2)
 PRETRAIN_STEPS, FINETUNE_STEPS = 35_000, 3_500
 BF16 = {"model.dtype": "bfloat16", "eval_dtype": "bfloat16"}
 VARIANTS = (  # (run-name label, row label, overrides)
-    ("nystrom-fp32", "Nystromformer (float)", {"attention.nystrom.nm": "", "model.dtype": "float32"}),
+    ("nystrom-fp32", "Nystromformer (float)",
+     {"attention.nystrom.nm": "", "model.dtype": "float32"}),
     ("nystrom-bf16", "Nystromformer (bfloat16)", {"attention.nystrom.nm": "", **BF16}),
     ("nystrom-dfss1-2-fp32", "Nystromformer + Dfss 1:2 (float)",
      {"attention.nystrom.nm": "1:2", "model.dtype": "float32"}),

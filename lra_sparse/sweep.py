@@ -715,7 +715,7 @@ def main(argv: Sequence[str]) -> None:
   states = run_sweep(FLAGS.sweep, FLAGS.root, parallel=FLAGS.parallel, run_filter=FLAGS.runs)
   counts = {s: sum(1 for v in states.values() if v == s)
             for s in (FINISHED, RUNNING, FAILED, BLOCKED, PENDING)}
-  print(f"sweep done: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
+  print("sweep done: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
   if counts[FAILED] or counts[BLOCKED]:
     sys.exit(1)
 

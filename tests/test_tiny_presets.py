@@ -125,7 +125,7 @@ def test_attention_kind_trains_on_listops(attention, tmp_path, listops_dir):
   config = load_config_file(os.path.join(REPO, "configs", "listops.py"), "tiny")
   overrides = {"data.data_dir": listops_dir, "data.max_length": 128, "batch_size": 16,
                "optim.learning_rate": 0.01, **attention}
-  result = _assert_trains(_short(config, **overrides), tmp_path / "run")
+  _assert_trains(_short(config, **overrides), tmp_path / "run")
   # config.json holds the kind and only that kind's block, with the values set.
   with open(tmp_path / "run" / "config.json") as f:
     recorded = json.load(f)["attention"]

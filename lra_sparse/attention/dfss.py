@@ -121,7 +121,8 @@ def _dfss_reference_dropout(q, k, v, mask, n, m, dropout_rate, dropout_rng):
 
 
 def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str = "auto",
-                   dropout_rate: float = 0.0, dropout_rng=None, deterministic_kernels: bool = False):
+                   dropout_rate: float = 0.0, dropout_rng=None,
+                   deterministic_kernels: bool = False):
   """DFSS N:M attention. q, k, v: [batch, length, heads, head_dim]; mask: bool [batch, length]
   key padding (True = real token). Requires 0 < n <= m (n == m keeps every key: dense
   attention) and length % m == 0. Attention dropout (rate > 0 with an rng) always runs the
@@ -152,13 +153,13 @@ def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str =
   kernel = None
   if backend == "triton":
     kernel = _triton_module(required=True)
-    reason = kernel.unsupported_reason(q, v, n, m)
+    reason = kernel.unsupported_reason(q, v, n, m, k=k)
     if reason:
       raise ValueError(f"dfss_attention: backend='triton' cannot run this call: {reason}; use "
                        "backend='reference' or 'auto'")
   elif backend == "auto" and jax.default_backend() == "gpu":
     kernel = _triton_module(required=False)
-    if kernel is not None and kernel.unsupported_reason(q, v, n, m):
+    if kernel is not None and kernel.unsupported_reason(q, v, n, m, k=k):
       kernel = None
   if kernel is not None:
     return kernel.dfss_attention_triton(q, k, v, n=n, m=m, mask=mask,

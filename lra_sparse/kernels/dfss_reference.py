@@ -114,7 +114,9 @@ def compressed_softmax_reference(values: jax.Array) -> jax.Array:
 def spmm_reference(probs: jax.Array, meta: jax.Array, v: jax.Array, n: int, m: int) -> jax.Array:
   """Compressed probs [..., R, G*n] + meta times v [..., K, D] -> [..., R, D]."""
   dense = decompress(probs, meta, n, m, k=v.shape[-2])
-  return jnp.einsum("...rk,...kd->...rd", dense.astype(v.dtype), v)
+  # HIGHEST: a reference must not run float32 products at TF32 on a GPU.
+  return jnp.einsum("...rk,...kd->...rd", dense.astype(v.dtype), v,
+                    precision=jax.lax.Precision.HIGHEST)
 
 
 def _pad_keys(l: int, m: int) -> int:
