@@ -32,6 +32,7 @@ import numpy as np
 import flax.linen as nn
 from flax import traverse_util
 
+from lra_sparse import cli
 from lra_sparse import workdir as workdir_lib
 from lra_sparse.attention import dsa as dsa_lib
 from lra_sparse.attention import parse_attention_config
@@ -376,4 +377,4 @@ if __name__ == "__main__":
   # Through the imported module, like lra_sparse.sweep and lra_sparse.tables.
   from lra_sparse import analysis as _analysis_module  # pylint: disable=g-import-not-at-top
   _analysis_module.define_flags()
-  app.run(_analysis_module.main)
+  cli.run(_analysis_module.main)

@@ -2,12 +2,14 @@
 
   python -m lra_sparse.main --config=configs/listops.py:tiny --workdir=runs/listops_tiny \
       [--config.attention.kind=dfss --config.attention.dfss.nm=1:2 ...]
-"""
-import sys
 
-from absl import app, flags, logging
+User errors (config, data, workdir) print one line ``error: ...`` and exit 1; Ctrl-C lets an
+in-flight checkpoint save finish and exits 130 (``lra_sparse.cli``).
+"""
+from absl import flags, logging
 from ml_collections import config_flags
 
+from lra_sparse import cli
 from lra_sparse import config as config_lib
 from lra_sparse import train
 
@@ -18,39 +20,56 @@ flags.DEFINE_string("workdir", None, "Run directory: config, logs, checkpoints, 
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def _override_keys(argv) -> list[str]:
-  """The keys of ``--config.<key>=value`` / ``--config.<key> value`` arguments."""
-  keys = []
-  for arg in argv[1:]:
+def _config_args(argv) -> tuple[str, dict[str, str]]:
+  """The ``--config`` value and the ``--config.<key>`` overrides (key -> text) of ``argv``."""
+  config_arg, overrides = "", {}
+  args = list(argv[1:])
+  for i, arg in enumerate(args):
     if arg == "--":
       break
-    for prefix in ("--config.", "-config."):
-      if arg.startswith(prefix):
-        keys.append(arg[len(prefix):].split("=", 1)[0])
-  return keys
+    name, has_value, value = arg.lstrip("-").partition("=")
+    if not arg.startswith("-"):
+      continue
+    if not has_value:
+      value = args[i + 1] if i + 1 < len(args) else ""
+    if name == "config":
+      config_arg = value
+    elif name.startswith("config."):
+      overrides[name[len("config."):]] = value
+  return config_arg, overrides
 
 
 def parse_flags(argv):
-  """absl's flag parsing, after one clear error for keys of the old flat attention layout
-  (ml_collections would report them as unknown fields inside a long traceback)."""
-  for key in _override_keys(argv):
+  """Checks the config file and every ``--config.<key>`` before absl parses them, so that a
+  missing file, an unknown preset, a typo'd key (with a suggestion), a key of the old flat
+  attention layout (with its new name) or a field of an attention kind the run does not use
+  is one line, not a traceback."""
+  config_arg, overrides = _config_args(argv)
+  for key in overrides:
     message = config_lib.legacy_key_message(key)
     if message:
-      sys.exit(f"error: {message}")
-  return FLAGS(argv)
+      cli.fail(message)
+  if config_arg:
+    path, preset = config_lib.split_spec_arg(config_arg)
+    try:
+      config = config_lib.load_config_file(path, preset)
+    except Exception as error:  # pylint: disable=broad-except  (any failure of the file)
+      cli.fail(f"--config={config_arg}: {cli.one_line(error)}")
+    if "attention.kind" in overrides:
+      config.attention.kind = overrides["attention.kind"]
+    config_lib.check_override_keys(config, list(overrides))
+  try:
+    return FLAGS(argv)
+  except flags.Error as error:
+    cli.fail(cli.one_line(error), code=2)
 
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    raise ValueError(f"unexpected arguments: {argv[1:]}")
   if not FLAGS["verbosity"].present:
     # Library INFO chatter (orbax, absl) drowns the progress bar; --verbosity=0 brings it back.
     logging.set_verbosity(logging.WARNING)
-  try:
-    config_lib.check_override_keys(FLAGS.config,
-                                   config_flags.get_override_values(FLAGS["config"]))
-  except ValueError as error:
-    sys.exit(f"error: {error}")
   result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   logging.info("result: %s", result)
   print(f"test accuracy {result['test']['accuracy']:.4f} | majority-class accuracy "
@@ -59,4 +78,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  cli.run(main, flags_parser=parse_flags)

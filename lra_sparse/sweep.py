@@ -34,6 +34,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -44,9 +45,10 @@ from absl import app
 from absl import flags
 import ml_collections
 
+from lra_sparse import cli
 from lra_sparse import config as config_lib
 from lra_sparse.workdir import (ERROR_FILE, LOG_FILE, MANIFEST_FILE, RESULT_FILE, RUNNING_FILE,
-                                last_logged_step, write_json)
+                                last_logged_step, lock_holder, write_json)
 
 GPU_ENV_VAR = "LRA_SWEEP_GPUS"      # "4" (count) or "0,2,3" (ids); overrides nvidia-smi
 MAX_NAME_LENGTH = 150
@@ -325,7 +327,21 @@ def validate_run_overrides(config, overrides: Mapping[str, Any], where: str) -> 
 # ----------------------------------------------------------------------------- run state
 
 
+def _is_zombie(pid: int) -> bool:
+  """True for a process that has exited but was not yet reaped (it still answers kill 0)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+  except (OSError, IndexError):
+    return False
+
+
 def _read_running(workdir: str) -> dict[str, Any] | None:
+  """The record of a live process training in ``workdir``: the trainer's workdir lock, or the
+  sweep's marker of a child that has not taken the lock yet; None when neither is alive."""
+  holder = lock_holder(workdir)
+  if holder is not None:
+    return holder
   try:
     with open(os.path.join(workdir, RUNNING_FILE)) as f:
       info = json.load(f)
@@ -334,10 +350,11 @@ def _read_running(workdir: str) -> dict[str, Any] | None:
   if info.get("host") != socket.gethostname():
     return info                        # another host: cannot check, assume it is alive
   try:
-    os.kill(int(info["pid"]), 0)
+    pid = int(info["pid"])
+    os.kill(pid, 0)
   except (OSError, KeyError, ValueError, TypeError):
     return None                        # stale marker of a dead process
-  return info
+  return None if _is_zombie(pid) else info
 
 
 def run_state(run: RunPlan, states: Mapping[str, str] | None = None) -> str:
@@ -360,14 +377,21 @@ def all_states(runs: Sequence[RunPlan]) -> dict[str, str]:
   return states
 
 
+# Lines a failed run's log may end with that say nothing about the error itself.
+_LOG_NOISE = ("JAX has removed its internal frames", "JAX_TRACEBACK_FILTERING",
+              "The preceding stack trace is the source", "-----")
+
+
 def error_summary(workdir: str) -> str:
+  """The failure's first line and the last informative line of the run's log tail."""
   try:
     with open(os.path.join(workdir, ERROR_FILE)) as f:
       lines = [line.strip() for line in f if line.strip()]
   except OSError:
     return ""
   header = lines[0] if lines else ""
-  last = lines[-1] if len(lines) > 1 else ""
+  informative = [line for line in lines[1:] if not any(noise in line for noise in _LOG_NOISE)]
+  last = informative[-1] if informative else ""
   return f"{header} | {last}" if last else header
 
 
@@ -580,8 +604,8 @@ def run_sweep(spec_arg: str, root: str, *, parallel: str = "none",
           break
         time.sleep(poll_seconds)
   except KeyboardInterrupt:
-    for entry in active:
-      entry.process.terminate()
+    for entry in active:      # SIGINT: each trainer finishes its in-flight save, then exits
+      entry.process.send_signal(signal.SIGINT)
     for entry in active:
       try:
         entry.process.wait(timeout=30)
@@ -725,4 +749,4 @@ if __name__ == "__main__":
   # the very classes this code checks against (``python -m`` loads this file as __main__).
   from lra_sparse import sweep as _sweep_module  # pylint: disable=g-import-not-at-top
   _sweep_module.define_flags()
-  app.run(_sweep_module.main)
+  cli.run(_sweep_module.main)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import json
 import math
 import os
 import sys
@@ -43,6 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 from absl import app
 from absl import flags
 
+from lra_sparse import cli
 from lra_sparse import config as config_lib
 from lra_sparse import workdir as workdir_lib
 
@@ -105,6 +107,8 @@ class CellStats:
   values: list[float]                 # scaled
   unfinished: int
   failed: int
+  runs: list = dataclasses.field(default_factory=list)     # the finished RunRecords
+  pooling: list = dataclasses.field(default_factory=list)  # why pooling them is suspect
 
   @property
   def n(self) -> int:
@@ -252,6 +256,34 @@ def _accepts_missing(expected: Any) -> bool:
                               and any(option is None for option in expected))
 
 
+# Keys expected to differ between the runs of one cell: the seed, and the pretrain a fine-tune
+# starts from (one per seed).
+POOLABLE_KEYS = ("seed", "init_from")
+
+
+def _axis_keys(table: Table) -> set[str]:
+  selectors = [*table.rows, *table.columns, Selector("where", table.where)]
+  return {key for selector in selectors for key in selector.match}
+
+
+def check_pooling(cell: CellStats, axis_keys: set[str]) -> list[str]:
+  """Why the cell's finished runs should not be averaged: repeated seeds, or configs that
+  differ in a key that is not a table axis (nor seed / init_from)."""
+  problems = []
+  seeds = [run.config.get("seed") for run in cell.runs]
+  repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1}, key=str)
+  if repeated:
+    problems.append(f"seed {', '.join(map(str, repeated))} repeated")
+  keys = set().union(*(run.config for run in cell.runs)) if cell.runs else set()
+  missing = object()
+  differing = sorted(key for key in keys - axis_keys - set(POOLABLE_KEYS)
+                     if len({json.dumps(run.config.get(key, missing), sort_keys=True,
+                                        default=repr) for run in cell.runs}) > 1)
+  if differing:
+    problems.append("configs differ in " + ", ".join(differing))
+  return problems
+
+
 def build_cells(table: Table, runs: Sequence[RunRecord],
                 report: Reporter) -> dict[tuple[int, int], CellStats]:
   _check_keys(table, runs, report)
@@ -273,10 +305,17 @@ def build_cells(table: Table, runs: Sequence[RunRecord],
         cell = cells[(r, c)]
         if run.status == "finished":
           cell.values.append(run.value * table.scale)
+          cell.runs.append(run)
         elif run.status == "failed":
           cell.failed += 1
         else:
           cell.unfinished += 1
+  axis_keys = _axis_keys(table)
+  for (r, c), cell in cells.items():
+    cell.pooling = check_pooling(cell, axis_keys)
+    if cell.pooling:
+      report(f"cell ({table.rows[r].label!r}, {table.columns[c].label!r}) pools unlike runs: "
+             f"{'; '.join(cell.pooling)} ({', '.join(run.workdir for run in cell.runs)})")
   return cells
 
 
@@ -285,7 +324,7 @@ def build_cells(table: Table, runs: Sequence[RunRecord],
 
 def format_cell(cell: CellStats, decimals: int, plus_minus: str = PLUS_MINUS,
                 missing: str = MISSING_MARK) -> str:
-  notes = []
+  notes = [f"! {problem}" for problem in cell.pooling]
   if cell.unfinished:
     notes.append(f"{cell.unfinished} unfinished")
   if cell.failed:
@@ -320,7 +359,8 @@ def legend(table: Table) -> str:
   return (f"Cells: mean {PLUS_MINUS} sample std (ddof=1) of {table.split} {table.metric} ({unit}) "
           f"over finished runs (seeds); n = finished runs; {MISSING_MARK} = no finished run; "
           "'k unfinished' = runs started without result.json; 'k failed' = runs the sweep "
-          "recorded as failed." + (
+          "recorded as failed; '! ...' = the cell averages runs it should not (a repeated "
+          "seed, or configs that differ outside the table's rows and columns)." + (
               f" {table.average_label} = mean of the column means of "
               f"{', '.join(table.columns[c].label for c in _average_columns(table))}, "
               "when each has a finished run." if table.average else ""))
@@ -547,4 +587,4 @@ if __name__ == "__main__":
   # Through the imported module: the spec's Table/Selector classes must be this module's.
   from lra_sparse import tables as _tables_module  # pylint: disable=g-import-not-at-top
   _tables_module.define_flags()
-  app.run(_tables_module.main)
+  cli.run(_tables_module.main)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+import time
+from typing import Any, Optional
 
 import flax
 import flax.linen as nn
@@ -29,9 +30,15 @@ from lra_sparse.attention import AUX_LOSS, AUX_METRICS
 from lra_sparse.data import get_task
 from lra_sparse.data.pipeline import eval_batches, train_dataset
 from lra_sparse.data.registry import PAD_ID, SPLITS, TaskSpec, check_split_arrays
+from lra_sparse.errors import TrainingDiverged, TrainingInterrupted
 from lra_sparse.models import build_model
 
 AUX_COLLECTIONS = (AUX_LOSS, AUX_METRICS)
+# Fields a resumed run may change: they decide how long and how often, not what the weights
+# mean. Any other difference from the workdir's config.json is refused.
+RESUMABLE_FIELDS = ("num_train_steps", "eval_every_steps", "log_every_steps",
+                    "checkpoint_every_steps", "num_eval_batches")
+CORRUPT_DIR = "corrupt_checkpoints"
 
 
 class TrainState(train_state.TrainState):
@@ -141,16 +148,58 @@ def evaluate(eval_step, params, model_state, arrays, batch_size, batch_sharding,
   return {key: value / count for key, value in totals.items()}
 
 
-# ----------------------------------------------------------------------------- init_from
-def _latest_checkpoint(workdir: str) -> tuple[ocp.CheckpointManager, int]:
+# ----------------------------------------------------------------------------- checkpoints
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+def _first_line(error: BaseException) -> str:
+  lines = [line for line in str(error).splitlines() if line.strip()]
+  return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def restore_newest_readable(manager: ocp.CheckpointManager, args_fn, where: str,
+                            quarantine: bool = False) -> tuple[Any, Optional[int]]:
+  """(restored, step) of the newest checkpoint that restores and holds finite parameters;
+  (None, None) when there is none at all. Each unusable newer step costs one warning line;
+  with ``quarantine`` it is moved to ``<workdir>/corrupt_checkpoints/`` so that the resumed
+  run can save that step again. No usable step at all is one error."""
+  steps = sorted(manager.all_steps(), reverse=True)
+  unusable = []
+  for step in steps:
+    try:
+      restored = manager.restore(step, args=args_fn())
+      params = restored.params if hasattr(restored, "params") else restored["params"]
+      if not bool(_all_finite(params)):
+        raise ValueError("its parameters are not finite")
+    except Exception as error:  # pylint: disable=broad-except  (orbax raises many kinds)
+      tqdm.write(f"warning: checkpoint step {step} in {where} is unusable "
+                 f"({_first_line(error)}); trying an older one")
+      unusable.append(step)
+      continue
+    if quarantine and unusable:
+      corrupt = os.path.join(os.path.dirname(str(manager.directory)), CORRUPT_DIR)
+      os.makedirs(corrupt, exist_ok=True)
+      for bad in unusable:
+        source = os.path.join(str(manager.directory), str(bad))
+        if os.path.exists(source):
+          os.replace(source, os.path.join(corrupt, f"{bad}.{int(time.time())}"))
+      manager.reload()
+    return restored, step
+  if steps:
+    raise ValueError(f"no usable checkpoint in {where}: steps {steps} are all unreadable or "
+                     "non-finite")
+  return None, None
+
+
+def _open_checkpoints(workdir: str) -> ocp.CheckpointManager:
   ckpt_dir = os.path.join(os.path.abspath(workdir), workdir_lib.CHECKPOINT_DIR)
   if not os.path.isdir(ckpt_dir):
     raise FileNotFoundError(f"config.init_from={workdir!r}: no checkpoints/ directory there")
-  manager = ocp.CheckpointManager(ckpt_dir)
-  step = manager.latest_step()
-  if step is None:
-    raise FileNotFoundError(f"config.init_from={workdir!r}: checkpoints/ holds no checkpoint")
-  return manager, step
+  return ocp.CheckpointManager(ckpt_dir)
 
 
 def load_params_from(workdir: str, params) -> tuple[Any, list[str], list[str]]:
@@ -159,8 +208,12 @@ def load_params_from(workdir: str, params) -> tuple[Any, list[str], list[str]]:
   Returns (params, new parameter paths kept at their fresh init, unused old paths). A shared
   path with a different shape is an error.
   """
-  manager, step = _latest_checkpoint(workdir)
-  restored = manager.restore(step, args=ocp.args.StandardRestore())
+  manager = _open_checkpoints(workdir)
+  restored, step = restore_newest_readable(manager, ocp.args.StandardRestore,
+                                           f"config.init_from={workdir!r}")
+  manager.close()
+  if step is None:
+    raise FileNotFoundError(f"config.init_from={workdir!r}: checkpoints/ holds no checkpoint")
   old = flax.traverse_util.flatten_dict(restored["params"], sep="/")
   new = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
   merged, fresh = {}, []
@@ -185,8 +238,15 @@ def make_model(config, spec: TaskSpec) -> nn.Module:
 
 
 def validate_config(config) -> None:
-  if config.batch_size <= 0 or config.num_train_steps <= 0:
-    raise ValueError("config.batch_size and config.num_train_steps must be positive")
+  """Checks of the run-level fields, before any data is read or anything compiles."""
+  for name in ("batch_size", "num_train_steps", "eval_every_steps", "log_every_steps",
+               "checkpoint_every_steps"):
+    value = config[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+      raise ValueError(f"config.{name}={value!r} must be a positive integer")
+  if config.num_eval_batches < 0:
+    raise ValueError(f"config.num_eval_batches={config.num_eval_batches} must be >= 0 "
+                     "(0 = the whole split)")
   if config.eval_dtype not in ("", "float32", "bfloat16"):
     raise ValueError(f"config.eval_dtype={config.eval_dtype!r}; choose '', 'float32' or "
                      "'bfloat16'")
@@ -204,6 +264,29 @@ def _load_splits(config, spec) -> dict[str, dict[str, np.ndarray]]:
   return splits
 
 
+def check_resume_config(stored: dict, config: ml_collections.ConfigDict,
+                        workdir: str) -> list[str]:
+  """Compares the workdir's config.json with the config of the run about to resume it.
+
+  Returns the changes of ``RESUMABLE_FIELDS`` as text; any other difference is one error that
+  names the fields (with both values).
+  """
+  old = config_lib.flatten_config(stored)
+  new = config_lib.flatten_config(json.loads(config.to_json_best_effort()))
+  missing = object()
+  changed = sorted(key for key in set(old) | set(new)
+                   if old.get(key, missing) != new.get(key, missing))
+  show = lambda flat, key: repr(flat[key]) if key in flat else "(absent)"
+  refused = [f"{key}: {show(old, key)} -> {show(new, key)}" for key in changed
+             if key not in RESUMABLE_FIELDS]
+  if refused:
+    raise ValueError(
+        f"workdir {workdir} holds a run with another config ({'; '.join(refused)}): resuming "
+        f"it would mix two runs. Use another --workdir (a resumed run may change only "
+        f"{', '.join(RESUMABLE_FIELDS)})")
+  return [f"{key}: {show(old, key)} -> {show(new, key)}" for key in changed]
+
+
 def _eval_config(config) -> ml_collections.ConfigDict:
   eval_config = ml_collections.ConfigDict(config.to_dict())
   if config.eval_dtype:
@@ -212,14 +295,29 @@ def _eval_config(config) -> ml_collections.ConfigDict:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains ``config`` in ``workdir`` (resuming if it holds checkpoints) and returns result.json."""
+  """Trains ``config`` in ``workdir`` (resuming if it holds checkpoints) and returns result.json.
+
+  The workdir is locked for the whole run. Resuming checks the stored config.json first (only
+  ``RESUMABLE_FIELDS`` may change); config.json is written once the run is accepted. Nothing
+  non-finite is checkpointed: a diverged run stops with ``TrainingDiverged`` and keeps its last
+  finite checkpoint. Restore falls back to the newest usable checkpoint.
+  """
   validate_config(config)
   config = config_lib.run_config(config)
   workdir = os.path.abspath(workdir)
-  os.makedirs(workdir, exist_ok=True)
-  workdir_lib.write_json(os.path.join(workdir, workdir_lib.CONFIG_FILE),
-                         json.loads(config.to_json_best_effort()))
-  writer = workdir_lib.MetricsWriter(workdir)
+  with workdir_lib.locked(workdir):
+    return _train_locked(config, workdir)
+
+
+def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  changes = []
+  if os.path.exists(os.path.join(workdir, workdir_lib.CONFIG_FILE)):
+    try:
+      stored = workdir_lib.read_config(workdir)
+    except (OSError, ValueError) as error:
+      raise ValueError(f"workdir {workdir}: its {workdir_lib.CONFIG_FILE} is unreadable "
+                       f"({_first_line(error)}); use another --workdir") from None
+    changes = check_resume_config(stored, config, workdir)
 
   task = get_task(config.task)
   spec = task.spec(config)
@@ -243,11 +341,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   for name in AUX_COLLECTIONS:
     variables.pop(name, None)
   params = variables.pop("params")
+  init_from_record = None
   if config.init_from:
     params, fresh, unused = load_params_from(config.init_from, params)
     tqdm.write(f"init_from {config.init_from}: {len(fresh)} new parameters freshly "
                f"initialised {fresh}; {len(unused)} unused {unused}")
-    writer.write(0, "init_from", {"fresh_params": len(fresh), "unused_params": len(unused)})
+    init_from_record = {"fresh_params": len(fresh), "unused_params": len(unused)}
   state = TrainState.create(apply_fn=model.apply, params=params, tx=make_optimizer(config),
                             model_state=variables or None)
   num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
@@ -257,13 +356,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   manager = ocp.CheckpointManager(
       os.path.join(workdir, workdir_lib.CHECKPOINT_DIR),
       options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
-  start_step = 0
-  if manager.latest_step() is not None:
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-    state = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(abstract))
-    start_step = int(state.step)
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+  restored, start_step = restore_newest_readable(
+      manager, lambda: ocp.args.StandardRestore(abstract), f"workdir {workdir}", quarantine=True)
+  if restored is None:
+    start_step = 0
+  else:
+    state = restored
+    if start_step > config.num_train_steps:
+      raise ValueError(f"workdir {workdir} holds a checkpoint at step {start_step}, beyond "
+                       f"config.num_train_steps={config.num_train_steps}: a run cannot be "
+                       "shortened after the fact; use another --workdir")
     tqdm.write(f"resumed from {workdir} at step {start_step}")
   state = jax.device_put(state, replicated)
+
+  # The run is accepted: record its config, and its changes if it resumes.
+  workdir_lib.write_json(os.path.join(workdir, workdir_lib.CONFIG_FILE),
+                         json.loads(config.to_json_best_effort()))
+  writer = workdir_lib.MetricsWriter(workdir)
+  for change in changes:
+    tqdm.write(f"resume: {change}")
+  if changes:
+    writer.write(start_step, "resume", {"changed_fields": len(changes)})
+  if init_from_record is not None:
+    writer.write(0, "init_from", init_from_record)
+  result_path = os.path.join(workdir, workdir_lib.RESULT_FILE)
+  if os.path.exists(result_path) and start_step < config.num_train_steps:
+    os.remove(result_path)       # the run trains on: its old result no longer describes it
+    tqdm.write(f"resume: training on from step {start_step} to {config.num_train_steps}; "
+               "removed the earlier result.json")
 
   train_step = jax.jit(make_train_step(model), donate_argnums=(0,))
   eval_step = jax.jit(make_eval_step(eval_model))
@@ -275,28 +396,58 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   batches = train_dataset(splits["train"], config.batch_size, config.seed)
   window: list[dict] = []
+  last_saved = start_step if restored is not None else None
+  finite = jnp.array(True)       # every loss and grad norm since the last save was finite
+
+  def diverged(first_step: int, done: int) -> TrainingDiverged:
+    kept = (f"the last finite checkpoint is step {last_saved}" if last_saved is not None
+            else "no checkpoint was written")
+    return TrainingDiverged(
+        f"training diverged: non-finite loss or gradient norm between steps {first_step} and "
+        f"{done}; nothing non-finite was checkpointed, {kept} (lower config.optim."
+        "learning_rate or set config.optim.grad_clip_norm)")
+
   progress = tqdm(range(start_step, config.num_train_steps), initial=start_step,
                   total=config.num_train_steps, desc=f"{config.task}/{config.attention.kind}",
                   dynamic_ncols=True, mininterval=2.0)
-  for step in progress:
-    batch = jax.device_put(batches[step], batch_sharding)
-    state, metrics = train_step(state, batch, dropout_rng)
-    window.append(metrics)
-    done = step + 1
-    if done % config.log_every_steps == 0 or done == config.num_train_steps:
-      means = {k: float(np.mean([float(m[k]) for m in jax.device_get(window)]))
-               for k in window[0]}
-      window = []
-      if not math.isfinite(means["loss"]):
-        raise FloatingPointError(f"training loss became {means['loss']} at step {done}")
-      writer.write(done, "train", means)
-      progress.set_postfix(loss=f"{means['loss']:.4f}", acc=f"{means['accuracy']:.3f}")
-    if done % config.eval_every_steps == 0 or done == config.num_train_steps:
-      val = run_eval("val", config.num_eval_batches)
-      writer.write(done, "val", val)
-      progress.write(f"step {done}: val " + " ".join(f"{k}={v:.4f}" for k, v in val.items()))
-    if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps:
-      manager.save(done, args=ocp.args.StandardSave(state))
+  done = start_step
+  try:
+    for step in progress:
+      batch = jax.device_put(batches[step], batch_sharding)
+      state, metrics = train_step(state, batch, dropout_rng)
+      finite = finite & jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+      window.append(metrics)
+      done = step + 1
+      if done % config.log_every_steps == 0 or done == config.num_train_steps:
+        means = {k: float(np.mean([float(m[k]) for m in jax.device_get(window)]))
+                 for k in window[0]}
+        window = []
+        if not (math.isfinite(means["loss"]) and math.isfinite(means["grad_norm"])):
+          raise diverged((last_saved or 0) + 1, done)
+        writer.write(done, "train", means)
+        progress.set_postfix(loss=f"{means['loss']:.4f}", acc=f"{means['accuracy']:.3f}")
+      if done % config.eval_every_steps == 0 or done == config.num_train_steps:
+        val = run_eval("val", config.num_eval_batches)
+        writer.write(done, "val", val)
+        progress.write(f"step {done}: val " + " ".join(f"{k}={v:.4f}" for k, v in val.items()))
+      if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps:
+        if not (bool(finite) and bool(_all_finite(state.params))):
+          raise diverged((last_saved or 0) + 1, done)
+        manager.save(done, args=ocp.args.StandardSave(state))
+        last_saved, finite = done, jnp.array(True)
+  except KeyboardInterrupt:
+    progress.close()
+    manager.wait_until_finished()      # a save in flight completes (or fails) before exit
+    manager.close()
+    kept = (f"checkpoints up to step {last_saved} are kept" if last_saved is not None
+            else "no checkpoint was written yet")
+    raise TrainingInterrupted(f"interrupted at step {done}; {kept}; run the same command to "
+                              "resume") from None
+  except TrainingDiverged:
+    progress.close()
+    manager.wait_until_finished()
+    manager.close()
+    raise
   manager.wait_until_finished()
 
   final_step = int(state.step)

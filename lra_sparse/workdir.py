@@ -7,7 +7,10 @@ A run's workdir holds (WORKSPACE.md, section 1):
 - ``metrics.jsonl``: one JSON object per line with ``step``, ``split``, ``time`` and the
   metrics (non-finite values written as strings such as ``"nan"``);
 - ``result.json``: written once, when the run finished (a run is finished iff it exists);
-- ``checkpoints/``: orbax checkpoints.
+- ``checkpoints/``: orbax checkpoints;
+- ``run.lock``: held (``flock``) by the process training in the workdir, with its pid, host,
+  start time and command; the kernel releases it when that process dies, so a stale lock is
+  simply taken over.
 
 When the sweep runner launched the run it also holds ``sweep_run.log``,
 ``sweep_running.json`` and (after a failure) ``sweep_error.txt``; a sweep root holds
@@ -16,18 +19,24 @@ this module.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
+import socket
+import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from lra_sparse import config as config_lib
+from lra_sparse.errors import WorkdirBusy
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.json"
 CHECKPOINT_DIR = "checkpoints"
+LOCK_FILE = "run.lock"
 # Written by the sweep runner (lra_sparse.sweep).
 ERROR_FILE = "sweep_error.txt"
 LOG_FILE = "sweep_run.log"
@@ -44,6 +53,67 @@ def write_json(path: str, payload: Any, *, sort_keys: bool = True,
     if trailing_newline:
       f.write("\n")
   os.replace(tmp, path)
+
+
+def _describe_holder(info: Optional[dict]) -> str:
+  if not info:
+    return "another process (no details recorded)"
+  return (f"pid {info.get('pid')} on {info.get('host')} since {info.get('started')} "
+          f"({info.get('command', '')})")
+
+
+def _read_holder(fd: int) -> Optional[dict]:
+  try:
+    os.lseek(fd, 0, os.SEEK_SET)
+    text = os.read(fd, 65536).decode(errors="replace")
+    info = json.loads(text) if text.strip() else None
+    return info if isinstance(info, dict) else None
+  except (OSError, ValueError):
+    return None
+
+
+@contextlib.contextmanager
+def locked(workdir: str) -> Iterator[None]:
+  """Holds ``<workdir>/run.lock`` exclusively for the body (creating the workdir); raises
+  ``WorkdirBusy`` naming the holder when another live process has it."""
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, LOCK_FILE)
+  fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise WorkdirBusy(f"workdir {workdir} is in use by {_describe_holder(_read_holder(fd))}; "
+                        "wait for that run or use another --workdir") from None
+    info = {"pid": os.getpid(), "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv)}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(info).encode(), 0)
+    try:
+      yield
+    finally:
+      os.ftruncate(fd, 0)
+      fcntl.flock(fd, fcntl.LOCK_UN)
+  finally:
+    os.close(fd)
+
+
+def lock_holder(workdir: str) -> Optional[dict]:
+  """The holder's record while a live process holds the workdir's lock, else None."""
+  path = os.path.join(workdir, LOCK_FILE)
+  try:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+  except OSError:
+    return None
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+      return _read_holder(fd) or {}
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return None
+  finally:
+    os.close(fd)
 
 
 def is_finished(workdir: str) -> bool:
@@ -68,10 +138,23 @@ def read_result(workdir: str) -> Any:
 
 
 class MetricsWriter:
-  """Appends one JSON object per line to ``<workdir>/metrics.jsonl``."""
+  """Appends one JSON object per line to ``<workdir>/metrics.jsonl``.
+
+  A last line left unterminated by a crash (a full disk, say) is ended first, so the next
+  record starts on a line of its own and readers skip only the broken one.
+  """
 
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, METRICS_FILE)
+    try:
+      with open(self.path, "rb+") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() > 0:
+          f.seek(-1, os.SEEK_END)
+          if f.read(1) != b"\n":
+            f.write(b"\n")
+    except FileNotFoundError:
+      pass
 
   def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
     record = {"step": int(step), "split": split, "time": time.time()}

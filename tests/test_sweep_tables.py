@@ -102,7 +102,7 @@ def synthetic_root(tmp_path):
   write_run(root, "dsa_listops_0", task="listops", kind="dsa", seed=0, result_text="[1, 2")
   # DFSS x Text: no run at all (missing). A stray dense run nested deeper is still found.
   write_run(root / "nested", "dense_listops_9", task="listops", kind="dense", seed=9,
-            accuracy=0.40, extra={"model.dtype": "bfloat16"})
+            accuracy=0.40)
   spec = tmp_path / "table_spec.py"
   spec.write_text(TABLE_SPEC)
   return root, spec
@@ -151,6 +151,44 @@ def test_markdown_table_exact_cells_and_marks(synthetic_root):
              for m in report.messages)
   unusable = os.path.join(root, "dsa_listops_0", "result.json")
   assert any(m.startswith(unusable) and "counted as unfinished" in m for m in report.messages)
+
+
+def test_cells_that_pool_unlike_runs_are_marked(tmp_path):
+  """Two runs of one seed, or runs whose configs differ outside the table's axes (here the
+  step count), are not averaged silently: the cell says why, and a warning names the runs."""
+  root = tmp_path / "runs"
+  write_run(root, "a", task="listops", kind="dense", seed=0, accuracy=0.30,
+            extra={"num_train_steps": 100})
+  write_run(root, "b", task="listops", kind="dense", seed=0, accuracy=0.32,
+            extra={"num_train_steps": 100})
+  write_run(root, "c", task="text", kind="dense", seed=0, accuracy=0.60,
+            extra={"num_train_steps": 100})
+  write_run(root, "d", task="text", kind="dense", seed=1, accuracy=0.62,
+            extra={"num_train_steps": 300})
+  # Differences in seed and init_from (one pretrain per seed) are expected and not marked.
+  write_run(root, "e", task="listops", kind="dfss", seed=0, accuracy=0.31,
+            extra={"init_from": "/runs/pre0"})
+  write_run(root, "f", task="listops", kind="dfss", seed=1, accuracy=0.33,
+            extra={"init_from": "/runs/pre1"})
+  spec = tmp_path / "spec.py"
+  spec.write_text(TABLE_SPEC)
+  report = tables.Reporter(echo=False)
+  text = tables.make_table(str(root), str(spec), "markdown", report=report)
+  assert "| Dense | 31.00 ± 1.41 (n=2, ! seed 0 repeated) | 61.00 ± 1.41 (n=2, ! configs " \
+         "differ in num_train_steps) |" in text
+  assert "| DFSS 2:4 | 32.00 ± 1.41 (n=2) |" in text
+  assert any("pools unlike runs: seed 0 repeated" in m and str(root / "a") in m
+             for m in report.messages)
+  assert any("configs differ in num_train_steps" in m for m in report.messages)
+  # A column that is the step count makes the same runs poolable.
+  by_steps = tmp_path / "by_steps.py"
+  by_steps.write_text(TABLE_SPEC.replace(
+      'columns=[Selector("ListOps", {"task": "listops"}), Selector("Text", {"task": "text"})]',
+      'columns=[Selector("100", {"task": "text", "num_train_steps": 100}), '
+      'Selector("300", {"task": "text", "num_train_steps": 300})]'))
+  text = tables.make_table(str(root), str(by_steps), "markdown",
+                           report=tables.Reporter(echo=False))
+  assert "| Dense | 60.00 (n=1) | 62.00 (n=1) |" in text
 
 
 def test_csv_table_exact_numbers(synthetic_root):

@@ -50,6 +50,7 @@ from absl import flags
 import numpy as np
 import tqdm
 
+from lra_sparse import cli
 from lra_sparse.data.listops import CLOSE, DIGITS, END, HEADER, NUM_CLASSES, OPEN, OPERATORS
 
 # LRA defaults.
@@ -315,4 +316,4 @@ def main(argv: Sequence[str]) -> None:
 # the trainer) into one process, and their flag names (--output_dir, --seed, ...) overlap.
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  cli.run(main)

@@ -104,6 +104,7 @@ from PIL import Image
 from PIL import ImageChops
 from PIL import ImageDraw
 
+from lra_sparse import cli
 from lra_sparse.data.pathfinder import DIFFICULTY_DIRS
 
 CONTOUR_LENGTHS = {"easy": 6, "intermediate": 9, "hard": 14}
@@ -749,4 +750,4 @@ def main(argv: Sequence[str]) -> None:
 # the trainer) into one process, and their flag names (--output_dir, --seed, ...) overlap.
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  cli.run(main)

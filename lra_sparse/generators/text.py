@@ -22,6 +22,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from lra_sparse import cli
 from lra_sparse.data.text import LABEL_NAMES
 
 
@@ -78,4 +79,4 @@ def main(argv: Sequence[str]) -> None:
 # the trainer) into one process, and their flag names (--output_dir, --seed, ...) overlap.
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  cli.run(main)

@@ -1,0 +1,63 @@
+"""What every command line program does with errors: one line, not a traceback.
+
+A user error (a bad config or flag, missing or malformed data, a busy or foreign workdir, a
+diverged run) prints ``error: <message>`` on one line and exits 1; Ctrl-C prints one line and
+exits 130 (the trainer first lets an in-flight checkpoint save finish). Set the environment
+variable ``LRA_SPARSE_TRACEBACK=1`` to get the full traceback instead.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Optional, Sequence
+
+from absl import app
+
+from lra_sparse.errors import TrainingDiverged, TrainingInterrupted, WorkdirBusy
+
+TRACEBACK_ENV = "LRA_SPARSE_TRACEBACK"
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+# OSError covers missing files and directories; ValueError every config and data check.
+USER_ERRORS = (ValueError, OSError, WorkdirBusy, TrainingDiverged)
+
+
+def one_line(error: BaseException) -> str:
+  """The error's message on one line (continuation lines joined with ' | ')."""
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  return " | ".join(lines) or type(error).__name__
+
+
+def fail(message: str, code: int = EXIT_ERROR):
+  """Prints ``error: message`` to stderr and exits with ``code``."""
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  sys.exit(code)
+
+
+def report_errors(main: Callable[[Sequence[str]], Any]) -> Callable[[Sequence[str]], Any]:
+  """``main`` whose user errors and Ctrl-C end the program with one line."""
+  def wrapped(argv):
+    try:
+      return main(argv)
+    except TrainingInterrupted as error:
+      print(f"interrupted: {one_line(error)}", file=sys.stderr, flush=True)
+      sys.exit(EXIT_INTERRUPTED)
+    except KeyboardInterrupt:
+      if os.environ.get(TRACEBACK_ENV):
+        raise
+      print("interrupted", file=sys.stderr, flush=True)
+      sys.exit(EXIT_INTERRUPTED)
+    except USER_ERRORS as error:
+      if os.environ.get(TRACEBACK_ENV):
+        raise
+      fail(one_line(error))
+  return wrapped
+
+
+def run(main: Callable[[Sequence[str]], Any],
+        flags_parser: Optional[Callable[[list[str]], Any]] = None) -> None:
+  """``absl.app.run`` with ``report_errors``; a flags parser's user errors are one line too."""
+  if flags_parser is None:
+    app.run(report_errors(main))
+  else:
+    app.run(report_errors(main), flags_parser=report_errors(flags_parser))

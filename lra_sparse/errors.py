@@ -1,0 +1,13 @@
+"""The error types a run reports to its user (``lra_sparse.cli`` prints them as one line)."""
+
+
+class WorkdirBusy(RuntimeError):
+  """Another live process holds the workdir's lock."""
+
+
+class TrainingDiverged(RuntimeError):
+  """The loss or the gradient norm became non-finite; nothing non-finite was checkpointed."""
+
+
+class TrainingInterrupted(RuntimeError):
+  """SIGINT (Ctrl-C) stopped the run after its in-flight checkpoint save finished."""
