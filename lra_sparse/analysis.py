@@ -341,7 +341,7 @@ def analyse_run(workdir: str, out: str, *, json_path: str = "", split: str = "te
   batch = {name: jnp.asarray(arrays[name][:count]) for name in spec.input_names}
   variables = jax.jit(lambda rng: model.init(rng, batch, deterministic=True))(
       jax.random.key(0))
-  params, fresh, _ = train.load_params_from(workdir, variables["params"])
+  params, fresh, _ = train.load_params_from(workdir, variables["params"], what="--workdir")
   if fresh:
     raise ValueError(f"checkpoint in {workdir} lacks parameters {fresh[:5]} of the model "
                      f"its config.json describes")
@@ -349,6 +349,12 @@ def analyse_run(workdir: str, out: str, *, json_path: str = "", split: str = "te
   if not 0 <= layer < len(captured):
     raise ValueError(f"--layer={layer} must be in [0, {len(captured)})")
   report = qualities_from_captures(captured)
+  bad = sorted(f"{layer}/{ticket}/{key}" for layer, tickets in report["layers"].items()
+               for ticket, entry in tickets.items() for key, value in entry.items()
+               if not math.isfinite(value))
+  if bad:
+    raise ValueError(f"--workdir={workdir}: non-finite ticket qualities ({', '.join(bad[:5])}"
+                     f"{' ...' if len(bad) > 5 else ''}): the run's attention is not finite")
   entry = captured[layer]
   kind_config = parse_attention_config(config.attention)
   n, m = kind_config.n_m if kind_config.KIND == "dfss" else (2, 4)

@@ -34,19 +34,27 @@ def fail(message: str, code: int = EXIT_ERROR):
   sys.exit(code)
 
 
+def _exit_interrupted(message: str):
+  """Prints ``message`` and leaves at once. Ctrl-C may land while XLA compiles on another
+  thread; a normal interpreter shutdown can then crash (seen: a segfault after the message), so
+  the process exits without it, once the files it owns are closed (the trainer has already
+  waited for its checkpoint save)."""
+  print(message, file=sys.stderr, flush=True)
+  sys.stdout.flush()
+  os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access
+
+
 def report_errors(main: Callable[[Sequence[str]], Any]) -> Callable[[Sequence[str]], Any]:
   """``main`` whose user errors and Ctrl-C end the program with one line."""
   def wrapped(argv):
     try:
       return main(argv)
     except TrainingInterrupted as error:
-      print(f"interrupted: {one_line(error)}", file=sys.stderr, flush=True)
-      sys.exit(EXIT_INTERRUPTED)
+      _exit_interrupted(f"interrupted: {one_line(error)}")
     except KeyboardInterrupt:
       if os.environ.get(TRACEBACK_ENV):
         raise
-      print("interrupted", file=sys.stderr, flush=True)
-      sys.exit(EXIT_INTERRUPTED)
+      _exit_interrupted("interrupted")
     except USER_ERRORS as error:
       if os.environ.get(TRACEBACK_ENV):
         raise

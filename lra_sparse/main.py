@@ -6,6 +6,23 @@
 User errors (config, data, workdir) print one line ``error: ...`` and exit 1; Ctrl-C lets an
 in-flight checkpoint save finish and exits 130 (``lra_sparse.cli``).
 """
+import os
+import signal
+import sys
+
+
+def _interrupted_while_starting(signum, frame):
+  del signum, frame
+  print("interrupted: before training started; nothing was written", file=sys.stderr,
+        flush=True)
+  os._exit(130)    # pylint: disable=protected-access  (no cleanup is owed yet)
+
+
+# Ctrl-C during the imports and flag parsing below is one line too; main() hands SIGINT back to
+# Python (KeyboardInterrupt) once the trainer can finish a save cleanly.
+signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags, logging
 from ml_collections import config_flags
 
@@ -67,6 +84,7 @@ def parse_flags(argv):
 def main(argv):
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
+  signal.signal(signal.SIGINT, signal.default_int_handler)
   if not FLAGS["verbosity"].present:
     # Library INFO chatter (orbax, absl) drowns the progress bar; --verbosity=0 brings it back.
     logging.set_verbosity(logging.WARNING)

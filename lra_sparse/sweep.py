@@ -47,6 +47,7 @@ import ml_collections
 
 from lra_sparse import cli
 from lra_sparse import config as config_lib
+from lra_sparse import workdir as workdir_lib
 from lra_sparse.workdir import (ERROR_FILE, LOG_FILE, MANIFEST_FILE, RESULT_FILE, RUNNING_FILE,
                                 last_logged_step, lock_holder, write_json)
 
@@ -505,9 +506,17 @@ def run_sweep(spec_arg: str, root: str, *, parallel: str = "none",
               poll_seconds: float = 0.5, show_progress: bool = True) -> dict[str, str]:
   """Launches every unfinished run of the sweep; returns the final state of each run."""
   sweep = load_sweep(spec_arg)
-  os.makedirs(root, exist_ok=True)
+  runs = expand_sweep(sweep, root)        # a bad spec fails before the root is created
+  with workdir_lib.locked(root, workdir_lib.SWEEP_LOCK_FILE):
+    return _run_sweep_locked(sweep, spec_arg, root, runs, parallel=parallel, launcher=launcher,
+                             run_filter=run_filter, poll_seconds=poll_seconds,
+                             show_progress=show_progress)
+
+
+def _run_sweep_locked(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[RunPlan], *,
+                      parallel: str, launcher: Launcher | None, run_filter: str,
+                      poll_seconds: float, show_progress: bool) -> dict[str, str]:
   previous_outcomes = read_manifest_outcomes(root, sweep.name)
-  runs = expand_sweep(sweep, root)
   launcher = launcher or Launcher()
   if parallel == "gpus":
     slots: list[str | None] = list(detect_gpus()) or [None]

@@ -162,11 +162,14 @@ def _first_line(error: BaseException) -> str:
 
 
 def restore_newest_readable(manager: ocp.CheckpointManager, args_fn, where: str,
-                            quarantine: bool = False) -> tuple[Any, Optional[int]]:
+                            quarantine: bool = False,
+                            fall_back: bool = True) -> tuple[Any, Optional[int]]:
   """(restored, step) of the newest checkpoint that restores and holds finite parameters;
   (None, None) when there is none at all. Each unusable newer step costs one warning line;
   with ``quarantine`` it is moved to ``<workdir>/corrupt_checkpoints/`` so that the resumed
-  run can save that step again. No usable step at all is one error."""
+  run can save that step again. No usable step at all is one error, and so is an unusable
+  newest step when ``fall_back`` is False (fine-tuning or analysing an older step than the
+  run's last would mislead)."""
   steps = sorted(manager.all_steps(), reverse=True)
   unusable = []
   for step in steps:
@@ -176,6 +179,9 @@ def restore_newest_readable(manager: ocp.CheckpointManager, args_fn, where: str,
       if not bool(_all_finite(params)):
         raise ValueError("its parameters are not finite")
     except Exception as error:  # pylint: disable=broad-except  (orbax raises many kinds)
+      if not fall_back:
+        raise ValueError(f"the newest checkpoint (step {step}) in {where} is unusable "
+                         f"({_first_line(error)})") from None
       tqdm.write(f"warning: checkpoint step {step} in {where} is unusable "
                  f"({_first_line(error)}); trying an older one")
       unusable.append(step)
@@ -195,32 +201,33 @@ def restore_newest_readable(manager: ocp.CheckpointManager, args_fn, where: str,
   return None, None
 
 
-def _open_checkpoints(workdir: str) -> ocp.CheckpointManager:
+def _open_checkpoints(workdir: str, what: str) -> ocp.CheckpointManager:
   ckpt_dir = os.path.join(os.path.abspath(workdir), workdir_lib.CHECKPOINT_DIR)
   if not os.path.isdir(ckpt_dir):
-    raise FileNotFoundError(f"config.init_from={workdir!r}: no checkpoints/ directory there")
+    raise FileNotFoundError(f"{what}={workdir!r}: no checkpoints/ directory there")
   return ocp.CheckpointManager(ckpt_dir)
 
 
-def load_params_from(workdir: str, params) -> tuple[Any, list[str], list[str]]:
+def load_params_from(workdir: str, params, what: str = "config.init_from"
+                     ) -> tuple[Any, list[str], list[str]]:
   """Copies every parameter of ``workdir``'s last checkpoint that this model also has.
 
   Returns (params, new parameter paths kept at their fresh init, unused old paths). A shared
   path with a different shape is an error.
   """
-  manager = _open_checkpoints(workdir)
+  manager = _open_checkpoints(workdir, what)
   restored, step = restore_newest_readable(manager, ocp.args.StandardRestore,
-                                           f"config.init_from={workdir!r}")
+                                           f"{what}={workdir!r}", fall_back=False)
   manager.close()
   if step is None:
-    raise FileNotFoundError(f"config.init_from={workdir!r}: checkpoints/ holds no checkpoint")
+    raise FileNotFoundError(f"{what}={workdir!r}: checkpoints/ holds no checkpoint")
   old = flax.traverse_util.flatten_dict(restored["params"], sep="/")
   new = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
   merged, fresh = {}, []
   for path, value in new.items():
     if path in old:
       if tuple(old[path].shape) != tuple(value.shape):
-        raise ValueError(f"config.init_from: parameter {path} has shape {old[path].shape} in "
+        raise ValueError(f"{what}: parameter {path} has shape {old[path].shape} in "
                          f"{workdir} but {value.shape} in this model")
       merged[path] = jnp.asarray(old[path], value.dtype)
     else:

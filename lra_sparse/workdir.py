@@ -37,6 +37,7 @@ METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.json"
 CHECKPOINT_DIR = "checkpoints"
 LOCK_FILE = "run.lock"
+SWEEP_LOCK_FILE = "sweep.lock"    # in the sweep root, held by the sweep runner
 # Written by the sweep runner (lra_sparse.sweep).
 ERROR_FILE = "sweep_error.txt"
 LOG_FILE = "sweep_run.log"
@@ -73,18 +74,19 @@ def _read_holder(fd: int) -> Optional[dict]:
 
 
 @contextlib.contextmanager
-def locked(workdir: str) -> Iterator[None]:
-  """Holds ``<workdir>/run.lock`` exclusively for the body (creating the workdir); raises
-  ``WorkdirBusy`` naming the holder when another live process has it."""
+def locked(workdir: str, lock_file: str = LOCK_FILE) -> Iterator[None]:
+  """Holds ``<workdir>/<lock_file>`` exclusively for the body (creating the directory);
+  raises ``WorkdirBusy`` naming the holder when another live process has it."""
   os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, LOCK_FILE)
+  path = os.path.join(workdir, lock_file)
   fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
   try:
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-      raise WorkdirBusy(f"workdir {workdir} is in use by {_describe_holder(_read_holder(fd))}; "
-                        "wait for that run or use another --workdir") from None
+      what = "sweep root" if lock_file == SWEEP_LOCK_FILE else "workdir"
+      raise WorkdirBusy(f"{what} {workdir} is in use by {_describe_holder(_read_holder(fd))}; "
+                        "wait for it or use another directory") from None
     info = {"pid": os.getpid(), "host": socket.gethostname(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv)}
     os.ftruncate(fd, 0)

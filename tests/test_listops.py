@@ -1,5 +1,6 @@
 """ListOps generator and loader: labels by an independent evaluator, format, files, errors."""
 import csv
+import logging
 import io
 import os
 import subprocess
@@ -253,7 +254,8 @@ def test_loader_reads_generated_files(tmp_path):
     (FIXTURE + "( ( ( [SMD 2 ) 9 ) ] )\t2\r\n", 5, "unknown token '\\[SMD'"),
     (FIXTURE + "( ( ( [MAX 2M ) 9 ) ] )\t2\r\n", 5, "unknown token '2M'"),
     (FIXTURE + "( ( ( [MAX 2 )\r9 ) ] )\t9\r\n", 5, "stray carriage return"),
-    (FIXTURE + "( ( ( [MAX 2 ) 9 ) ] )\t9\r\n\r\n", 6, "2 tab-separated columns"),
+    # A blank line between rows is an error (blank lines at the end of the file are not rows).
+    (FIXTURE + "\r\n( ( ( [MAX 2 ) 9 ) ] )\t9\r\n", 5, "2 tab-separated columns"),
     (FIXTURE + "( ( ( [MAX 2 ) 9 ) ] )[\t9", 5, "unknown token '\\)\\['"),   # file end
     (FIXTURE + "( ( ( [MAX 2 ) 9[ ) ] )\t9\n", 5, "unknown token '9\\['"),
     (FIXTURE.encode().replace(b"[MED 1", b"[MED \xff").decode("latin-1"), 3, "not UTF-8|unknown"),
@@ -290,3 +292,21 @@ def test_cli_writes_the_official_files(tmp_path):
   listops_generator.write_listops_dataset(str(tmp_path / "api"), 20, 4, 4, seed=5,
                                           min_length=10, max_length=60, progress=False)
   assert read_files(out) == read_files(tmp_path / "api")
+
+
+def test_truncation_is_a_warning_and_trailing_blank_lines_are_not_rows(tmp_path, caplog):
+  for split in ("train", "val", "test"):
+    write_tsv(tmp_path / f"basic_{split}.tsv", FIXTURE)
+  path = tmp_path / "basic_val.tsv"
+  path.write_bytes(path.read_bytes() + b"\r\n\r\n\n")     # blank lines after the last row
+  task = get_task("listops")
+  with caplog.at_level(logging.INFO):
+    arrays = task.load_split(make_config(tmp_path, 16), "val")
+  np.testing.assert_array_equal(arrays["targets"], [9, 4, 1])
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert len(warnings) == 1 and "1 of them (33.3%) longer than max_length=16 tokens were " \
+                                 "truncated" in warnings[0]
+  caplog.clear()
+  with caplog.at_level(logging.INFO):
+    task.load_split(make_config(tmp_path, 64), "val")
+  assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -1,6 +1,7 @@
 """Pathfinder / Path-X: generator properties, the LRA on-disk layout, the loader, bad input."""
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -390,3 +391,15 @@ def test_configs_carry_lra_defaults_and_tiny_presets():
   for module in (pathfinder_config, pathx_config):
     with pytest.raises(ValueError, match="unknown preset"):
       module.get_config("huge")
+
+
+def test_missing_metadata_batch_is_a_loud_warning(tmp_path, caplog):
+  root = pf.write_dataset(str(tmp_path), 32, "easy", 30, seed=1, images_per_batch=10,
+                          progress=False)
+  os.remove(os.path.join(root, "metadata", "1.npy"))
+  with caplog.at_level(logging.INFO):
+    arrays = get_task("pathfinder").load_split(_config(tmp_path), "train")
+  assert len(arrays["targets"]) == 16                       # 80% of the 20 images left
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert any("metadata batch(es) 1.npy missing (1 of 3)" in m and "split boundaries move" in m
+             for m in warnings), warnings

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -124,17 +125,33 @@ def test_rsqrt_schedule_matches_lra_formula():
     np.testing.assert_allclose(float(schedule(step)), expected, rtol=1e-6)
 
 
+def _checkpoint_params(workdir):
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  manager = ocp.CheckpointManager(os.path.join(workdir, "checkpoints"))
+  params = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore())["params"]
+  manager.close()
+  return params
+
+
 def test_init_from_copies_shared_params_and_eval_dtype(tmp_path, tiny_config):
   base = tiny_config(num_train_steps=10)
-  train.train_and_evaluate(base, str(tmp_path / "pre"))
+  pre_result = train.train_and_evaluate(base, str(tmp_path / "pre"))
+  # Learning rate 0: the fine-tune's weights stay exactly what it started from, so its
+  # checkpoint shows whether every parameter was copied from the pretrain run.
   finetune = tiny_config(num_train_steps=10, init_from=str(tmp_path / "pre"),
-                         eval_dtype="bfloat16")
-  finetune.model.pooling = "cls"
+                         eval_dtype="bfloat16", **{"optim.learning_rate": 0.0})
   result = train.train_and_evaluate(finetune, str(tmp_path / "ft"))
   records = _read_metrics(tmp_path / "ft")
   init = [r for r in records if r["split"] == "init_from"]
-  assert init and init[0]["fresh_params"] == 0
+  assert init and init[0]["fresh_params"] == 0 and init[0]["unused_params"] == 0
+  pre, ft = _checkpoint_params(tmp_path / "pre"), _checkpoint_params(tmp_path / "ft")
+  assert jax.tree.structure(pre) == jax.tree.structure(ft)
+  for a, b in zip(jax.tree.leaves(pre), jax.tree.leaves(ft)):
+    np.testing.assert_array_equal(a, b)
+  # eval_dtype=bfloat16 evaluates the same weights in bf16: close to, not equal to, float32.
   assert np.isfinite(result["test"]["loss"])
+  assert result["test"]["loss"] != pre_result["test"]["loss"]
+  np.testing.assert_allclose(result["test"]["loss"], pre_result["test"]["loss"], rtol=0.05)
   bad = tiny_config(num_train_steps=10, init_from=str(tmp_path / "pre"))
   bad.model.emb_dim = 48
   bad.model.qkv_dim = 48

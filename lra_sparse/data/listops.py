@@ -147,6 +147,10 @@ def read_listops_tsv(path: str, max_length: int, keep_parentheses: bool = True
     raise FileNotFoundError(f"ListOps file not found: {path}")
   with open(path, "rb") as f:
     data = f.read()
+  # Blank lines at the end of the file are not rows (as in the retrieval loader).
+  body = data.rstrip(b"\r\n")
+  if len(body) < len(data):
+    data = body + (b"\r\n" if data[len(body):].startswith(b"\r\n") else b"\n")
   header = data.split(b"\n", 1)[0].removesuffix(b"\r")
   if header != "\t".join(HEADER).encode():
     raise ValueError(f"{path}:1: expected the header 'Source<TAB>Target', got {header[:80]!r}")
@@ -227,8 +231,10 @@ class ListOpsTask:
     path = os.path.join(data_dir, f"basic_{split}.tsv")
     start = time.perf_counter()
     inputs, targets, num_cut = read_listops_tsv(path, config.data.max_length, keep_parentheses)
-    logging.info("listops %s: %d examples from %s in %.1f s; %d of them (%.1f%%) longer than "
-                 "max_length=%d tokens were truncated", split, len(targets), path,
-                 time.perf_counter() - start, num_cut, 100.0 * num_cut / len(targets),
-                 config.data.max_length)
+    # Truncation changes the task (the answer depends on the whole expression): loud.
+    log = logging.warning if num_cut else logging.info
+    log("listops %s: %d examples from %s in %.1f s; %d of them (%.1f%%) longer than "
+        "max_length=%d tokens were truncated", split, len(targets), path,
+        time.perf_counter() - start, num_cut, 100.0 * num_cut / len(targets),
+        config.data.max_length)
     return {"inputs": inputs, "targets": targets}

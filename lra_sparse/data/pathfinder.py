@@ -96,6 +96,13 @@ def read_metadata(root: str) -> tuple[list[str], np.ndarray, list[str]]:
                  key=_metadata_sort_key)
   if not names:
     raise FileNotFoundError(f"no metadata files (*.npy) in {metadata_dir}")
+  numbers = {int(name[:-len(".npy")]) for name in names if name[:-len(".npy")].isdigit()}
+  missing = sorted(set(range(max(numbers) + 1)) - numbers) if numbers else []
+  if missing:
+    shown = ", ".join(f"{n}.npy" for n in missing[:10]) + (" ..." if len(missing) > 10 else "")
+    logging.warning("pathfinder %s: metadata batch(es) %s missing (%d of %d): their images are "
+                    "not loaded and the 80/10/10 split boundaries move (rows shift between "
+                    "train, val and test)", metadata_dir, shown, len(missing), max(numbers) + 1)
   images, labels, origins = [], [], []
   for name in names:
     path = os.path.join(metadata_dir, name)

@@ -108,8 +108,9 @@ class RetrievalTask:
                         config.data.get("max_examples", 0))
     # A document filling every position was (almost surely) truncated.
     num_full = int(sum((arrays[name][:, -1] != 0).sum() for name in ("inputs1", "inputs2")))
-    logging.info("retrieval %s: %d pairs from %s in %.1f s; %d of %d documents reach "
-                 "max_length=%d bytes", split, len(arrays["targets"]), path,
-                 time.perf_counter() - start, num_full, 2 * len(arrays["targets"]),
-                 config.data.max_length)
+    log = logging.warning if num_full else logging.info
+    log("retrieval %s: %d pairs from %s in %.1f s; %d of %d documents reach max_length=%d "
+        "bytes (truncated; LRA truncates at its max_length too)", split,
+        len(arrays["targets"]), path, time.perf_counter() - start, num_full,
+        2 * len(arrays["targets"]), config.data.max_length)
     return arrays

@@ -122,8 +122,9 @@ class TextTask:
     arrays = take_first({"inputs": encode_bytes(texts, config.data.max_length),
                          "targets": labels}, config.data.get("max_examples", 0))
     num_cut = sum(len(text) > config.data.max_length for text in texts[:len(arrays["targets"])])
-    logging.info("text %s: %d reviews from %s in %.1f s; %d (%.1f%%) longer than max_length=%d "
-                 "bytes were truncated", split, len(arrays["targets"]), where,
-                 time.perf_counter() - start, num_cut, 100.0 * num_cut / len(arrays["targets"]),
-                 config.data.max_length)
+    log = logging.warning if num_cut else logging.info
+    log("text %s: %d reviews from %s in %.1f s; %d (%.1f%%) longer than max_length=%d bytes "
+        "were truncated (LRA truncates at its max_length too)", split, len(arrays["targets"]),
+        where, time.perf_counter() - start, num_cut, 100.0 * num_cut / len(arrays["targets"]),
+        config.data.max_length)
     return arrays

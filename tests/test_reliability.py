@@ -1,0 +1,325 @@
+"""Run directories that cannot be corrupted, and errors a user can read.
+
+Workdir lock, resume config check, no non-finite checkpoints, restore fallback, Ctrl-C and
+kill -9 (real subprocesses), one-line CLI errors, the metrics log, the sweep's liveness check.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from lra_sparse import sweep as sweep_lib
+from lra_sparse import train
+from lra_sparse import workdir as workdir_lib
+from lra_sparse.errors import TrainingDiverged, WorkdirBusy
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(tiny_config, workdir, **overrides):
+  return train.train_and_evaluate(tiny_config(**overrides), str(workdir))
+
+
+def _records(workdir, split=None):
+  records = [record for _, record in workdir_lib.read_metrics(str(workdir))]
+  return [r for r in records if split is None or r["split"] == split]
+
+
+def _steps(workdir):
+  return sorted(int(name) for name in os.listdir(os.path.join(workdir, "checkpoints"))
+                if name.isdigit())
+
+
+# ----------------------------------------------------------------------------- resume check
+def test_resume_with_another_config_is_refused_before_the_workdir_changes(tmp_path,
+                                                                          tiny_config):
+  workdir = tmp_path / "run"
+  _run(tiny_config, workdir, num_train_steps=10)
+  config_json = (workdir / "config.json").read_bytes()
+  result_json = (workdir / "result.json").read_bytes()
+  metrics = (workdir / "metrics.jsonl").read_bytes()
+  for overrides, field in [({"attention.kind": "dfss"}, "attention.kind: 'dense' -> 'dfss'"),
+                           ({"model.mlp_dim": 128}, "model.mlp_dim: 64 -> 128"),
+                           ({"optim.learning_rate": 0.1}, "optim.learning_rate: 0.05 -> 0.1")]:
+    with pytest.raises(ValueError, match="holds a run with another config .*" + field):
+      _run(tiny_config, workdir, num_train_steps=10, **overrides)
+    assert (workdir / "config.json").read_bytes() == config_json
+    assert (workdir / "result.json").read_bytes() == result_json
+    assert (workdir / "metrics.jsonl").read_bytes() == metrics
+  with pytest.raises(ValueError, match="checkpoint at step 10, beyond "
+                                       "config.num_train_steps=5"):
+    _run(tiny_config, workdir, num_train_steps=5)
+  assert (workdir / "config.json").read_bytes() == config_json
+  # Step counts and intervals may change: the run trains on, and says what changed.
+  result = _run(tiny_config, workdir, num_train_steps=20, log_every_steps=2)
+  assert result["step"] == 20
+  assert json.loads((workdir / "config.json").read_text())["num_train_steps"] == 20
+  assert [r["step"] for r in _records(workdir, "resume")] == [10]
+  assert [r["step"] for r in _records(workdir, "train")][-5:] == [12, 14, 16, 18, 20]
+
+
+# ----------------------------------------------------------------------------- lock
+_HOLD_LOCK = """
+import sys, time
+from lra_sparse import workdir
+with workdir.locked(*sys.argv[1:]):
+  print("locked", flush=True)
+  time.sleep(600)
+"""
+
+
+def test_workdir_lock_names_its_holder_and_a_dead_holder_is_taken_over(tmp_path, tiny_config):
+  workdir = tmp_path / "run"
+  holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(workdir)],
+                            stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    assert workdir_lib.lock_holder(str(workdir))["pid"] == holder.pid
+    with pytest.raises(WorkdirBusy, match=f"in use by pid {holder.pid} on "):
+      _run(tiny_config, workdir, num_train_steps=5)
+    assert not (workdir / "config.json").exists() and not (workdir / "checkpoints").exists()
+  finally:
+    holder.kill()                     # kill -9: the kernel drops the lock with the process
+    holder.wait()
+  assert workdir_lib.lock_holder(str(workdir)) is None
+  assert _run(tiny_config, workdir, num_train_steps=5)["step"] == 5
+  assert workdir_lib.lock_holder(str(workdir)) is None
+
+
+def test_a_second_sweep_on_a_root_is_refused(tmp_path):
+  root = tmp_path / "root"
+  spec = tmp_path / "spec.py"
+  config = os.path.join(REPO, "configs", "listops.py")
+  spec.write_text("from lra_sparse.sweep import Group, Sweep\n"
+                  "def get_sweep(preset=''):\n"
+                  f"  return Sweep('s', [Group(config={config!r})])\n")
+  holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(root), "sweep.lock"],
+                            stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(WorkdirBusy, match=f"sweep root {root} is in use by pid {holder.pid}"):
+      sweep_lib.run_sweep(str(spec), str(root), show_progress=False)
+    assert os.listdir(root) == ["sweep.lock"]      # nothing launched, no manifest written
+  finally:
+    holder.kill()
+    holder.wait()
+
+
+# ----------------------------------------------------------------------------- finiteness
+def _poison_after(step_number, monkeypatch):
+  """Train steps whose parameters and loss turn NaN once the state passes ``step_number``."""
+  real = train.make_train_step
+
+  def poisoned(model):
+    step_fn = real(model)
+
+    def step(state, batch, rng):
+      state, metrics = step_fn(state, batch, rng)
+      bad = state.step > step_number
+      params = jax.tree.map(lambda p: jnp.where(bad, jnp.nan, p), state.params)
+      metrics = dict(metrics, loss=jnp.where(bad, jnp.nan, metrics["loss"]))
+      return state.replace(params=params), metrics
+    return step
+  monkeypatch.setattr(train, "make_train_step", poisoned)
+
+
+def test_non_finite_weights_are_never_checkpointed(tmp_path, tiny_config, monkeypatch):
+  workdir = tmp_path / "run"
+  _poison_after(12, monkeypatch)
+  with pytest.raises(TrainingDiverged, match="between steps 11 and 15; nothing non-finite was "
+                                             "checkpointed, the last finite checkpoint is step "
+                                             "10"):
+    _run(tiny_config, workdir, checkpoint_every_steps=5, log_every_steps=30)
+  assert _steps(workdir) == [5, 10]
+  assert not (workdir / "result.json").exists()
+  monkeypatch.undo()                  # a sane run resumes from the last finite checkpoint
+  result = _run(tiny_config, workdir, checkpoint_every_steps=5, log_every_steps=30)
+  assert result["step"] == 30 and np.isfinite(result["test"]["loss"])
+  reference = _run(tiny_config, tmp_path / "clean", checkpoint_every_steps=5,
+                   log_every_steps=30)
+  np.testing.assert_allclose(result["test"]["loss"], reference["test"]["loss"], rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- fallback
+def _corrupt(step_dir):
+  for directory, _, files in os.walk(step_dir):
+    for name in files:
+      if name != "commit_success.txt":
+        with open(os.path.join(directory, name), "wb") as f:
+          f.write(b"\x00garbage" * 7)
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, tiny_config, capsys):
+  workdir = tmp_path / "run"
+  _run(tiny_config, workdir, num_train_steps=20)        # checkpoints at 10 and 20
+  _corrupt(workdir / "checkpoints" / "20")
+  os.remove(workdir / "result.json")
+  capsys.readouterr()
+  result = _run(tiny_config, workdir, num_train_steps=30)
+  out = capsys.readouterr()
+  warnings = [line for line in (out.out + out.err).splitlines() if "is unusable" in line]
+  assert len(warnings) == 1 and "checkpoint step 20" in warnings[0], out
+  assert "resumed from" in out.out + out.err and "at step 10" in out.out + out.err
+  assert result["step"] == 30 and _steps(workdir) == [20, 30]
+  assert [name.split(".")[0] for name in os.listdir(workdir / "corrupt_checkpoints")] == ["20"]
+  reference = _run(tiny_config, tmp_path / "clean")
+  np.testing.assert_allclose(result["test"]["loss"], reference["test"]["loss"], rtol=1e-5)
+
+
+def test_init_from_refuses_an_unusable_newest_checkpoint(tmp_path, tiny_config):
+  pre = tmp_path / "pre"
+  _run(tiny_config, pre, num_train_steps=10)
+  manager = ocp.CheckpointManager(str(pre / "checkpoints"))
+  state = manager.restore(10, args=ocp.args.StandardRestore())
+  state["params"] = jax.tree.map(lambda p: np.full_like(p, np.nan), state["params"])
+  manager.save(11, args=ocp.args.StandardSave(state))
+  manager.wait_until_finished()
+  manager.close()
+  with pytest.raises(ValueError, match=r"newest checkpoint \(step 11\) .* is unusable .*not "
+                                       "finite"):
+    _run(tiny_config, tmp_path / "ft", num_train_steps=5, init_from=str(pre))
+
+
+# ----------------------------------------------------------------------------- metrics log
+def test_half_written_metrics_line_is_not_glued_to_the_next_record(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  path.write_text(json.dumps({"step": 5, "split": "train", "loss": 1.0}) + "\n"
+                  + '{"step": 10, "split": "tra')
+  workdir_lib.MetricsWriter(str(tmp_path)).write(10, "train", {"loss": 0.5})
+  messages = []
+  records = [r for _, r in workdir_lib.read_metrics(str(tmp_path), messages.append)]
+  assert [(r["step"], r["loss"]) for r in records] == [(5, 1.0), (10, 0.5)]
+  assert len(messages) == 1 and ":2: invalid JSON" in messages[0]
+
+
+# ----------------------------------------------------------------------------- sweep state
+def test_sweep_counts_a_zombie_child_as_dead_and_shows_the_real_error(tmp_path):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  child = subprocess.Popen([sys.executable, "-c", "pass"])
+  for _ in range(200):                # exited but not reaped: a zombie that answers kill 0
+    with open(f"/proc/{child.pid}/stat") as f:
+      if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+        break
+    time.sleep(0.05)
+  (workdir / "sweep_running.json").write_text(json.dumps(
+      {"pid": child.pid, "host": os.uname().nodename, "slot": None}))
+  os.kill(child.pid, 0)               # still "alive" to a plain kill 0
+  assert sweep_lib._read_running(str(workdir)) is None
+  child.wait()
+  (workdir / "sweep_error.txt").write_text(
+      "return code 1\ntime: now\ncommand: x\n---- last 60 lines ----\n"
+      "error: config.attention.dfss.nm='5:4': need 0 < n <= m\n"
+      "--------------------\n"
+      "For simplicity, JAX has removed its internal frames from the traceback of the "
+      "following exception. Set JAX_TRACEBACK_FILTERING=off to include these.\n")
+  assert sweep_lib.error_summary(str(workdir)) == (
+      "return code 1 | error: config.attention.dfss.nm='5:4': need 0 < n <= m")
+
+
+# ----------------------------------------------------------------------------- CLI
+def _main(workdir, *overrides, config="configs/listops.py:tiny", **popen):
+  return [sys.executable, "-m", "lra_sparse.main", f"--config={config}",
+          f"--workdir={workdir}", *overrides]
+
+
+def _tiny_listops(listops_dir, steps, every):
+  return [f"--config.data.data_dir={listops_dir}", "--config.data.max_length=128",
+          f"--config.num_train_steps={steps}", f"--config.checkpoint_every_steps={every}",
+          f"--config.eval_every_steps={steps}", "--config.log_every_steps=5",
+          "--config.num_eval_batches=1", "--config.batch_size=16"]
+
+
+def test_cli_user_errors_are_one_line(tmp_path, listops_dir):
+  bad_tsv = tmp_path / "bad"
+  bad_tsv.mkdir()
+  for split in ("train", "val", "test"):
+    (bad_tsv / f"basic_{split}.tsv").write_text("Source\tTarget\n( [MAX 2 3 ] )\t3\n"
+                                                "( [MAX 2 Q ] )\t3\n")
+  cases = [
+      (["--config.atention.kind=dsa"], "error: config.atention.kind is not a field of the "
+                                       "config (did you mean config.attention.kind?)"),
+      (["--config.attention.kind=nope"], "error: unknown attention kind 'nope'"),
+      (["--config.eval_every_steps=0"], "error: config.eval_every_steps=0 must be a positive "
+                                        "integer"),
+      ([f"--config.data.data_dir={tmp_path / 'absent'}"], "error: ListOps data directory not "
+                                                          "found"),
+      ([f"--config.data.data_dir={bad_tsv}"], f"error: {bad_tsv}/basic_train.tsv:3: unknown "
+                                              "token 'Q'"),
+  ]
+  for overrides, start in cases:
+    proc = subprocess.run(_main(tmp_path / "run", *overrides), cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith(start), proc.stderr
+  proc = subprocess.run(_main(tmp_path / "run", config="configs/listops.py:huge"), cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.stderr.strip().splitlines() == [
+      "error: --config=configs/listops.py:huge: unknown preset 'huge' for configs/listops.py; "
+      "known: '', 'tiny'"]
+  # The traceback is one environment variable away.
+  proc = subprocess.run(_main(tmp_path / "run", "--config.eval_every_steps=0"), cwd=REPO,
+                        capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, LRA_SPARSE_TRACEBACK="1"))
+  assert proc.returncode != 0 and "Traceback (most recent call last)" in proc.stderr
+
+
+def _wait_for(predicate, timeout, what):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if predicate():
+      return
+    time.sleep(0.2)
+  raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_sigint_saves_cleanly_exits_130_and_resumes(tmp_path, listops_dir):
+  workdir = tmp_path / "run"
+  args = _main(workdir, *_tiny_listops(listops_dir, 4000, 10))
+  proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  _wait_for(lambda: os.path.isdir(workdir / "checkpoints")
+            and any(n.isdigit() for n in os.listdir(workdir / "checkpoints")), 240,
+            "a first checkpoint")
+  proc.send_signal(signal.SIGINT)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 130, stderr
+  last = stderr.strip().splitlines()[-1]
+  assert last.startswith("interrupted: interrupted at step ") and "are kept" in last, stderr
+  assert "Traceback" not in stderr
+  saved = _steps(workdir)[-1]
+  finish = _main(workdir, *_tiny_listops(listops_dir, saved + 10, 10))
+  done = subprocess.run(finish, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert json.loads((workdir / "result.json").read_text())["step"] == saved + 10
+
+
+def test_kill_9_then_resume_gives_the_uninterrupted_result(tmp_path, listops_dir):
+  steps = 60
+  reference = subprocess.run(_main(tmp_path / "ref", *_tiny_listops(listops_dir, steps, 10)),
+                             cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert reference.returncode == 0, reference.stderr[-2000:]
+  workdir = tmp_path / "run"
+  args = _main(workdir, *_tiny_listops(listops_dir, steps, 10))
+  proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  _wait_for(lambda: len(_records(workdir, "train")) >= 3, 240, "training to log step 15")
+  proc.kill()
+  proc.wait()
+  assert not (workdir / "result.json").exists()
+  done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  want = json.loads((tmp_path / "ref" / "result.json").read_text())
+  got = json.loads((workdir / "result.json").read_text())
+  assert got["step"] == want["step"] == steps
+  np.testing.assert_allclose(got["test"]["loss"], want["test"]["loss"], rtol=1e-6)
+  assert got["test"]["accuracy"] == want["test"]["accuracy"]
