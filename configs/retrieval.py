@@ -12,7 +12,7 @@ def get_config(preset: str = "") -> "ml_collections.ConfigDict":
   config = get_base_config()
   config.task = "retrieval"
   config.data.source = "tsv"
-  config.data.data_dir = "data/aan"      # new_aan_pairs.{train,eval,test}.tsv (lra_release/tsv_data)
+  config.data.data_dir = "data/aan"  # new_aan_pairs.{train,eval,test}.tsv (lra_release/tsv_data)
   config.data.max_length = 4000          # per document (byte tokens)
   config.data.max_examples = 0           # > 0 keeps the first examples of each split
   # LRA: 4 layers, 4 heads, 128/128/512, batch 32, 0.05 rsqrt, 5000 steps, warmup 8000, wd 0.1.
