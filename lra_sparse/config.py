@@ -86,6 +86,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.optim.b2 = 0.98
   config.optim.eps = 1e-9
   config.optim.grad_clip_norm = 0.0  # 0 = off
+  # k > 1: each step's batch is processed as k micro-batches whose gradients are averaged
+  # (the same update, 1/k of the activation memory); batch_size must divide by k x devices.
+  config.optim.grad_accum_steps = 1
 
   config.batch_size = 32
   config.num_train_steps = 5000

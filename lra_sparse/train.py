@@ -34,11 +34,15 @@ from lra_sparse.errors import TrainingDiverged, TrainingInterrupted
 from lra_sparse.models import build_model
 
 AUX_COLLECTIONS = (AUX_LOSS, AUX_METRICS)
-# Fields a resumed run may change: they decide how long and how often, not what the weights
-# mean. Any other difference from the workdir's config.json is refused.
+# Fields a resumed run may change: they decide how long, how often and in how many pieces a
+# batch is processed, not what the weights mean. Any other difference from the workdir's
+# config.json is refused.
 RESUMABLE_FIELDS = ("num_train_steps", "eval_every_steps", "log_every_steps",
-                    "checkpoint_every_steps", "num_eval_batches")
+                    "checkpoint_every_steps", "num_eval_batches", "optim.grad_accum_steps")
 CORRUPT_DIR = "corrupt_checkpoints"
+# result.json / metrics.jsonl: the test metrics at the periodic evaluation with the best
+# validation accuracy so far (the first such step on ties), next to the last step's "test".
+BEST_SPLIT = "test_at_best_val"
 
 
 class TrainState(train_state.TrainState):
@@ -98,10 +102,13 @@ def _cross_entropy(logits, targets, weights):
   return jnp.sum(losses * weights), jnp.sum(correct * weights), jnp.sum(weights)
 
 
-def make_train_step(model: nn.Module):
-  def train_step(state: TrainState, batch, rng):
-    dropout_rng = jax.random.fold_in(rng, state.step)
-
+def make_train_step(model: nn.Module, grad_accum_steps: int = 1):
+  """One optimizer update per global batch. With ``grad_accum_steps`` k > 1 the batch is
+  cut into k micro-batches whose gradients (and metrics) are averaged before the update: the
+  same update as the whole batch at once (equal-sized micro-batches of a mean loss), with the
+  activation memory of one micro-batch. Micro-batch i takes every k-th example, so each
+  device's shard of a data-parallel batch splits evenly."""
+  def grads_and_metrics(state: TrainState, batch, dropout_rng):
     def loss_fn(params):
       variables = {"params": params, **(state.model_state or {})}
       logits, mutated = model.apply(variables, batch, deterministic=False,
@@ -114,8 +121,26 @@ def make_train_step(model: nn.Module):
       metrics = {"loss": task_loss, "accuracy": correct / count, "aux_loss": aux_loss,
                  **aux_metrics}
       return task_loss + aux_loss, metrics
+    return jax.grad(loss_fn, has_aux=True)(state.params)
 
-    grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
+  def train_step(state: TrainState, batch, rng):
+    dropout_rng = jax.random.fold_in(rng, state.step)
+    if grad_accum_steps == 1:
+      grads, metrics = grads_and_metrics(state, batch, dropout_rng)
+    else:
+      k = grad_accum_steps
+      micro = jax.tree.map(
+          lambda x: jnp.moveaxis(x.reshape((x.shape[0] // k, k) + x.shape[1:]), 1, 0), batch)
+
+      def accumulate(total, inputs):
+        index, micro_batch = inputs
+        grads, metrics = grads_and_metrics(state, micro_batch,
+                                           jax.random.fold_in(dropout_rng, index))
+        return jax.tree.map(lambda a, b: a + b / k, total, (grads, metrics)), None
+
+      zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(
+          grads_and_metrics, state, jax.tree.map(lambda x: x[0], micro), dropout_rng))
+      (grads, metrics), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(k), micro))
     metrics["grad_norm"] = optax.global_norm(grads)
     return state.apply_gradients(grads=grads), metrics
   return train_step
@@ -247,8 +272,8 @@ def make_model(config, spec: TaskSpec) -> nn.Module:
 def validate_config(config) -> None:
   """Checks of the run-level fields, before any data is read or anything compiles."""
   for name in ("batch_size", "num_train_steps", "eval_every_steps", "log_every_steps",
-               "checkpoint_every_steps"):
-    value = config[name]
+               "checkpoint_every_steps", "optim.grad_accum_steps"):
+    value = config[name] if "." not in name else config.optim[name.split(".")[1]]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
       raise ValueError(f"config.{name}={value!r} must be a positive integer")
   if config.num_eval_batches < 0:
@@ -269,6 +294,17 @@ def _load_splits(config, spec) -> dict[str, dict[str, np.ndarray]]:
     check_split_arrays(arrays, spec, f"task {config.task!r} split {split!r}")
     splits[split] = arrays
   return splits
+
+
+def _best_so_far(workdir: str, start_step: int) -> Optional[dict[str, Any]]:
+  """The last ``test_at_best_val`` record up to ``start_step`` (later ones belong to steps the
+  resumed run does again), as {"step", "val_accuracy", test metrics}; None if there is none."""
+  best = None
+  for _, record in workdir_lib.read_metrics(workdir):
+    if record.get("split") == BEST_SPLIT and isinstance(record.get("step"), int) \
+        and record["step"] <= start_step:
+      best = {key: value for key, value in record.items() if key not in ("split", "time")}
+  return best
 
 
 def check_resume_config(stored: dict, config: ml_collections.ConfigDict,
@@ -333,9 +369,10 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   eval_model = make_model(_eval_config(config), spec)
 
   devices = jax.local_devices()
-  if config.batch_size % len(devices):
+  accum = config.optim.grad_accum_steps
+  if config.batch_size % (len(devices) * accum):
     raise ValueError(f"config.batch_size={config.batch_size} must be divisible by the "
-                     f"{len(devices)} local devices")
+                     f"{len(devices)} local devices x config.optim.grad_accum_steps={accum}")
   mesh = Mesh(np.array(devices), ("data",))
   batch_sharding = NamedSharding(mesh, PartitionSpec("data"))
   replicated = NamedSharding(mesh, PartitionSpec())
@@ -393,7 +430,8 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     tqdm.write(f"resume: training on from step {start_step} to {config.num_train_steps}; "
                "removed the earlier result.json")
 
-  train_step = jax.jit(make_train_step(model), donate_argnums=(0,))
+  train_step = jax.jit(make_train_step(model, config.optim.grad_accum_steps),
+                       donate_argnums=(0,))
   eval_step = jax.jit(make_eval_step(eval_model))
   eval_cast = (lambda p: jax.tree.map(lambda x: x.astype(jnp.bfloat16), p)) \
       if config.eval_dtype == "bfloat16" else (lambda p: p)
@@ -402,6 +440,7 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
       batch_sharding, max_batches)
 
   batches = train_dataset(splits["train"], config.batch_size, config.seed)
+  best = _best_so_far(workdir, start_step)
   window: list[dict] = []
   last_saved = start_step if restored is not None else None
   finite = jnp.array(True)       # every loss and grad norm since the last save was finite
@@ -437,6 +476,9 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
         val = run_eval("val", config.num_eval_batches)
         writer.write(done, "val", val)
         progress.write(f"step {done}: val " + " ".join(f"{k}={v:.4f}" for k, v in val.items()))
+        if best is None or val["accuracy"] > best["val_accuracy"]:
+          best = {"step": done, "val_accuracy": val["accuracy"], **run_eval("test", 0)}
+          writer.write(done, BEST_SPLIT, {k: v for k, v in best.items() if k != "step"})
       if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps:
         if not (bool(finite) and bool(_all_finite(state.params))):
           raise diverged((last_saved or 0) + 1, done)
@@ -463,7 +505,7 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   writer.write(final_step, "test", test)
   majority = float(np.mean(splits["test"]["targets"] ==
                            np.bincount(splits["train"]["targets"]).argmax()))
-  result = {"step": final_step, "val": val, "test": test,
+  result = {"step": final_step, "val": val, "test": test, BEST_SPLIT: best,
             "majority_class_accuracy": majority, "num_params": num_params}
   workdir_lib.write_json(os.path.join(workdir, workdir_lib.RESULT_FILE), result)
   manager.close()

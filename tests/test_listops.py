@@ -161,6 +161,7 @@ def test_write_dataset_deterministic_distinct_official_layout(tmp_path):
 
 
 def make_config(data_dir, max_length, **data):
+  data.setdefault("keep_parentheses", True)     # the official files' tokens, unless a test asks
   config = ml_collections.ConfigDict()
   config.data = ml_collections.ConfigDict(dict(data_dir=str(data_dir), max_length=max_length,
                                                **data))
@@ -204,9 +205,11 @@ def test_loader_fixture_ids_padding_truncation(tmp_path):
     expected[row, :len(ids)] = ids
   np.testing.assert_array_equal(arrays["inputs"], expected)
   np.testing.assert_array_equal(arrays["targets"], [9, 4, 1])
-  inputs, targets, num_cut = listops.read_listops_tsv(str(tmp_path / "basic_test.tsv"), 16)
+  inputs, targets, num_cut = listops.read_listops_tsv(str(tmp_path / "basic_test.tsv"), 16,
+                                                      keep_parentheses=True)
   assert num_cut == 1
-  inputs, _, num_cut = listops.read_listops_tsv(str(tmp_path / "basic_test.tsv"), 22)
+  inputs, _, num_cut = listops.read_listops_tsv(str(tmp_path / "basic_test.tsv"), 22,
+                                            keep_parentheses=True)
   assert num_cut == 0 and inputs[2].tolist() == FIXTURE_IDS[2]
   # Without parentheses the row is the LRA token sequence (length = LRA length).
   no_parens = task.load_split(make_config(tmp_path, 10, keep_parentheses=False), "test")
@@ -310,3 +313,19 @@ def test_truncation_is_a_warning_and_trailing_blank_lines_are_not_rows(tmp_path,
   with caplog.at_level(logging.INFO):
     task.load_split(make_config(tmp_path, 64), "val")
   assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_loader_default_drops_parentheses_like_the_config(tmp_path):
+  """One default: a config without data.keep_parentheses reads like configs/listops.py."""
+  for split in ("train", "val", "test"):
+    write_tsv(tmp_path / f"basic_{split}.tsv", FIXTURE)
+  config = ml_collections.ConfigDict({"data": {"data_dir": str(tmp_path), "max_length": 32}})
+  default = get_task("listops").load_split(config, "test")
+  explicit = get_task("listops").load_split(make_config(tmp_path, 32, keep_parentheses=False),
+                                            "test")
+  np.testing.assert_array_equal(default["inputs"], explicit["inputs"])
+  assert listops.TOKEN_TO_ID["("] not in default["inputs"]
+  from lra_sparse.config import load_config_file  # pylint: disable=import-outside-toplevel
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  assert load_config_file(os.path.join(repo, "configs", "listops.py")).data.keep_parentheses \
+      is False

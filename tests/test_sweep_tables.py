@@ -639,3 +639,20 @@ def test_tiny_listops_spec(tmp_path, monkeypatch):
       f"listops-tiny__{v}__seed={s}" for v in (
           "kind=dense", "nm=2-4__kind=dfss", "sparsity=0.75__kind=dsa",
           "sparsity=0.9__kind=dsa") for s in (0, 1)]
+
+
+def test_table_of_test_accuracy_at_the_best_validation_step(tmp_path):
+  root = tmp_path / "runs"
+  for seed, (last, best) in enumerate([(0.30, 0.34), (0.32, 0.36)]):
+    workdir = write_run(root, f"dense_{seed}", task="listops", kind="dense", seed=seed,
+                        accuracy=last)
+    result = json.loads((workdir / "result.json").read_text())
+    result["test_at_best_val"] = {"step": 10, "val_accuracy": 0.5, "accuracy": best}
+    (workdir / "result.json").write_text(json.dumps(result))
+  spec = tmp_path / "spec.py"
+  spec.write_text(TABLE_SPEC.replace("average=True,", "average=True, split='test_at_best_val',"))
+  text = tables.make_table(str(root), str(spec), "markdown", report=tables.Reporter(echo=False))
+  assert "| Dense | 35.00 ± 1.41 (n=2) |" in text and "test_at_best_val accuracy" in text
+  spec.write_text(TABLE_SPEC)            # the default split: the last step's test accuracy
+  last = tables.make_table(str(root), str(spec), "markdown", report=tables.Reporter(echo=False))
+  assert "| Dense | 31.00 ± 1.41 (n=2) |" in last

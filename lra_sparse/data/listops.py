@@ -18,7 +18,8 @@ Loader: task ``listops`` (``lra_sparse.data.get_task("listops")``) with a fixed 
 ``config.data.max_length`` tokens are cut at max_length like LRA's ``[:max_length]``.
 With the parentheses a text has exactly ``3 * LRA length - 2`` tokens, so max_length=2000 cuts
 every tree longer than 667 (about 80% of the LRA set). The optional
-``config.data.keep_parentheses`` (default True) drops ``(`` and ``)`` when False: the token count
+``config.data.keep_parentheses`` keeps ``(`` and ``)`` when True; False (the default here and
+in ``configs/listops.py``) drops them: the token count
 is then the LRA length (< 2000, nothing is cut), as in S4 and later work. (LRA's own pipeline,
 ``tfds`` ``Tokenizer()`` with ``alphanum_only=True``, dropped ``(``, ``)``, ``[`` and ``]``.)
 A demo set for max_length=100 with parentheses: the generator's ``--min_length=15
@@ -133,7 +134,7 @@ def _line_ends(array: np.ndarray, mark: int) -> np.ndarray:
   return ends
 
 
-def read_listops_tsv(path: str, max_length: int, keep_parentheses: bool = True
+def read_listops_tsv(path: str, max_length: int, *, keep_parentheses: bool
                      ) -> tuple[np.ndarray, np.ndarray, int]:
   """Parses one official-format file: (inputs int32 [N, max_length], targets int32 [N], cut).
 
@@ -227,10 +228,12 @@ class ListOpsTask:
       raise FileNotFoundError(
           f"ListOps data directory not found: {data_dir!r} (config.data.data_dir); generate it "
           f"with: python -m lra_sparse.generators.listops --output_dir={data_dir or 'DIR'}")
-    keep_parentheses = bool(config.data.get("keep_parentheses", True))
+    # One default, the config's: LRA's tokenizer dropped the parentheses.
+    keep_parentheses = bool(config.data.get("keep_parentheses", False))
     path = os.path.join(data_dir, f"basic_{split}.tsv")
     start = time.perf_counter()
-    inputs, targets, num_cut = read_listops_tsv(path, config.data.max_length, keep_parentheses)
+    inputs, targets, num_cut = read_listops_tsv(path, config.data.max_length,
+                                                keep_parentheses=keep_parentheses)
     # Truncation changes the task (the answer depends on the whole expression): loud.
     log = logging.warning if num_cut else logging.info
     log("listops %s: %d examples from %s in %.1f s; %d of them (%.1f%%) longer than "
