@@ -32,6 +32,7 @@ def get_config(preset: str = "") -> "ml_collections.ConfigDict":
   config.model.mlp_dim = 128
   config.model.classifier_dim = 128      # LRA's classifier head hidden width is mlp_dim
   config.model.dropout_rate = 0.3        # LRA image config (its attention dropout 0.2 stays 0 here)
+  config.model.pos_emb = "learned"       # LRA cifar10 sets learn_pos_emb
   config.optim.learning_rate = 5e-4
   config.optim.schedule = "cosine"
   config.optim.warmup_steps = steps_per_epoch

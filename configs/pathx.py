@@ -30,6 +30,7 @@ def get_config(preset: str = "") -> "ml_collections.ConfigDict":
   config.model.num_layers = 1
   config.model.num_heads = 2
   config.model.emb_dim = 32
+  config.model.pos_emb = "learned"       # LRA pathfinder128 sets learn_pos_emb
   config.model.qkv_dim = 16
   config.model.mlp_dim = 32
   config.model.classifier_dim = 32        # LRA's classifier head is mlp_dim wide

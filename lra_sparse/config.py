@@ -68,6 +68,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   # them usable. Every kind honours a value > 0 through its reference path.
   config.model.attention_dropout_rate = 0.0
   config.model.pooling = "cls"      # "cls" | "mean"
+  # Position embeddings as LRA's AddPositionEmbs: fixed "sinusoidal", or "learned" (only LRA's
+  # image (CIFAR-10) and Path-X configs learn them: configs/image.py, configs/pathx.py).
+  config.model.pos_emb = "sinusoidal"
   config.model.classifier_dim = 1024
   config.model.pad_multiple = 16    # sequence (incl. CLS) padded to a multiple: N:M, kernel tiles
   config.model.dtype = "float32"    # compute dtype: "float32" | "bfloat16"; params stay float32

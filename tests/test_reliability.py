@@ -120,8 +120,8 @@ def _poison_after(step_number, monkeypatch):
   """Train steps whose parameters and loss turn NaN once the state passes ``step_number``."""
   real = train.make_train_step
 
-  def poisoned(model):
-    step_fn = real(model)
+  def poisoned(model, grad_accum_steps=1):
+    step_fn = real(model, grad_accum_steps)
 
     def step(state, batch, rng):
       state, metrics = step_fn(state, batch, rng)

@@ -6,11 +6,16 @@ import json
 import os
 import struct
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lra_sparse import config as config_lib
 from lra_sparse import train
 from lra_sparse.config import load_config_file
+from lra_sparse.data import get_task
+from lra_sparse.models.encoder import sinusoidal_positions
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -145,10 +150,6 @@ def test_attention_kind_trains_on_listops(attention, tmp_path, listops_dir):
 def test_every_config_builds_the_model_it_describes(task, preset):
   """Each config file and preset passes the run checks and its model traces (shapes only), with
   the widths it declares: a field renamed or left unused breaks this, not only a literal."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from lra_sparse import config as config_lib  # pylint: disable=import-outside-toplevel
-  from lra_sparse.data import get_task  # pylint: disable=import-outside-toplevel
 
   config = load_config_file(os.path.join(REPO, "configs", f"{task}.py"), preset)
   train.validate_config(config)
@@ -166,3 +167,47 @@ def test_every_config_builds_the_model_it_describes(task, preset):
   assert block["Dense_0"]["kernel"].shape == (mc.emb_dim, mc.mlp_dim)
   assert params["head"]["Dense_0"]["kernel"].shape[1] == mc.classifier_dim
   assert params["head"]["Dense_1"]["kernel"].shape[1] == spec.num_classes
+
+
+def _np_sinusoid(length, dim):
+  """LRA's position table, written out entry by entry in float64."""
+  table = np.zeros((length, dim))
+  for p in range(length):
+    for i in range(dim // 2):
+      table[p, 2 * i] = np.sin(p / 10000.0 ** (2 * i / dim))
+      table[p, 2 * i + 1] = np.cos(p / 10000.0 ** (2 * i / dim))
+  return table
+
+
+def test_default_listops_model_has_fixed_sinusoidal_positions_and_unit_std_embeddings():
+  """LRA's AddPositionEmbs (fixed sinusoids unless the task learns them) and its token
+  embedding init normal(stddev=1.0)."""
+
+  config = config_lib.run_config(load_config_file(os.path.join(REPO, "configs", "listops.py")))
+  config.data.max_length = 64                    # the LRA model, on a short input for speed
+  spec = get_task("listops").spec(config)
+  model = train.make_model(config, spec)
+  tokens = np.random.default_rng(0).integers(1, spec.vocab_size, (2, 64)).astype(np.int32)
+  batch = {"inputs": jnp.asarray(tokens), "targets": jnp.zeros((2,), jnp.int32)}
+  variables = model.init(jax.random.key(0), batch, deterministic=True)
+  encoder = variables["params"]["encoder"]
+  assert "pos_embed" not in encoder
+  embedding = np.asarray(encoder["embed"]["embedding"])
+  assert embedding.shape == (spec.vocab_size, 512) and abs(embedding.std() - 1.0) < 0.05
+  # The encoder adds exactly the sinusoid table to [CLS, tokens]: what enters the first
+  # block minus the token embeddings is the table at positions 1..64.
+  _, state = model.apply(variables, batch, deterministic=True, capture_intermediates=True)
+  embedded = np.asarray(state["intermediates"]["encoder"]["embed"]["__call__"][0])
+  block_input = np.asarray(state["intermediates"]["encoder"]["Dropout_0"]["__call__"][0])
+  np.testing.assert_allclose(block_input[:, 1:65] - embedded, np.broadcast_to(
+      _np_sinusoid(80, 512)[1:65], embedded.shape), atol=1e-5)
+  np.testing.assert_allclose(sinusoidal_positions(80, 512)[0], _np_sinusoid(80, 512), atol=1e-6)
+  # Image (CIFAR-10) and Path-X learn their positions, as LRA's configs do.
+  for task in ("image", "pathx"):
+    learned = load_config_file(os.path.join(REPO, "configs", f"{task}.py"), "tiny")
+    assert learned.model.pos_emb == "learned"
+  learned = config_lib.run_config(load_config_file(os.path.join(REPO, "configs", "image.py")))
+  image_model = train.make_model(learned, get_task("image").spec(learned))
+  shapes = jax.eval_shape(lambda: image_model.init(
+      jax.random.key(0), {"inputs": jnp.zeros((1, 1024), jnp.int32)}, deterministic=True))
+  assert shapes["params"]["encoder"]["pos_embed"].shape == (1, 1040, 128)

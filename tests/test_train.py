@@ -29,7 +29,7 @@ def test_listops_tiny_run_lowers_loss_and_writes_files(tmp_path, tiny_config, li
   train_losses = [r["loss"] for r in records if r["split"] == "train"]
   assert len(train_losses) == 6
   assert np.mean(train_losses[-2:]) < np.mean(train_losses[:2])
-  assert {r["split"] for r in records} == {"train", "val", "test"}
+  assert {r["split"] for r in records} == {"train", "val", "test", "test_at_best_val"}
   saved = json.loads((tmp_path / "result.json").read_text())
   assert saved["step"] == 30 and saved["test"]["accuracy"] == result["test"]["accuracy"]
   assert json.loads((tmp_path / "config.json").read_text())["task"] == "listops"

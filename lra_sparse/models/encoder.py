@@ -1,18 +1,33 @@
 """The LRA transformer encoder (Flax Linen) with a pluggable attention core.
 
-Follows google-research/long-range-arena's transformer_base: token embedding + learned positions,
-pre-LayerNorm blocks (attention, MLP) with dropout, final LayerNorm, CLS or mean pooling.
+Follows google-research/long-range-arena's transformer_base: token embedding (initialised
+normal(stddev=1.0), as LRA), position embeddings (fixed sinusoidal, or learned where LRA's task
+config learns them: ``config.model.pos_emb``), pre-LayerNorm blocks (attention, MLP) with
+dropout, final LayerNorm, CLS or mean pooling.
 """
 from __future__ import annotations
 
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 import flax.linen as nn
 
 from lra_sparse.attention import AttentionDims, build_attention
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+POS_EMBS = ("sinusoidal", "learned")
+
+
+def sinusoidal_positions(length: int, dim: int) -> np.ndarray:
+  """LRA's fixed position table [1, length, dim] (float32): even features sin(p * w_i), odd
+  features cos(p * w_i), w_i = 10000^(-2i / dim) (``dim`` must be even)."""
+  position = np.arange(length, dtype=np.float64)[:, None]
+  frequency = np.exp(np.arange(0, dim, 2) * -(np.log(10000.0) / dim))
+  table = np.zeros((length, dim), np.float64)
+  table[:, 0::2] = np.sin(position * frequency)
+  table[:, 1::2] = np.cos(position * frequency)
+  return table[None].astype(np.float32)
 
 
 def compute_dtype(model_config) -> Any:
@@ -41,6 +56,11 @@ def validate_model_config(model_config) -> None:
   for name in ("dropout_rate", "attention_dropout_rate"):
     if not 0.0 <= mc[name] < 1.0:
       raise ValueError(f"config.model.{name}={mc[name]} must be in [0, 1)")
+  if mc.pos_emb not in POS_EMBS:
+    raise ValueError(f"config.model.pos_emb={mc.pos_emb!r}; choose one of {POS_EMBS}")
+  if mc.pos_emb == "sinusoidal" and mc.emb_dim % 2:
+    raise ValueError(f"config.model.emb_dim={mc.emb_dim} must be even for "
+                     "config.model.pos_emb='sinusoidal'")
   compute_dtype(mc)
 
 
@@ -102,7 +122,8 @@ class Encoder(nn.Module):
       raise ValueError(f"tokens must be [batch, {self.max_length}], got {tokens.shape}")
     length = padded_length(self.max_length, mc)
     mask = tokens != self.pad_id
-    x = nn.Embed(self.vocab_size, mc.emb_dim, name="embed")(tokens)
+    x = nn.Embed(self.vocab_size, mc.emb_dim, embedding_init=nn.initializers.normal(1.0),
+                 name="embed")(tokens)
     if mc.pooling == "cls":
       cls = self.param("cls", nn.initializers.normal(0.02), (1, 1, mc.emb_dim))
       x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, mc.emb_dim)), x], axis=1)
@@ -110,7 +131,11 @@ class Encoder(nn.Module):
     extra = length - x.shape[1]
     x = jnp.pad(x, ((0, 0), (0, extra), (0, 0)))
     mask = jnp.pad(mask, ((0, 0), (0, extra)))
-    positions = self.param("pos_embed", nn.initializers.normal(0.02), (1, length, mc.emb_dim))
+    if mc.pos_emb == "learned":
+      positions = self.param("pos_embed", nn.initializers.normal(0.02),
+                             (1, length, mc.emb_dim))
+    else:
+      positions = jnp.asarray(sinusoidal_positions(length, mc.emb_dim))
     x = (x + positions).astype(dtype)
     x = nn.Dropout(mc.dropout_rate)(x, deterministic=deterministic)
     for i in range(mc.num_layers):
