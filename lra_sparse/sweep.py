@@ -49,7 +49,7 @@ from lra_sparse import cli
 from lra_sparse import config as config_lib
 from lra_sparse import workdir as workdir_lib
 from lra_sparse.workdir import (ERROR_FILE, LOG_FILE, MANIFEST_FILE, RESULT_FILE, RUNNING_FILE,
-                                last_logged_step, lock_holder, write_json)
+                                is_finished, last_logged_step, lock_holder, write_json)
 
 GPU_ENV_VAR = "LRA_SWEEP_GPUS"      # "4" (count) or "0,2,3" (ids); overrides nvidia-smi
 MAX_NAME_LENGTH = 150
@@ -360,7 +360,7 @@ def _read_running(workdir: str) -> dict[str, Any] | None:
 
 def run_state(run: RunPlan, states: Mapping[str, str] | None = None) -> str:
   """finished | running | failed | blocked (a dependency failed) | pending."""
-  if os.path.exists(os.path.join(run.workdir, RESULT_FILE)):
+  if is_finished(run.workdir):
     return FINISHED
   if _read_running(run.workdir) is not None:
     return RUNNING
@@ -553,7 +553,7 @@ def _run_sweep_locked(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[Run
     if any(a.run.name == dep for a in active) or any(r.name == dep for r in queue):
       return "wait"
     plan = next(run for run in runs if run.name == dep)
-    return "ok" if os.path.exists(os.path.join(plan.workdir, RESULT_FILE)) else "bad"
+    return "ok" if is_finished(plan.workdir) else "bad"
 
   try:
     while queue or active:
@@ -665,7 +665,7 @@ def _finish(entry: _Active, returncode: int, launcher: Launcher) -> str:
   entry.log_file.close()
   run = entry.run
   _remove(os.path.join(run.workdir, RUNNING_FILE))
-  if returncode == 0 and os.path.exists(os.path.join(run.workdir, RESULT_FILE)):
+  if returncode == 0 and is_finished(run.workdir):
     return FINISHED
   reason = (f"return code {returncode}" if returncode != 0
             else f"return code 0 but no {RESULT_FILE} was written")

@@ -239,10 +239,7 @@ def _check_keys(table: Table, runs: Sequence[RunRecord], report: Reporter) -> No
   if not runs:
     return
   known = set().union(*(run.config for run in runs))
-  selectors = [*table.rows, *table.columns, Selector("where", table.where)]
-  if table.plot:
-    selectors += [*table.plot.series, *table.plot.baselines]
-  for selector in selectors:
+  for selector in _selectors(table, with_plot=True):
     for key in selector.match:
       if key not in known:
         legacy = config_lib.legacy_key_message(key)
@@ -261,9 +258,16 @@ def _accepts_missing(expected: Any) -> bool:
 POOLABLE_KEYS = ("seed", "init_from")
 
 
-def _axis_keys(table: Table) -> set[str]:
+def _selectors(table: Table, with_plot: bool = False) -> list[Selector]:
+  """The table's rows, columns and ``where`` filter (and its plot's series and baselines)."""
   selectors = [*table.rows, *table.columns, Selector("where", table.where)]
-  return {key for selector in selectors for key in selector.match}
+  if with_plot and table.plot:
+    selectors += [*table.plot.series, *table.plot.baselines]
+  return selectors
+
+
+def _axis_keys(table: Table) -> set[str]:
+  return {key for selector in _selectors(table) for key in selector.match}
 
 
 def check_pooling(cell: CellStats, axis_keys: set[str]) -> list[str]:

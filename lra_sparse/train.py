@@ -271,9 +271,10 @@ def make_model(config, spec: TaskSpec) -> nn.Module:
 
 def validate_config(config) -> None:
   """Checks of the run-level fields, before any data is read or anything compiles."""
+  flat = config_lib.flatten_config(config.to_dict())
   for name in ("batch_size", "num_train_steps", "eval_every_steps", "log_every_steps",
                "checkpoint_every_steps", "optim.grad_accum_steps"):
-    value = config[name] if "." not in name else config.optim[name.split(".")[1]]
+    value = flat[name]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
       raise ValueError(f"config.{name}={value!r} must be a positive integer")
   if config.num_eval_batches < 0:

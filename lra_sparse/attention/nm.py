@@ -42,10 +42,6 @@ def parse_nm(spec: NMSpec, *, what: str = "nm") -> tuple[int, int]:
   return n, m
 
 
-def format_nm(n: int, m: int) -> str:
-  return f"{n}:{m}"
-
-
 def nm_mask(scores: jax.Array, n: int, m: int) -> jax.Array:
   """bool, same shape as ``scores``: True for the n largest of every m consecutive entries.
 
