@@ -1,8 +1,10 @@
-"""Times one LRA-default training step (ListOps shape) per attention setting; prints a table.
+"""Times one LRA-default training step per attention setting; prints a table.
 
-  python benchmarks/bench_train_step.py [--variants=fp32:xla,bf16:xla,bf16:cudnn] \
+  python -m benchmarks.bench_train_step [--variants=fp32:xla,bf16:xla,bf16:cudnn] \
       [--batch=32 --length=2000] [--out=FILE]
-  python benchmarks/bench_train_step.py --variants=bf16:kind=dfss+nm=2:4,bf16:kind=dsa+sparsity=0.9
+  python -m benchmarks.bench_train_step --variants=bf16:kind=dfss+nm=2:4,bf16:kind=dsa+sparsity=0.9
+  python -m benchmarks.bench_train_step --config=configs/pathfinder.py \
+      --variants=bf16:cudnn,bf16:kind=dfss   # Pathfinder-32: batch 512, 1024 pixels, head dim 4
 
 Random tokens (no data needed), the full trainer step (forward, backward, AdamW update), median
 wall time of --reps steps after --warmup steps, all variants in one process.
@@ -28,20 +30,24 @@ flags.DEFINE_list("variants", ["fp32:xla", "bf16:xla", "bf16:cudnn"],
                   "dtype:attention entries; attention is a dense implementation "
                   "(xla|cudnn|reference) or kind=<kind>[+field=value...] with fields of "
                   "config.attention.<kind> (e.g. kind=dfss+nm=1:2+backend=reference).")
-flags.DEFINE_integer("batch", 32, "Global batch size.")
-flags.DEFINE_integer("length", 2000, "Tokens per example.")
+flags.DEFINE_string("config", LISTOPS_CONFIG, "Config file (LRA defaults of its task).")
+flags.DEFINE_integer("batch", None, "Global batch size (default: the config's).")
+flags.DEFINE_integer("length", None, "Tokens per example (default: the config's max_length).")
 flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
 flags.DEFINE_integer("reps", 10, "Timed steps.")
 flags.DEFINE_string("out", "", "Also write the table here.")
 FLAGS = flags.FLAGS
 
 
-def make_config(variant: str) -> ml_collections.ConfigDict:
+def make_config(variant: str, *, config_path: str = LISTOPS_CONFIG, batch=None,
+                length=None) -> ml_collections.ConfigDict:
   dtype, attention = variant.split(":", 1)
-  config = load_config_file(LISTOPS_CONFIG)
+  config = load_config_file(config_path)
   config.model.dtype = {"fp32": "float32", "bf16": "bfloat16"}[dtype]
-  config.data.max_length = FLAGS.length
-  config.batch_size = FLAGS.batch
+  if length is not None:
+    config.data.max_length = length
+  if batch is not None:
+    config.batch_size = batch
   if attention.startswith("kind="):
     kind, *fields = attention.split("+")
     kind = kind.split("=", 1)[1]
@@ -56,14 +62,17 @@ def make_config(variant: str) -> ml_collections.ConfigDict:
   return config
 
 
-def time_variant(variant: str) -> tuple[float, float]:
-  config = make_config(variant)
-  spec = get_task("listops").spec(config)
+def time_variant(variant: str, *, warmup: int, reps: int, config_path: str = LISTOPS_CONFIG,
+                 batch=None, length=None) -> tuple[float, float]:
+  """(median seconds per train step, last loss) of one variant, on random tokens."""
+  config = make_config(variant, config_path=config_path, batch=batch, length=length)
+  batch, length = config.batch_size, config.data.max_length
+  spec = get_task(config.task).spec(config)
   model = train.make_model(config, spec)
   rng = np.random.default_rng(0)
-  batch = {"inputs": rng.integers(1, spec.vocab_size, (FLAGS.batch, FLAGS.length), np.int32),
-           "targets": rng.integers(0, spec.num_classes, (FLAGS.batch,), np.int32)}
-  variables = dict(jax.jit(lambda r: model.init(r, batch, deterministic=True))(
+  data = {"inputs": rng.integers(1, spec.vocab_size, (batch, length), np.int32),
+          "targets": rng.integers(0, spec.num_classes, (batch,), np.int32)}
+  variables = dict(jax.jit(lambda r: model.init(r, data, deterministic=True))(
       jax.random.key(0)))
   variables.pop("aux_loss", None)
   variables.pop("aux_metrics", None)
@@ -72,13 +81,13 @@ def time_variant(variant: str) -> tuple[float, float]:
                                   tx=train.make_optimizer(config), model_state=variables or None)
   step = jax.jit(train.make_train_step(model), donate_argnums=(0,))
   key = jax.random.key(1)
-  for _ in range(1 + FLAGS.warmup):
-    state, metrics = step(state, batch, key)
+  for _ in range(1 + warmup):
+    state, metrics = step(state, data, key)
   jax.block_until_ready(metrics)
   times = []
-  for _ in range(FLAGS.reps):
+  for _ in range(reps):
     start = time.perf_counter()
-    state, metrics = step(state, batch, key)
+    state, metrics = step(state, data, key)
     jax.block_until_ready(metrics)
     times.append(time.perf_counter() - start)
   return float(np.median(times)), float(metrics["loss"])
@@ -89,15 +98,21 @@ def main(argv):
   rows = []
   for variant in FLAGS.variants:
     try:
-      seconds, loss = time_variant(variant)
+      seconds, loss = time_variant(variant, config_path=FLAGS.config, batch=FLAGS.batch,
+                                   length=FLAGS.length, warmup=FLAGS.warmup, reps=FLAGS.reps)
       rows.append((variant, f"{seconds * 1e3:.1f}", f"{1 / seconds:.2f}", f"{loss:.3f}"))
     except Exception as e:  # one failing variant must not hide the others
       rows.append((variant, "failed", type(e).__name__, str(e).splitlines()[0][:80]))
     print(rows[-1], flush=True)
   device = jax.devices()[0]
-  header = (f"ListOps-shaped train step: batch {FLAGS.batch}, length {FLAGS.length}, 4 layers, "
-            f"512 wide, 8 heads, AdamW; device {device.device_kind}; jax {jax.__version__}; "
-            f"median of {FLAGS.reps} after {FLAGS.warmup} warm-up\n\n")
+  config = make_config("bf16:xla", config_path=FLAGS.config, batch=FLAGS.batch,
+                       length=FLAGS.length)
+  model = config.model
+  header = (f"{config.task} train step ({os.path.relpath(FLAGS.config)}): batch "
+            f"{config.batch_size}, length {config.data.max_length}, {model.num_layers} layers, "
+            f"{model.emb_dim} wide, {model.num_heads} heads of "
+            f"{model.qkv_dim // model.num_heads}; device {device.device_kind}; jax "
+            f"{jax.__version__}; median of {FLAGS.reps} after {FLAGS.warmup} warm-up\n\n")
   table = ("| variant | ms/step | steps/s | loss |\n|---|---|---|---|\n" +
            "\n".join("| " + " | ".join(r) + " |" for r in rows) + "\n")
   print(header + table)

@@ -1,6 +1,7 @@
 """DFSS, DSA and Nystromformer against independent float64 numpy references."""
 import functools
 import math
+import re
 import sys
 
 import jax
@@ -16,7 +17,8 @@ from lra_sparse.attention import dsa as dsa_lib
 # Jitted entry points: one compilation per shape instead of one per primitive (eager mode).
 dfss_attention = jax.jit(dfss_attention, static_argnames=("n", "m", "backend", "dropout_rate"))
 nystrom_attention = jax.jit(nystrom_attention,
-                            static_argnames=("num_landmarks", "pinv_iters", "nm"))
+                            static_argnames=("num_landmarks", "pinv_iters", "nm", "implementation",
+                                             "dropout_rate"))
 dense_reference = jax.jit(functools.partial(dense_attention, implementation="reference"))
 
 
@@ -46,6 +48,19 @@ def _qkv(seed=0, shape=(B, L, H, D)):
 
 def _mask(lengths=LENGTHS, length=L):
   return np.arange(length)[None, :] < np.asarray(lengths)[:, None]
+
+
+@pytest.fixture
+def full_fp32_products():
+  """float32 products in full precision on a GPU too (default there: TF32), for tests that
+  compare the iterative pseudo-inverse, which amplifies product rounding, with float64."""
+  with jax.default_matmul_precision("float32"):
+    yield
+
+
+def _fp32_tol(cpu_tol):
+  """Tolerance for float32 products: a GPU runs them in TF32 (10-bit mantissa) by default."""
+  return max(cpu_tol, 3e-3) if jax.default_backend() == "gpu" else cpu_tol
 
 
 # ----------------------------------------------------------------------------- numpy references
@@ -516,6 +531,7 @@ def test_dsa_config_errors():
 
 
 # ------------------------------------------------------------------------------------ Nystrom
+@pytest.mark.usefixtures("full_fp32_products")
 def test_nystrom_as_many_landmarks_as_tokens_is_close_to_dense():
   """Landmarks = tokens: F = A = B = softmax(QK^T/sqrt(d)), so O = A pinv(A) A V = A V once the
   iterative pinv has converged (6 iterations leave ~2e-2 on near-uniform A; 20 converge)."""
@@ -523,41 +539,45 @@ def test_nystrom_as_many_landmarks_as_tokens_is_close_to_dense():
   mask = jnp.asarray(_mask(lengths=[16, 11], length=16))
   got = nystrom_attention(q, k, v, num_landmarks=16, pinv_iters=20, mask=mask)
   want = dense_reference(q, k, v, mask)
-  np.testing.assert_allclose(np.asarray(got)[0], np.asarray(want)[0], atol=1e-3)
+  np.testing.assert_allclose(np.asarray(got)[0], np.asarray(want)[0], atol=_fp32_tol(1e-3))
   # With padding, Q~/K~ include zeroed padded tokens (official semantics): still close.
   np.testing.assert_allclose(np.asarray(got)[1, :11], np.asarray(want)[1, :11], atol=2e-2)
 
 
 @pytest.mark.parametrize("num_landmarks", [4, 8])
+@pytest.mark.usefixtures("full_fp32_products")
 def test_nystrom_matches_numpy_port_of_official(num_landmarks):
   q, k, v = _qkv(9)
   mask = _mask()
   got = nystrom_attention(q, k, v, num_landmarks=num_landmarks, mask=jnp.asarray(mask))
   want = np_nystrom_official(q, k, v, mask, num_landmarks)
-  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=_fp32_tol(1e-4), atol=_fp32_tol(1e-4))
 
 
 @pytest.mark.parametrize("nm", ["1:2", "2:4"])
+@pytest.mark.usefixtures("full_fp32_products")
 def test_nystrom_dfss_matches_numpy(nm):
   q, k, v = _qkv(10)
   mask = _mask()
   parsed = tuple(int(x) for x in nm.split(":"))
   got = nystrom_attention(q, k, v, num_landmarks=8, nm=nm, mask=jnp.asarray(mask))
   want = np_nystrom_official(q, k, v, mask, 8, nm=parsed)
-  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=_fp32_tol(1e-4), atol=_fp32_tol(1e-4))
   plain = np_nystrom_official(q, k, v, mask, 8)
   assert not np.allclose(want, plain, atol=1e-3)   # the pruning really changes the result
 
 
+@pytest.mark.usefixtures("full_fp32_products")
 def test_nystrom_pads_length_to_a_multiple_of_landmarks():
   q, k, v = _qkv(11, (B, 30, H, D))
   mask = _mask(lengths=[30, 17], length=30)
   got = nystrom_attention(q, k, v, num_landmarks=8, mask=jnp.asarray(mask))
   pad = lambda x: np.pad(x, ((0, 0), (0, 2), (0, 0), (0, 0)))
   want = np_nystrom_official(pad(q), pad(k), pad(v), np.pad(mask, ((0, 0), (0, 2))), 8)[:, :30]
-  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=_fp32_tol(1e-4), atol=_fp32_tol(1e-4))
 
 
+@pytest.mark.usefixtures("full_fp32_products")
 def test_nystrom_core_with_conv_matches_numpy_and_trains():
   q, k, v = _qkv(12)
   mask = jnp.asarray(_mask())
@@ -567,7 +587,7 @@ def test_nystrom_core_with_conv_matches_numpy_and_trains():
   out = _apply(core, {"params": params}, q, k, v, mask=mask)
   want = np_nystrom_official(q, k, v, _mask(), 8,
                              conv=np.asarray(params["conv_kernel"], np.float64))
-  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(out), want, rtol=_fp32_tol(1e-4), atol=_fp32_tol(1e-4))
   # Training path (dropout on F and B); one pinv iteration keeps the compile small.
   train_core = build_attention(_config("nystrom", num_landmarks=8, conv_kernel=5, pinv_iters=1,
                                        nm="1:2"), _dims(dropout=0.1))
@@ -634,3 +654,151 @@ def test_dfss_auto_fallback_on_a_gpu_is_warned_once(monkeypatch, caplog):
   warnings = [r.getMessage() for r in caplog.records if "backend='auto'" in r.getMessage()]
   assert len(warnings) == 1 and "head_dim 6 not in (16, 32, 64, 128)" in warnings[0]
   np.testing.assert_allclose(np.asarray(outs[0]), np_dfss(q, k, v, 2, 4), rtol=2e-5, atol=2e-5)
+
+
+# ----------------------------------------------------------------------------- dense: cuDNN path
+def test_cudnn_path_pads_small_head_dims_exactly(monkeypatch):
+  """Head dim 4 (LRA Pathfinder-32) reaches cuDNN zero-padded to 8 with the softmax scale of
+  the true head dim; cuDNN is stood in for by XLA with the same arguments (CPU), and the
+  result must equal the float64 reference. On a GPU, 'auto' never crashes on refusal."""
+  from lra_sparse.attention import dense as dense_lib  # pylint: disable=import-outside-toplevel
+  seen = []
+  real_dpa = jax.nn.dot_product_attention
+
+  def stand_in(q, k, v, *, key_value_seq_lengths, scale, implementation):
+    assert implementation == "cudnn"
+    seen.append((q.shape[-1], k.shape[-1], v.shape[-1], scale))
+    mask = np.arange(q.shape[1])[None, :] < np.asarray(key_value_seq_lengths)[:, None]
+    return real_dpa(q, k, v, mask=jnp.asarray(mask)[:, None, None, :], scale=scale,
+                    implementation="xla")
+
+  monkeypatch.setattr(dense_lib.jax.nn, "dot_product_attention", stand_in)
+  q, k, v = _qkv(21, (B, L, H, 4))
+  mask = _mask()
+  got = dense_lib.dense_attention(q, k, v, jnp.asarray(mask), implementation="cudnn")
+  assert seen == [(8, 8, 8, 0.5)] and got.shape == (B, L, H, 4)
+  np.testing.assert_allclose(np.asarray(got), np_dfss(q, k, v, 1, 1, mask),
+                             rtol=_fp32_tol(1e-5), atol=_fp32_tol(1e-5))
+
+  def refuse(*args, **kwargs):
+    raise ValueError("cuDNN refuses this shape")
+
+  monkeypatch.setattr(dense_lib.jax.nn, "dot_product_attention",
+                      lambda *a, **kw: refuse() if kw["implementation"] == "cudnn"
+                      else real_dpa(*a, **kw))
+  monkeypatch.setattr(dense_lib, "_on_gpu", lambda: True)
+  qb, kb, vb = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
+  out = dense_lib.dense_attention(qb, kb, vb, jnp.asarray(mask), implementation="auto")
+  want = np_dfss(*(np.asarray(x, np.float32) for x in (qb, kb, vb)), 1, 1, mask)
+  np.testing.assert_allclose(np.asarray(out, np.float32), want, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.gpu
+def test_cudnn_small_head_dims_match_reference_on_gpu():
+  for head_dim in (4, 8, 12):
+    q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in _qkv(22, (B, 128, H, head_dim)))
+    mask = _mask(length=128, lengths=[128, 77])
+    got = dense_attention(q, k, v, jnp.asarray(mask), implementation="cudnn")
+    want = np_dfss(*(np.asarray(x, np.float32) for x in (q, k, v)), 1, 1, mask)
+    assert np.all(np.isfinite(np.asarray(got, np.float32)))
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=2e-2, atol=2e-2)
+
+
+# ----------------------------------------------------------------------------- Nystrom speed forms
+def np_length_conv(values, taps):
+  """float64 loops: out[l] = sum_t taps[t, h] values[l + t - K//2] (zero outside)."""
+  values, taps = np.asarray(values, np.float64), np.asarray(taps, np.float64)
+  out = np.zeros(values.shape)
+  size, length = taps.shape[0], values.shape[1]
+  for t in range(size):
+    shift = t - size // 2
+    for i in range(max(0, -shift), min(length, length - shift)):
+      out[:, i] += taps[t][None, :, None] * values[:, i + shift]
+  return out
+
+
+@pytest.mark.parametrize("length,size,block", [(130, 35, 64), (7, 5, 64), (64, 129, 64),
+                                               (200, 1, 16), (33, 33, 16)])
+def test_banded_conv_matches_numpy(length, size, block):
+  from lra_sparse.attention import nystrom as nys  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(length + size)
+  values = rng.normal(size=(2, length, 3, 5)).astype(np.float32)
+  taps = rng.normal(size=(size, 3)).astype(np.float32)
+  want = np_length_conv(values, taps)
+  for fn in (functools.partial(nys.banded_length_conv, block=block), nys.grouped_length_conv,
+             nys.depthwise_length_conv):
+    got = np.asarray(jax.jit(fn)(values, taps))
+    np.testing.assert_allclose(got, want, rtol=_fp32_tol(1e-5),
+                               atol=_fp32_tol(1e-5) * np.abs(want).max())
+  # gradients w.r.t. the values and the taps: the conv is linear in each, so the exact
+  # gradient of <out, c> is the adjoint conv (values) and a correlation (taps)
+  cot = rng.normal(size=want.shape).astype(np.float32)
+  grad_v, grad_w = jax.grad(lambda x, w: jnp.vdot(nys.banded_length_conv(x, w, block=block),
+                                                  cot), argnums=(0, 1))(values, taps)
+  want_v = np_length_conv(cot, taps[::-1])
+  padded = np.pad(values.astype(np.float64), ((0, 0), (size // 2, size // 2), (0, 0), (0, 0)))
+  want_w = np.stack([np.einsum("blhd,blhd->h", cot, padded[:, t:t + length])
+                     for t in range(size)])
+  np.testing.assert_allclose(np.asarray(grad_v), want_v, rtol=_fp32_tol(1e-4),
+                             atol=_fp32_tol(1e-4) * np.abs(want_v).max())
+  np.testing.assert_allclose(np.asarray(grad_w), want_w, rtol=_fp32_tol(1e-4),
+                             atol=_fp32_tol(1e-4) * np.abs(want_w).max())
+  with pytest.raises(ValueError, match="K//2 <= block"):
+    nys.banded_length_conv(values, np.ones((2 * block + 3, 3), np.float32), block=block)
+
+
+def test_nystrom_half_precision_stays_close_to_float64():
+  """bf16 inputs: half-precision product operands, float32 softmax and pinv; the error against
+  the float64 port is that of rounding the inputs and the probabilities to bf16."""
+  q, k, v = _qkv(23, (B, L, H, 16))
+  mask = _mask()
+  to_bf16 = functools.partial(jnp.asarray, dtype=jnp.bfloat16)
+  got = nystrom_attention(to_bf16(q), to_bf16(k), to_bf16(v), num_landmarks=8,
+                          mask=jnp.asarray(mask))
+  assert got.dtype == jnp.bfloat16
+  rounded = [np.asarray(to_bf16(x), np.float64) for x in (q, k, v)]
+  want = np_nystrom_official(*rounded, mask, 8)
+  real = mask[:, :, None, None]
+  err = np.linalg.norm(np.where(real, np.asarray(got, np.float64) - want, 0))
+  assert err / np.linalg.norm(np.where(real, want, 0)) < 2e-2
+
+
+def test_nystrom_cudnn_formulation_equals_explicit(monkeypatch):
+  """The cuDNN path (F and B V as flash attentions of other lengths) computes the same function
+  as the explicit one; cuDNN is stood in for by XLA with the same arguments (CPU). Also: one
+  clear error where cuDNN does not apply, and a fully padded example gives zeros."""
+  from lra_sparse.attention import dense as dense_lib  # pylint: disable=import-outside-toplevel
+  real_dpa = jax.nn.dot_product_attention
+  calls = []
+
+  def stand_in(q, k, v, *, key_value_seq_lengths, scale, implementation):
+    assert implementation == "cudnn" and q.dtype == k.dtype == v.dtype
+    calls.append((q.shape, k.shape))
+    mask = None
+    if key_value_seq_lengths is not None:
+      mask = (jnp.arange(k.shape[1])[None, :] < key_value_seq_lengths[:, None])[:, None, None]
+    out = real_dpa(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
+                   mask=mask, scale=scale, implementation="xla")
+    return out.astype(q.dtype)
+
+  monkeypatch.setattr(dense_lib.jax.nn, "dot_product_attention", stand_in)
+  q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in _qkv(24, (3, 30, H, 16)))
+  mask = jnp.asarray(_mask(lengths=[30, 11, 0], length=30))
+  got = nystrom_attention(q, k, v, num_landmarks=8, mask=mask, implementation="cudnn")
+  assert calls == [((3, 8, H, 16), (3, 32, H, 16)), ((3, 32, H, 16), (3, 8, H, 16))]
+  want = nystrom_attention(q, k, v, num_landmarks=8, mask=mask, implementation="xla")
+  real = np.asarray(mask)[:, :, None, None]
+  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  assert np.all(np.isfinite(got)) and np.all(got[2] == 0)
+  np.testing.assert_allclose(np.where(real, got, 0), np.where(real, want, 0), rtol=3e-2,
+                             atol=3e-2)
+  for kwargs, problem in (({"nm": "2:4"}, "nm=(2, 4)"),
+                          ({"dropout_rate": 0.1, "dropout_rng": jax.random.PRNGKey(0)},
+                           "dropout_rate=0.1")):
+    with pytest.raises(ValueError, match=rf"implementation='cudnn'.*{re.escape(problem)}"):
+      nystrom_attention(q, k, v, num_landmarks=8, mask=mask, implementation="cudnn", **kwargs)
+  with pytest.raises(ValueError, match="implementation='cudnn'.*float32"):
+    nystrom_attention(*(x.astype(jnp.float32) for x in (q, k, v)), num_landmarks=8,
+                      implementation="cudnn")
+  with pytest.raises(ValueError, match="config.attention.nystrom.implementation='fast'"):
+    build_attention(_config("nystrom", implementation="fast"), _dims())

@@ -1,7 +1,12 @@
-"""Dense softmax attention: softmax(Q K^T / sqrt(d) + padding) V."""
+"""Dense softmax attention: softmax(Q K^T / sqrt(d) + padding) V.
+
+Attention dropout runs through the explicit formulation (XLA): ``jax.nn.dot_product_attention``,
+the supported JAX entry to cuDNN's fused attention, has no dropout argument.
+"""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -25,8 +30,35 @@ class DenseConfig(KindConfig):
     self.check_choice("implementation", IMPLEMENTATIONS)
 
 
+CUDNN_HEAD_DIM_MULTIPLE = 8   # cuDNN's fused attention needs head_dim % 8 == 0
+_WARNED = set()
+
+
 def _on_gpu() -> bool:
   return jax.default_backend() == "gpu"
+
+
+def _warn_once(message: str) -> None:
+  if message not in _WARNED:
+    _WARNED.add(message)
+    logging.warning(message)
+
+
+def cudnn_attention(q, k, v, mask=None):
+  """cuDNN flash attention; q may have another length than k and v; mask: bool [batch,
+  k_len], real keys first. A head dim that is not a multiple of 8 (LRA Pathfinder-32 has 4)
+  is zero-padded to one, with the softmax scale of the true head dim: the padded q/k columns
+  add 0 to every score and the padded v columns are sliced off, so the result is exact."""
+  head_dim = q.shape[-1]
+  padded = -(-head_dim // CUDNN_HEAD_DIM_MULTIPLE) * CUDNN_HEAD_DIM_MULTIPLE
+  if padded != head_dim:
+    widen = lambda x: jnp.pad(x, ((0, 0),) * 3 + ((0, padded - head_dim),))  # noqa: E731
+    q, k, v = widen(q), widen(k), widen(v)
+  # cuDNN refuses a broadcast [B,1,1,L] mask: key padding goes in as sequence lengths.
+  lengths = None if mask is None else jnp.sum(mask, axis=-1, dtype=jnp.int32)
+  out = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
+                                     scale=head_dim ** -0.5, implementation="cudnn")
+  return out[..., :head_dim]
 
 
 def dense_attention_reference(q, k, v, mask=None, *, dropout_rate=0.0, dropout_rng=None):
@@ -54,14 +86,14 @@ def dense_attention(q, k, v, mask=None, *, implementation: str = "auto"):
     raise ValueError(f"mask must be bool [batch, length] = {k.shape[:2]}, got {mask.shape}")
   if implementation == "reference":
     return dense_attention_reference(q, k, v, mask)
-  if implementation == "auto":
-    implementation = ("cudnn" if _on_gpu() and q.dtype in (jnp.bfloat16, jnp.float16)
-                      else "xla")
   if implementation == "cudnn":
-    # cuDNN refuses a broadcast [B,1,1,L] mask: key padding goes in as sequence lengths.
-    lengths = None if mask is None else jnp.sum(mask, axis=-1, dtype=jnp.int32)
-    return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
-                                        implementation="cudnn")
+    return cudnn_attention(q, k, v, mask)
+  if implementation == "auto" and _on_gpu() and q.dtype in (jnp.bfloat16, jnp.float16):
+    try:
+      return cudnn_attention(q, k, v, mask)
+    except Exception as error:  # noqa: BLE001  cuDNN refuses at trace time: XLA runs it
+      _warn_once(f"dense attention: cuDNN cannot run q {q.shape} {q.dtype} "
+                 f"({str(error).splitlines()[0][:120]}); using XLA")
   bias_mask = None if mask is None else mask[:, None, None, :]
   return jax.nn.dot_product_attention(q, k, v, mask=bias_mask, implementation="xla")
 

@@ -14,9 +14,12 @@ heads as in the official code (its "original" init; A's rows sum to 1, so this i
 its 1 / max column sum).
 
 Differences from the official code, all documented: if L is not a multiple of num_landmarks the
-sequence is padded at the end with masked tokens (the official code requires divisibility), and
+sequence is padded at the end with masked tokens (the official code requires divisibility);
 ``num_landmarks == L`` still runs the Nystrom approximation (the official code switches to
-exact softmax there). Everything is computed in float32, as the official code does under AMP.
+exact softmax there); a bf16 / fp16 model multiplies in half precision with float32
+accumulation (the official code runs its attention in float32 under AMP; the softmaxes and the
+pseudo-inverse stay float32 here too), through cuDNN's flash attention on a GPU. The conv skip
+runs as block-banded matrix products on the tensor cores.
 
 Nystrom + DFSS (``nm="n:m"``): the two non-square softmax matrices F and B are N:M-pruned along
 their last axis (landmarks for F, keys for B) before their softmax, as DFSS stores them under
@@ -31,9 +34,12 @@ import jax
 import jax.numpy as jnp
 import flax.linen as nn
 
-from lra_sparse.attention import common
+from lra_sparse.attention import common, dense
 from lra_sparse.attention.nm import nm_mask, parse_nm
 from lra_sparse.attention.registry import AttentionDims, KindConfig, register_attention
+
+
+IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +50,12 @@ class NystromConfig(KindConfig):
   pinv_iters: int = 6              # iterations of the Moore-Penrose pseudo-inverse
   conv_kernel: int = 35            # depthwise conv skip on V over the length axis; 0 = none
   nm: str = ""                     # "" (plain Nystromformer) or "n:m": DFSS on F and B
+  # auto: cuDNN for F (.) and B V on a GPU in half precision (plain Nystromformer without
+  # attention dropout), else XLA | xla | cudnn
+  implementation: str = "auto"
 
   def __post_init__(self):
+    self.check_choice("implementation", IMPLEMENTATIONS)
     self.check_int("num_landmarks", 1)
     self.check_int("pinv_iters", 1)
     self.check_int("conv_kernel", 0)
@@ -85,11 +95,23 @@ def _softmax(logits, nm):
 
 def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
                       nm: Union[None, str, tuple[int, int]] = None, mask=None,
-                      dropout_rate: float = 0.0, dropout_rng=None):
+                      dropout_rate: float = 0.0, dropout_rng=None,
+                      implementation: str = "xla"):
   """Nystrom attention WITHOUT the conv skip (the core adds it). q, k, v: [batch, length,
   heads, head_dim]; mask: bool [batch, length] (True = real). ``nm``: None / "" (plain) or
   "n:m" / an (n, m) pair for Nystrom+DFSS; num_landmarks must then be a multiple of m.
   Dropout, when given, applies to the probability matrices F and B.
+
+  Precision: the landmarks, the logits, the three softmaxes and the pseudo-inverse are
+  float32. The products with the [L x m] / [m x L] matrices take their operands in the input
+  dtype (bf16 / fp16 inputs: half-precision operands with float32 accumulation, as flash
+  attention multiplies P V), so a float32 model computes everything in float32.
+
+  ``implementation``: "xla" (the explicit formulation), "cudnn" or "auto" (cuDNN when it
+  applies: a GPU, half precision, no N:M, no dropout). F (pinv(A) B V) and B V are softmax
+  attentions with other lengths -- queries Q over the m keys K~ with values pinv(A) B V, and
+  the m queries Q~ over the L keys K with values V -- so cuDNN's flash attention computes
+  both without writing F or B, forward and backward.
   """
   if q.ndim != 4 or k.shape != q.shape or v.shape[:-1] != k.shape[:-1]:
     raise ValueError(f"nystrom_attention: q, k, v must be [batch, length, heads, head_dim] "
@@ -111,46 +133,112 @@ def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
     raise ValueError(f"nystrom_attention: mask must be bool [batch, length] = "
                      f"{(batch, length)}, got {mask.shape}")
   mask = mask.astype(bool)
+  f32 = jnp.float32
+  half = q.dtype in (jnp.bfloat16, jnp.float16)
+  operand = q.dtype if half else f32
+  dropout = dropout_rate > 0.0 and dropout_rng is not None
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"nystrom_attention: implementation={implementation!r} not in "
+                     f"{IMPLEMENTATIONS}")
+  if implementation == "cudnn" and (nm is not None or dropout or not half):
+    raise ValueError("nystrom_attention: implementation='cudnn' runs plain Nystromformer in "
+                     "bf16/fp16 without attention dropout; use 'xla' (or 'auto') for "
+                     f"nm={nm}, dropout_rate={dropout_rate}, dtype={q.dtype}")
+  use_cudnn = implementation == "cudnn" or (
+      implementation == "auto" and half and nm is None and not dropout
+      and jax.default_backend() == "gpu")
 
-  # [batch, heads, length, dim] in float32, padded tokens zeroed, scaled by d^(-1/4) each.
-  to_heads = lambda x: jnp.swapaxes(x.astype(jnp.float32), 1, 2)
-  real = mask[:, None, :, None].astype(jnp.float32)
-  scale = jnp.float32(head_dim ** -0.25)
-  qh, kh, vh = to_heads(q) * real * scale, to_heads(k) * real * scale, to_heads(v)
-  key_mask = mask
+  def product(spec, x, y):
+    return jnp.einsum(spec, x.astype(operand), y.astype(operand), preferred_element_type=f32)
+
+  # Padded tokens zeroed (exact in any dtype); layout stays [batch, length, heads, dim].
+  # The official d^(-1/4) on Q and on K is applied as d^(-1/2) on every logit (same value).
+  real = mask[:, :, None, None]
+  qz, kz = jnp.where(real, q, 0), jnp.where(real, k, 0)
   padded = -(-length // num_landmarks) * num_landmarks
+  key_mask = mask
   if padded != length:
-    pad = ((0, 0), (0, 0), (0, padded - length), (0, 0))
-    qh, kh, vh = jnp.pad(qh, pad), jnp.pad(kh, pad), jnp.pad(vh, pad)
+    pad = ((0, 0), (0, padded - length), (0, 0), (0, 0))
+    qz, kz, v = jnp.pad(qz, pad), jnp.pad(kz, pad), jnp.pad(v, pad)
     key_mask = jnp.pad(mask, ((0, 0), (0, padded - length)))
+  logit_scale = f32(head_dim ** -0.5)
 
-  segments = lambda x: x.reshape(batch, heads, num_landmarks, padded // num_landmarks,
-                                 head_dim).mean(axis=3)
-  q_land, k_land = segments(qh), segments(kh)
-  kernel_f = _softmax(jnp.einsum("bhld,bhmd->bhlm", qh, k_land), nm)           # [L x m]
-  kernel_a = _softmax(jnp.einsum("bhnd,bhmd->bhnm", q_land, k_land), None)     # [m x m]
-  logits_b = jnp.einsum("bhmd,bhld->bhml", q_land, kh)
+  def segments(x):  # Q~, K~: means of num_landmarks equal segments, float32 [b, m, h, d]
+    return x.reshape(batch, num_landmarks, padded // num_landmarks, heads, head_dim).mean(
+        axis=2, dtype=f32)
+
+  q_land, k_land = segments(qz), segments(kz)
+  kernel_a = _softmax(jnp.einsum("bnhd,bmhd->bhnm", q_land, k_land) * logit_scale,  # [m x m]
+                      None)
+  pinv_a = iterative_pinv(kernel_a, pinv_iters)
+  if use_cudnn:
+    b_v = dense.cudnn_attention(q_land.astype(operand), kz, v, key_mask)            # [b,m,h,d]
+    b_v = jnp.where(jnp.any(key_mask, axis=1)[:, None, None, None], b_v, 0)       # no keys: 0
+    right = jnp.einsum("bhnm,bmhd->bnhd", pinv_a, b_v.astype(f32))
+    out = dense.cudnn_attention(qz, k_land.astype(operand), right.astype(operand))
+    return out[:, :length].astype(q.dtype)
+  kernel_f = _softmax(product("blhd,bmhd->bhlm", qz, k_land) * logit_scale, nm)     # [L x m]
+  logits_b = product("bmhd,blhd->bhml", q_land, kz) * logit_scale
   logits_b = jnp.where(key_mask[:, None, None, :], logits_b, -jnp.inf)
-  kernel_b = _softmax(logits_b, nm)                                             # [m x L]
-  if dropout_rate > 0.0 and dropout_rng is not None:
+  kernel_b = _softmax(logits_b, nm)                                                 # [m x L]
+  if dropout:
     rng_f, rng_b = jax.random.split(dropout_rng)
     kernel_f = common.dropout_probabilities(kernel_f, dropout_rate, rng_f)
     kernel_b = common.dropout_probabilities(kernel_b, dropout_rate, rng_b)
-  out = kernel_f @ (iterative_pinv(kernel_a, pinv_iters) @ (kernel_b @ vh))
-  return jnp.swapaxes(out[:, :, :length], 1, 2).astype(q.dtype)
+  right = pinv_a @ product("bhml,blhd->bhmd", kernel_b, v)
+  out = product("bhlm,bhmd->blhd", kernel_f, right)
+  return out[:, :length].astype(q.dtype)
+
+
+def grouped_length_conv(values, kernel):
+  """Per-head conv over the length axis, shared across head_dim (official Conv2d with
+  groups=heads, kernel (K, 1), padding K // 2, no bias), as one grouped ``lax.conv`` with a
+  channel per (head, dim). values [b, L, h, d]; kernel [K, h]; float32 result."""
+  batch, length, heads, dim = values.shape
+  size = kernel.shape[0]
+  operand = values.dtype if values.dtype in (jnp.bfloat16, jnp.float16) else jnp.float32
+  channels = jnp.repeat(kernel.astype(operand), dim, axis=1)      # [K, h * d], head-major
+  out = jax.lax.conv_general_dilated(
+      values.astype(operand).reshape(batch, length, heads * dim), channels[:, None, :],
+      window_strides=(1,), padding=[(size // 2, size // 2)],
+      dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=heads * dim,
+      preferred_element_type=jnp.float32)
+  return out.reshape(batch, length, heads, dim)
+
+
+def banded_length_conv(values, kernel, block: int = 64):
+  """The same conv as block-banded matrix products on the tensor cores.
+
+  The length axis is cut into blocks of ``block`` tokens; output block j is
+  sum_{u=0,1,2} T_u[h] @ V[block j - 1 + u] with T_u the [block x block] Toeplitz slices of
+  the taps (T_u[h][i, s] = w[u * block + s - i + K//2 - block, h], zero off the band), so the
+  conv is three batched [block x block] x [block x d] products per block. Needs K//2 <= block.
+  Operands in the input dtype (half precision stays half), float32 accumulation and result.
+  """
+  batch, length, heads, dim = values.shape
+  size = kernel.shape[0]
+  half = size // 2
+  if half > block:
+    raise ValueError(f"banded_length_conv: kernel size {size} needs K//2 <= block={block}")
+  operand = values.dtype if values.dtype in (jnp.bfloat16, jnp.float16) else jnp.float32
+  blocks = -(-length // block)
+  x = jnp.pad(values.astype(operand),
+              ((0, 0), (block, blocks * block - length + block), (0, 0), (0, 0)))
+  x = x.reshape(batch, blocks + 2, block, heads, dim)
+  row = jnp.arange(block)[:, None]
+  col = jnp.arange(3 * block)[None, :]
+  tap = col - row + half - block                                   # [block, 3 * block]
+  band = jnp.where((tap >= 0) & (tap < size),
+                   jnp.swapaxes(kernel, 0, 1)[:, jnp.clip(tap, 0, size - 1)], 0.0)
+  band = band.astype(operand).reshape(heads, block, 3, block)      # [h, i, u, s]
+  out = sum(jnp.einsum("his,bjshd->bjihd", band[:, :, u], x[:, u:u + blocks],
+                       preferred_element_type=jnp.float32) for u in range(3))
+  return out.reshape(batch, blocks * block, heads, dim)[:, :length]
 
 
 def depthwise_length_conv(values, kernel):
-  """Per-head conv over the length axis, shared across head_dim (official Conv2d with
-  groups=heads, kernel (K, 1), padding K // 2, no bias). values [b, L, h, d]; kernel [K, h]."""
-  batch, length, heads, dim = values.shape
-  size = kernel.shape[0]
-  channels = jnp.repeat(kernel.astype(values.dtype), dim, axis=1)      # [K, h * d], head-major
-  out = jax.lax.conv_general_dilated(
-      values.reshape(batch, length, heads * dim), channels[:, None, :],
-      window_strides=(1,), padding=[(size // 2, size // 2)],
-      dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=heads * dim)
-  return out.reshape(batch, length, heads, dim)
+  """The conv skip of the Nystromformer core: values [b, L, h, d], kernel [K, h] -> float32."""
+  return banded_length_conv(values, kernel, block=max(64, -(-(kernel.shape[0] // 2) // 16) * 16))
 
 
 class NystromAttention(nn.Module):
@@ -166,7 +254,8 @@ class NystromAttention(nn.Module):
     out = nystrom_attention(q, k, v, num_landmarks=config.num_landmarks,
                             pinv_iters=config.pinv_iters, nm=config.n_m, mask=mask,
                             dropout_rate=self.dims.dropout_rate if use_dropout else 0.0,
-                            dropout_rng=self.make_rng("dropout") if use_dropout else None)
+                            dropout_rng=self.make_rng("dropout") if use_dropout else None,
+                            implementation=config.implementation)
     if config.conv_kernel:
       # PyTorch's default Conv2d init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = K.
       bound = config.conv_kernel ** -0.5
@@ -174,7 +263,7 @@ class NystromAttention(nn.Module):
       kernel = self.param("conv_kernel", init, (config.conv_kernel, self.dims.num_heads),
                           jnp.float32)
       real = (jnp.ones(v.shape[:2], bool) if mask is None else mask)[:, :, None, None]
-      skip = depthwise_length_conv(jnp.where(real, v, 0).astype(jnp.float32), kernel)
+      skip = depthwise_length_conv(jnp.where(real, v, 0), kernel)
       out = (out.astype(jnp.float32) + skip).astype(q.dtype)
     return out
 

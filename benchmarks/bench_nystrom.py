@@ -1,0 +1,223 @@
+"""Nystromformer(+DFSS) speed: the attention core, the conv skip and the train step; one table.
+
+  python -m benchmarks.bench_nystrom [--parts=core,conv,step] [--old=.ab/nystrom_old.py]
+      [--shape=32x2000x8x64 --landmarks=64] [--config=configs/listops.py] [--out=FILE]
+
+core: ``nystrom_attention`` forward and forward+backward (grad of <out, cotangent> w.r.t. q, k,
+v) for plain and 2:4 Nystromformer, bf16 and fp32, against cuDNN (bf16) and XLA dense on the same
+operands. conv: the depthwise conv skip over the length axis (forward+backward, grads w.r.t. V
+and the taps) in the candidate formulations below. step: the whole train step at the task's
+LRA shape (benchmarks.bench_train_step) for dense cuDNN and the Nystrom kinds; with ``--old``
+(a copy of an earlier lra_sparse/attention/nystrom.py) the earlier core and conv are timed in
+the same process as well, by swapping the module's functions.
+Median of many timed runs after warm-up (benchmarks.bench_dfss_kernels.time_fn).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import os
+import sys
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import bench_train_step
+from benchmarks.bench_dfss_kernels import gpu_state, time_fn
+from lra_sparse.attention import dense, nystrom, registry
+
+flags.DEFINE_list("parts", ["core", "conv", "step"], "What to time.")
+flags.DEFINE_string("old", "", "Path of an earlier nystrom.py to time in the same process.")
+flags.DEFINE_string("shape", "32x2000x8x64", "batch x length x heads x head_dim (core, conv).")
+flags.DEFINE_integer("landmarks", 64, "Landmarks (core).")
+flags.DEFINE_integer("conv_kernel", 35, "Conv taps (conv).")
+flags.DEFINE_bool("conv_micro", True, "conv part: time the conv alone (else only in steps).")
+flags.DEFINE_list("step_variants", ["bf16:cudnn", "bf16:kind=nystrom",
+                                    "bf16:kind=nystrom+nm=2:4", "fp32:kind=nystrom"],
+                  "bench_train_step variants for the step part.")
+FLAGS = flags.FLAGS  # --config, --batch, --length, --reps, --warmup, --out: bench_train_step's
+
+DTYPES = {"bf16": jnp.bfloat16, "fp32": jnp.float32}
+
+
+def load_old(path):
+  """Imports an earlier nystrom.py under another name (its kind is not registered again)."""
+  spec = importlib.util.spec_from_file_location("nystrom_old", path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules["nystrom_old"] = module
+  with swapped(registry, register_attention=lambda kind, cls: lambda build: build):
+    spec.loader.exec_module(module)
+  return module
+
+
+def grad_of(fn, argnums=(0, 1, 2)):
+  """fwd+bwd of fn: grads of <fn(...), cotangent> (the cotangent is the last argument)."""
+  def loss(*args):
+    *inputs, cot = args
+    out = fn(*inputs).astype(jnp.float32)
+    return jnp.vdot(out, cot.reshape(-1)[:out.size].reshape(out.shape))
+  return jax.jit(jax.grad(loss, argnums=argnums))
+
+
+def random_sets(shapes_dtypes, n=3, seed=0):
+  rng = np.random.default_rng(seed)
+  return [tuple(jnp.asarray(rng.standard_normal(s), d) for s, d in shapes_dtypes)
+          for _ in range(n)]
+
+
+def core_rows(old):
+  b, l, h, d = map(int, FLAGS.shape.split("x"))
+  lm = FLAGS.landmarks
+  rows = []
+  for dname, dtype in DTYPES.items():
+    shape = (b, l, h, d)
+    sets = random_sets([(shape, dtype)] * 3 + [(shape, jnp.float32)])
+    fwd_sets = [s[:3] for s in sets]
+    impls = {"XLA dense": lambda q, k, v: dense.dense_attention(q, k, v, implementation="xla")}
+    if dtype == jnp.bfloat16:
+      impls["cuDNN dense"] = lambda q, k, v: dense.dense_attention(q, k, v,
+                                                                    implementation="cudnn")
+    if dtype == jnp.bfloat16:
+      impls["nystrom cuDNN"] = lambda q, k, v: nystrom.nystrom_attention(
+          q, k, v, num_landmarks=lm, implementation="cudnn")
+      # its parts: B V (m queries over L keys), F (.) (L queries over m keys), the pinv
+      impls["  part: B V, cuDNN"] = lambda q, k, v: dense.cudnn_attention(q[:, :lm], k, v)
+      impls["  part: F (.), cuDNN"] = lambda q, k, v: dense.cudnn_attention(q, k[:, :lm],
+                                                                             v[:, :lm])
+      impls["  part: pinv of [b,h,m,m]"] = lambda q, k, v: nystrom.iterative_pinv(
+          jax.nn.softmax(jnp.einsum("bnhd,bmhd->bhnm", q[:, :lm], k[:, :lm],
+                                    preferred_element_type=jnp.float32), axis=-1), 6)
+    for nm in ("", "2:4"):
+      label = "nystrom XLA" + (f"+{nm}" if nm else "")
+      impls[label] = functools.partial(nystrom.nystrom_attention, num_landmarks=lm,
+                                       nm=nm or None, implementation="xla")
+      if old is not None:
+        impls[label + " (old)"] = functools.partial(old.nystrom_attention, num_landmarks=lm,
+                                                    nm=nm or None)
+    for name, fn in impls.items():
+      try:
+        fwd, _ = time_fn(jax.jit(fn), fwd_sets)
+        both, _ = time_fn(grad_of(fn), sets)
+        rows.append(("core", dname, f"{b}x{l}x{h}x{d}", name, f"{fwd:.3f}", f"{both:.3f}"))
+      except Exception as e:  # noqa: BLE001  one failing row must not hide the others
+        rows.append(("core", dname, f"{b}x{l}x{h}x{d}", name, "failed",
+                     str(e).splitlines()[0][:60]))
+      print(rows[-1], flush=True)
+  return rows
+
+
+# Candidate formulations of the conv skip: out[l] = sum_t w[t, h] v[l + t - K//2] per head,
+# shared across head_dim. values [b, L, h, d], taps [K, h]; float32 result.
+def conv_grouped(values, taps):
+  """lax.conv, one group per (head, dim) channel (the formulation before this benchmark)."""
+  return nystrom.depthwise_length_conv(values, taps) if not hasattr(
+      nystrom, "grouped_length_conv") else nystrom.grouped_length_conv(values, taps)
+
+
+def conv_shifted(values, taps):
+  """Sum of K shifted copies (one elementwise fusion forward)."""
+  length, size = values.shape[1], taps.shape[0]
+  padded = jnp.pad(values.astype(jnp.float32), ((0, 0), (size // 2, size // 2), (0, 0), (0, 0)))
+  return sum(padded[:, t:t + length] * taps[t][None, None, :, None] for t in range(size))
+
+
+def conv_cases():
+  cases = {"grouped lax.conv, fp32": lambda v, w: conv_grouped(v.astype(jnp.float32), w),
+           "grouped lax.conv, input dtype": conv_grouped,
+           "shifted sum": conv_shifted}
+  if hasattr(nystrom, "banded_length_conv"):
+    cases["banded block matmul"] = nystrom.banded_length_conv
+  return cases
+
+
+def conv_rows():
+  b, l, h, d = map(int, FLAGS.shape.split("x"))
+  kk = FLAGS.conv_kernel
+  rows = []
+  for dname, dtype in DTYPES.items():
+    sets = random_sets([((b, l, h, d), dtype), ((kk, h), jnp.float32),
+                        ((b, l, h, d), jnp.float32)])
+    want = None
+    for name, fn in conv_cases().items():
+      try:
+        fwd, _ = time_fn(jax.jit(fn), [s[:2] for s in sets])
+        both, _ = time_fn(grad_of(fn, argnums=(0, 1)), sets)
+        out = np.asarray(jax.jit(fn)(*sets[0][:2]), np.float64)
+        want = out if want is None else want
+        err = np.linalg.norm(out - want) / np.linalg.norm(want)
+        rows.append(("conv", dname, f"{b}x{l}x{h}x{d} K={kk}", name, f"{fwd:.3f}",
+                     f"{both:.3f} (rel diff {err:.1e})"))
+      except Exception as e:  # noqa: BLE001
+        rows.append(("conv", dname, f"{b}x{l}x{h}x{d} K={kk}", name, "failed",
+                     str(e).splitlines()[0][:60]))
+      print(rows[-1], flush=True)
+  return rows
+
+
+@contextlib.contextmanager
+def swapped(module, **functions):
+  saved = {name: getattr(module, name) for name in functions}
+  for name, fn in functions.items():
+    setattr(module, name, fn)
+  try:
+    yield
+  finally:
+    for name, fn in saved.items():
+      setattr(module, name, fn)
+
+
+def step_rows(old):
+  rows = []
+  runs = [(v, contextlib.nullcontext()) for v in FLAGS.step_variants]
+  if old is not None:
+    old_conv = lambda v, w: old.depthwise_length_conv(v.astype(jnp.float32), w)  # noqa: E731
+    old_core = lambda *a, implementation, **kw: old.nystrom_attention(*a, **kw)  # noqa: E731
+    runs += [(v + " (old)", swapped(nystrom, nystrom_attention=old_core,
+                                    depthwise_length_conv=old_conv))
+             for v in FLAGS.step_variants if "nystrom" in v]
+  nystrom_variants = [v for v in FLAGS.step_variants if "nystrom" in v]
+  if nystrom_variants and "conv" in FLAGS.parts:
+    for name, fn in conv_cases().items():
+      runs.append((f"{nystrom_variants[0]} (conv: {name})",
+                   swapped(nystrom, depthwise_length_conv=fn)))
+  for variant, context in runs:
+    try:
+      with context:
+        seconds, loss = bench_train_step.time_variant(
+            variant.split(" (")[0], config_path=FLAGS.config, batch=FLAGS.batch,
+            length=FLAGS.length, warmup=FLAGS.warmup, reps=FLAGS.reps)
+      rows.append(("step", variant.split(":")[0], os.path.basename(FLAGS.config), variant,
+                   "", f"{seconds * 1e3:.1f} ms/step (loss {loss:.3f})"))
+    except Exception as e:  # noqa: BLE001
+      rows.append(("step", "", os.path.basename(FLAGS.config), variant, "failed",
+                   str(e).splitlines()[0][:60]))
+    print(rows[-1], flush=True)
+  return rows
+
+
+def main(argv):
+  del argv
+  old = load_old(FLAGS.old) if FLAGS.old else None
+  rows = []
+  if "core" in FLAGS.parts:
+    rows += core_rows(old)
+  if "conv" in FLAGS.parts and FLAGS.conv_micro:
+    rows += conv_rows()
+  if "step" in FLAGS.parts:
+    rows += step_rows(old)
+  device = jax.devices()[0]
+  header = (f"Nystromformer speed; device {device.device_kind}; jax {jax.__version__}; "
+            f"{gpu_state()}\n\n| part | dtype | shape | what | fwd ms | fwd+bwd ms |\n"
+            "|---|---|---|---|---|---|\n")
+  table = header + "\n".join("| " + " | ".join(r) + " |" for r in rows) + "\n"
+  print(table)
+  if FLAGS.out:
+    with open(FLAGS.out, "w") as f:
+      f.write(table)
+
+
+if __name__ == "__main__":
+  app.run(main)
