@@ -28,6 +28,7 @@ import numpy as np
 from benchmarks import bench_train_step
 from benchmarks.bench_dfss_kernels import gpu_state, time_fn
 from lra_sparse.attention import dense, nystrom, registry
+from lra_sparse.kernels import length_conv_pallas
 
 flags.DEFINE_list("parts", ["core", "conv", "step"], "What to time.")
 flags.DEFINE_string("old", "", "Path of an earlier nystrom.py to time in the same process.")
@@ -113,8 +114,7 @@ def core_rows(old):
 # shared across head_dim. values [b, L, h, d], taps [K, h]; float32 result.
 def conv_grouped(values, taps):
   """lax.conv, one group per (head, dim) channel (the formulation before this benchmark)."""
-  return nystrom.depthwise_length_conv(values, taps) if not hasattr(
-      nystrom, "grouped_length_conv") else nystrom.grouped_length_conv(values, taps)
+  return nystrom.grouped_length_conv(values, taps)
 
 
 def conv_shifted(values, taps):
@@ -128,8 +128,9 @@ def conv_cases():
   cases = {"grouped lax.conv, fp32": lambda v, w: conv_grouped(v.astype(jnp.float32), w),
            "grouped lax.conv, input dtype": conv_grouped,
            "shifted sum": conv_shifted}
-  if hasattr(nystrom, "banded_length_conv"):
-    cases["banded block matmul"] = nystrom.banded_length_conv
+  cases["banded block matmul"] = nystrom.banded_length_conv
+  if jax.default_backend() == "gpu":
+    cases["Pallas kernel"] = length_conv_pallas.length_conv
   return cases
 
 

@@ -719,32 +719,39 @@ def np_length_conv(values, taps):
 
 @pytest.mark.parametrize("length,size,block", [(130, 35, 64), (7, 5, 64), (64, 129, 64),
                                                (200, 1, 16), (33, 33, 16)])
-def test_banded_conv_matches_numpy(length, size, block):
+def test_conv_skip_forms_match_numpy(length, size, block):
   from lra_sparse.attention import nystrom as nys  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(length + size)
-  values = rng.normal(size=(2, length, 3, 5)).astype(np.float32)
+  values = rng.normal(size=(2, length, 3, 8)).astype(np.float32)
   taps = rng.normal(size=(size, 3)).astype(np.float32)
   want = np_length_conv(values, taps)
+  from lra_sparse.kernels.length_conv_pallas import length_conv  # pylint: disable=import-outside-toplevel
+  kernel = functools.partial(length_conv, interpret=jax.default_backend() != "gpu")
   for fn in (functools.partial(nys.banded_length_conv, block=block), nys.grouped_length_conv,
-             nys.depthwise_length_conv):
+             nys.depthwise_length_conv, kernel):
     got = np.asarray(jax.jit(fn)(values, taps))
     np.testing.assert_allclose(got, want, rtol=_fp32_tol(1e-5),
                                atol=_fp32_tol(1e-5) * np.abs(want).max())
   # gradients w.r.t. the values and the taps: the conv is linear in each, so the exact
   # gradient of <out, c> is the adjoint conv (values) and a correlation (taps)
   cot = rng.normal(size=want.shape).astype(np.float32)
-  grad_v, grad_w = jax.grad(lambda x, w: jnp.vdot(nys.banded_length_conv(x, w, block=block),
-                                                  cot), argnums=(0, 1))(values, taps)
   want_v = np_length_conv(cot, taps[::-1])
   padded = np.pad(values.astype(np.float64), ((0, 0), (size // 2, size // 2), (0, 0), (0, 0)))
   want_w = np.stack([np.einsum("blhd,blhd->h", cot, padded[:, t:t + length])
                      for t in range(size)])
-  np.testing.assert_allclose(np.asarray(grad_v), want_v, rtol=_fp32_tol(1e-4),
-                             atol=_fp32_tol(1e-4) * np.abs(want_v).max())
-  np.testing.assert_allclose(np.asarray(grad_w), want_w, rtol=_fp32_tol(1e-4),
-                             atol=_fp32_tol(1e-4) * np.abs(want_w).max())
+  for fn in (functools.partial(nys.banded_length_conv, block=block), kernel):
+    grad_v, grad_w = jax.grad(lambda x, w, fn=fn: jnp.vdot(fn(x, w), cot),
+                              argnums=(0, 1))(values, taps)
+    np.testing.assert_allclose(np.asarray(grad_v), want_v, rtol=_fp32_tol(1e-4),
+                               atol=_fp32_tol(1e-4) * np.abs(want_v).max())
+    np.testing.assert_allclose(np.asarray(grad_w), want_w, rtol=_fp32_tol(1e-4),
+                               atol=_fp32_tol(1e-4) * np.abs(want_w).max())
   with pytest.raises(ValueError, match="K//2 <= block"):
     nys.banded_length_conv(values, np.ones((2 * block + 3, 3), np.float32), block=block)
+  with pytest.raises(ValueError, match="taps must be odd"):
+    length_conv(values, np.ones((4, 3), np.float32))
+  with pytest.raises(ValueError, match=r"taps \[K, heads\]"):
+    length_conv(values, np.ones((5, 2), np.float32))
 
 
 def test_nystrom_half_precision_stays_close_to_float64():

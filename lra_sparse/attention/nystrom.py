@@ -19,7 +19,7 @@ sequence is padded at the end with masked tokens (the official code requires div
 exact softmax there); a bf16 / fp16 model multiplies in half precision with float32
 accumulation (the official code runs its attention in float32 under AMP; the softmaxes and the
 pseudo-inverse stay float32 here too), through cuDNN's flash attention on a GPU. The conv skip
-runs as block-banded matrix products on the tensor cores.
+is one Pallas kernel pass on a GPU and block-banded matrix products elsewhere.
 
 Nystrom + DFSS (``nm="n:m"``): the two non-square softmax matrices F and B are N:M-pruned along
 their last axis (landmarks for F, keys for B) before their softmax, as DFSS stores them under
@@ -237,7 +237,14 @@ def banded_length_conv(values, kernel, block: int = 64):
 
 
 def depthwise_length_conv(values, kernel):
-  """The conv skip of the Nystromformer core: values [b, L, h, d], kernel [K, h] -> float32."""
+  """The conv skip of the Nystromformer core: values [b, L, h, d], kernel [K, h] -> float32.
+
+  On a GPU (head_dim a power of two) the one-pass Pallas kernel
+  ``lra_sparse.kernels.length_conv_pallas``; elsewhere the block-banded products above."""
+  dim = values.shape[-1]
+  if jax.default_backend() == "gpu" and dim & (dim - 1) == 0:
+    from lra_sparse.kernels import length_conv_pallas  # pylint: disable=import-outside-toplevel
+    return length_conv_pallas.length_conv(values, kernel)
   return banded_length_conv(values, kernel, block=max(64, -(-(kernel.shape[0] // 2) // 16) * 16))
 
 
