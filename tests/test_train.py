@@ -217,8 +217,9 @@ def test_cli_sets_a_kind_field_and_records_only_that_kind(tmp_path, listops_dir)
   assert proc.returncode == 0, proc.stderr[-3000:]
   config = json.loads((tmp_path / "run" / "config.json").read_text())
   assert config["attention"] == {"kind": "dsa", "dsa": {
-      "sigma": 0.25, "sparsity": 0.95, "quant_bits": 0, "mse_weight": 1.0, "vector": 1,
-      "selection": "topk", "threshold": 0.0, "topk_algorithm": "top_k"}}
+      "sigma": 0.25, "sparsity": 0.95, "quant_bits": 0, "mse_weight": 1.0,
+      "mse_normalization": "eq6", "vector": 1, "selection": "topk", "threshold": 0.0,
+      "topk_algorithm": "top_k"}}
   assert "test accuracy" in proc.stdout
 
 
