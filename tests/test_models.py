@@ -56,16 +56,25 @@ def _moved_embedding(params, token: int):
   return moved
 
 
-def _logits_and_grads(model, params, tokens):
-  batch = {"inputs": jnp.asarray(tokens), "targets": jnp.asarray([0, 1, 2], jnp.int32)}
+def _compiled(model):
+  """(init(tokens), logits_and_grads(params, tokens)), each compiled once for the model."""
+  init = jax.jit(lambda tokens: model.init(jax.random.key(0), {"inputs": tokens},
+                                           deterministic=True)["params"])
 
-  def loss(params):
-    logits, _ = model.apply({"params": params}, batch, deterministic=True,
-                            mutable=["aux_loss", "aux_metrics"])
-    return jnp.sum(jax.nn.log_softmax(logits)[jnp.arange(3), batch["targets"]]), logits
+  @jax.jit
+  def logits_and_grads(params, tokens):
+    batch = {"inputs": tokens, "targets": jnp.arange(tokens.shape[0], dtype=jnp.int32)}
 
-  (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
-  return np.asarray(logits), grads
+    def loss(params):
+      logits, _ = model.apply({"params": params}, batch, deterministic=True,
+                              mutable=["aux_loss", "aux_metrics"])
+      rows = jnp.arange(tokens.shape[0])
+      return jnp.sum(jax.nn.log_softmax(logits)[rows, batch["targets"]]), logits
+
+    (_, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    return logits, grads
+
+  return init, lambda params, tokens: jax.tree.map(np.asarray, logits_and_grads(params, tokens))
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
@@ -77,14 +86,14 @@ def test_black_pixels_are_padding_and_an_all_black_image_is_finite(kind, pooling
   model, spec = _image_model(kind, pooling)
   assert spec.vocab_size == 256 and not spec.padding_at_end
   tokens = _images()
-  params = model.init(jax.random.key(0), {"inputs": jnp.asarray(tokens)},
-                      deterministic=True)["params"]
-  logits, grads = _logits_and_grads(model, params, tokens)
+  init, logits_and_grads = _compiled(model)
+  params = init(tokens)
+  logits, grads = logits_and_grads(params, tokens)
   assert np.all(np.isfinite(logits))
   assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
   # The embedding of token 0 gets no gradient and does not change the logits.
   np.testing.assert_array_equal(np.asarray(grads["encoder"]["embed"]["embedding"][0]), 0.0)
-  moved_logits, _ = _logits_and_grads(model, _moved_embedding(params, 0), tokens)
+  moved_logits, _ = logits_and_grads(_moved_embedding(params, 0), tokens)
   np.testing.assert_allclose(moved_logits, logits, rtol=0, atol=1e-6)
   if pooling == "mean":
     # Nothing kept: the pooled features are zeros, so the logits are the head's at 0.
@@ -100,10 +109,10 @@ def test_without_masking_black_pixels_are_tokens():
   model, spec = _image_model("dense", "mean", mask_black_pixels=False)
   assert spec.vocab_size == 257 and spec.padding_at_end
   tokens = _images(mask_black_pixels=False)
-  params = model.init(jax.random.key(0), {"inputs": jnp.asarray(tokens)},
-                      deterministic=True)["params"]
-  logits, _ = _logits_and_grads(model, params, tokens)
-  moved_logits, _ = _logits_and_grads(model, _moved_embedding(params, 1), tokens)
+  init, logits_and_grads = _compiled(model)
+  params = init(tokens)
+  logits, _ = logits_and_grads(params, tokens)
+  moved_logits, _ = logits_and_grads(_moved_embedding(params, 1), tokens)
   assert np.abs(moved_logits[:2] - logits[:2]).min() > 1e-3      # images with black pixels
   np.testing.assert_allclose(moved_logits[2], logits[2], atol=1e-6)  # the one without
 
