@@ -2,7 +2,8 @@
 
 Data: 32x32 images in LRA's layout under ``config.data.data_dir`` (``curv_baseline`` /
 ``curv_contour_length_9`` / ``curv_contour_length_14`` + ``metadata/*.npy``), one token per pixel
-(pixel + 1), 1024 tokens, 80/10/10 split. Generate it with::
+(its value; black pixels masked as LRA's ``inputs > 0``), 1024 tokens, 80/10/10 split.
+Generate it with::
 
   python -m lra_sparse.generators.pathfinder --output_dir=data/pathfinder32 --resolution=32 \\
       --difficulty=hard --num_images=200000 --seed=0
@@ -28,6 +29,9 @@ def get_config(preset: str = "") -> "ml_collections.ConfigDict":
   config.data.data_dir = "data/pathfinder32"
   config.data.difficulty = "hard"         # easy | intermediate | hard (contour length 6/9/14)
   config.data.max_length = 32 * 32
+  # LRA's padding mask inputs > 0: black pixels are neither attended to nor pooled.
+  # False: every pixel is a token (pixel + 1), this repository's earlier behaviour.
+  config.data.mask_black_pixels = True
 
   config.model.num_layers = 4
   config.model.num_heads = 4

@@ -1,7 +1,8 @@
 """LRA Path-X: Pathfinder at 128x128 (long-range-arena, lra_benchmarks/image, pathfinder128).
 
 Data: 128x128 images in LRA's layout under ``config.data.data_dir`` (Path-X is the hard set,
-``curv_contour_length_14``), one token per pixel (pixel + 1), 16384 tokens, 80/10/10 split::
+``curv_contour_length_14``), one token per pixel (its value; black pixels masked as LRA's
+``inputs > 0``), 16384 tokens, 80/10/10 split::
 
   python -m lra_sparse.generators.pathfinder --output_dir=data/pathfinder128 --resolution=128 \\
       --difficulty=hard --num_images=200000 --seed=0
@@ -26,6 +27,9 @@ def get_config(preset: str = "") -> "ml_collections.ConfigDict":
   config.data.data_dir = "data/pathfinder128"
   config.data.difficulty = "hard"         # Path-X = curv_contour_length_14
   config.data.max_length = 128 * 128
+  # LRA's padding mask inputs > 0: black pixels are neither attended to nor pooled.
+  # False: every pixel is a token (pixel + 1), this repository's earlier behaviour.
+  config.data.mask_black_pixels = True
 
   config.model.num_layers = 1
   config.model.num_heads = 2

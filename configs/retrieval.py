@@ -23,6 +23,12 @@ def get_config(preset: str = "") -> "ml_collections.ConfigDict":
   config.model.qkv_dim = 128
   config.model.mlp_dim = 512
   config.model.classifier_dim = 512      # LRA's classifier head hidden width is mlp_dim
+  # "lra": LRA's classifier_head_dual as its matching task calls it: concat[u, v] ->
+  # Dense(512) -> ReLU -> Dense(256) -> ReLU -> Dense(2). "nli_one_hidden": the earlier
+  # [u, v, u*v, u-v] -> Dense(512) -> ReLU -> Dense(2) (lra_sparse/models/__init__.py).
+  # (LRA's dual encoder prepends no CLS token, so its "CLS" pooling reads the first byte's
+  # output; u and v here are the outputs of a CLS token, as in every classifier.)
+  config.model.dual_head = "lra"
   config.optim.learning_rate = 0.05
   config.optim.schedule = "rsqrt"
   config.optim.warmup_steps = 8000

@@ -15,3 +15,17 @@ def check_preset(preset: str, spec: str) -> bool:
   if preset not in ("", "tiny"):
     raise ValueError(f"unknown preset {preset!r} for {spec}; known: '', 'tiny'")
   return preset == "tiny"
+
+
+# Image in the tiny variants: they run on a CPU without CIFAR-10, so their Image runs read
+# Fashion-MNIST, asked for explicitly (configs/image.py defaults to CIFAR-10) and named as the
+# stand-in in run names and tables. The full-size specs select data.source="tfds" (CIFAR-10).
+IMAGE_STANDIN = {"data.source": "fashion_mnist"}
+IMAGE_STANDIN_NAME = "fmnist-standin"                     # in run names
+IMAGE_STANDIN_LABEL = "Image (Fashion-MNIST stand-in)"    # in tables
+IMAGE_CIFAR10 = {"data.source": "tfds"}
+
+
+def image_data(tiny: bool) -> dict:
+  """The overrides (and table match) of an Image run: the stand-in when tiny, else CIFAR-10."""
+  return dict(IMAGE_STANDIN if tiny else IMAGE_CIFAR10)

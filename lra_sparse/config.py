@@ -46,6 +46,17 @@ LEGACY_ATTENTION_KEYS = {
     "nm": "attention.nystrom.nm",
 }
 
+# Fields added after runs had been recorded: (key, value, tasks). A config.json without ``key``
+# ran with ``value`` (the behaviour before the field existed, not today's default), so reading
+# it fills ``value`` in: tables then tell old runs from new ones, and a resume under the new
+# default is refused instead of silently changing the run. ``tasks`` None = every task; a key
+# is only filled in where its parent block exists (``attention.dsa`` only in DSA runs).
+ADDED_FIELDS = (
+    ("attention.dsa.mse_normalization", "scaled_mean", None),
+    ("model.dual_head", "nli_one_hidden", ("retrieval",)),
+    ("data.mask_black_pixels", False, ("image", "pathfinder", "pathx")),
+)
+
 
 def get_base_config() -> ml_collections.ConfigDict:
   """Shared defaults for every LRA task (google-research/long-range-arena, transformer_base)."""
@@ -219,12 +230,35 @@ def run_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def upgrade_legacy_config(tree: Mapping[str, Any]) -> dict[str, Any]:
-  """A nested config dict in the current layout. Configs written before each attention kind
-  had its own block (flat ``attention.n``, ``attention.sparsity``...) are converted: the fields
-  of the run's kind move into ``attention.<kind>`` (``n``/``m`` become ``nm="n:m"``) and the
-  other kinds' fields, which that run never used, are dropped. Current configs come back as
-  they are."""
-  tree = dict(tree)
+  """A nested config dict in the current layout, meaning what the run that wrote it ran.
+
+  Configs written before each attention kind had its own block (flat ``attention.n``,
+  ``attention.sparsity``...) are converted: the fields of the run's kind move into
+  ``attention.<kind>`` (``n``/``m`` become ``nm="n:m"``) and the other kinds' fields, which
+  that run never used, are dropped. Then every field of ``ADDED_FIELDS`` the config lacks gets
+  the value it ran with. Current configs come back as they are.
+  """
+  tree = _upgrade_flat_attention(dict(tree))
+  task = tree.get("task")
+  for key, value, tasks in ADDED_FIELDS:
+    if tasks is not None and task not in tasks:
+      continue
+    *sections, field = key.split(".")
+    node = tree
+    for section in sections:
+      child = node.get(section) if isinstance(node, Mapping) else None
+      if not isinstance(child, Mapping):
+        node = None
+        break
+      child = dict(child)           # copy: the caller's dict is never changed
+      node[section] = child
+      node = child
+    if node is not None and field not in node:
+      node[field] = value
+  return tree
+
+
+def _upgrade_flat_attention(tree: dict[str, Any]) -> dict[str, Any]:
   attention = tree.get("attention")
   if not isinstance(attention, Mapping) or not any(
       field in attention and not isinstance(attention[field], Mapping)

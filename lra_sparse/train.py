@@ -61,6 +61,46 @@ def rsqrt_schedule(learning_rate: float, warmup_steps: int) -> optax.Schedule:
   return schedule
 
 
+# torch.optim.lr_scheduler.OneCycleLR defaults (the Nystromformer LRA code keeps them).
+ONE_CYCLE_DIV_FACTOR = 25.0             # first lr = max_lr / 25
+ONE_CYCLE_FINAL_DIV_FACTOR = 1e4        # last lr = first lr / 1e4
+ONE_CYCLE_BETA1 = (0.95, 0.85)          # (max_momentum, base_momentum): Adam's beta1 cycles
+
+
+def one_cycle_schedules(learning_rate: float, warmup_steps: int, num_train_steps: int
+                        ) -> tuple[optax.Schedule, optax.Schedule]:
+  """(learning rate, Adam beta1) of torch's ``OneCycleLR(max_lr=learning_rate,
+  total_steps=num_train_steps, pct_start=warmup_steps / num_train_steps,
+  anneal_strategy="linear")`` with its other defaults, as the Nystromformer LRA code
+  (mlpen/Nystromformer, LRA/code/run_tasks.py) runs it: the lr goes linearly from
+  learning_rate / 25 to learning_rate at step warmup - 1, then linearly down to
+  learning_rate / 25 / 1e4 at step num_train_steps - 1; beta1 goes from 0.95 to 0.85 and back
+  (``cycle_momentum``). Step t is the t-th update (0-based), as torch steps its scheduler after
+  each update. The warmup is clipped to num_train_steps - 1, as for "cosine"."""
+  total = max(int(num_train_steps), 2)
+  warmup = min(max(int(warmup_steps), 0), total - 1)
+  peak_end = float(warmup) - 1.0           # torch: float(pct_start * total_steps) - 1
+  last = float(total) - 1.0
+  initial = learning_rate / ONE_CYCLE_DIV_FACTOR
+  final = initial / ONE_CYCLE_FINAL_DIV_FACTOR
+
+  def two_phase(start_value, peak_value, end_value):
+    def schedule(step):
+      step = jnp.asarray(step, jnp.float32)
+      rising = step / max(peak_end, 1.0)
+      remaining = (last - step) / max(last - peak_end, 1.0)   # 1 - torch's pct, in phase 2
+      return jnp.where(step <= peak_end,
+                       start_value + (peak_value - start_value) * rising,
+                       end_value + (peak_value - end_value) * remaining)
+    return schedule
+
+  high, low = ONE_CYCLE_BETA1
+  return two_phase(initial, learning_rate, final), two_phase(high, low, high)
+
+
+SCHEDULES = ("rsqrt", "cosine", "constant", "one_cycle")
+
+
 def make_schedule(optim_config, num_train_steps: int) -> optax.Schedule:
   oc = optim_config
   if oc.schedule == "rsqrt":
@@ -71,13 +111,21 @@ def make_schedule(optim_config, num_train_steps: int) -> optax.Schedule:
                                               max(num_train_steps, warmup + 1))
   if oc.schedule == "constant":
     return optax.constant_schedule(oc.learning_rate)
-  raise ValueError(f"config.optim.schedule={oc.schedule!r}; choose rsqrt, cosine or constant")
+  if oc.schedule == "one_cycle":
+    return one_cycle_schedules(oc.learning_rate, oc.warmup_steps, num_train_steps)[0]
+  raise ValueError(f"config.optim.schedule={oc.schedule!r}; choose one of {SCHEDULES}")
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
+  """AdamW (decoupled weight decay) on the schedule; "one_cycle" also cycles beta1."""
   oc = config.optim
-  adamw = optax.adamw(make_schedule(oc, config.num_train_steps), b1=oc.b1, b2=oc.b2, eps=oc.eps,
-                      weight_decay=oc.weight_decay)
+  if oc.schedule == "one_cycle":
+    lr, b1 = one_cycle_schedules(oc.learning_rate, oc.warmup_steps, config.num_train_steps)
+    adamw = optax.inject_hyperparams(optax.adamw)(
+        learning_rate=lr, b1=b1, b2=oc.b2, eps=oc.eps, weight_decay=oc.weight_decay)
+  else:
+    adamw = optax.adamw(make_schedule(oc, config.num_train_steps), b1=oc.b1, b2=oc.b2,
+                        eps=oc.eps, weight_decay=oc.weight_decay)
   if oc.grad_clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(oc.grad_clip_norm), adamw)
   return adamw
@@ -266,7 +314,8 @@ def load_params_from(workdir: str, params, what: str = "config.init_from"
 def make_model(config, spec: TaskSpec) -> nn.Module:
   """The model of ``config`` for the task ``spec`` describes."""
   return build_model(ml_collections.FrozenConfigDict(config), model_kind=spec.model_kind,
-                     vocab_size=spec.vocab_size, num_classes=spec.num_classes, pad_id=PAD_ID)
+                     vocab_size=spec.vocab_size, num_classes=spec.num_classes, pad_id=PAD_ID,
+                     padding_at_end=spec.padding_at_end)
 
 
 def validate_config(config) -> None:

@@ -408,33 +408,88 @@ def test_dsa_projection_is_fixed_ternary_and_not_a_parameter():
   assert abs(np.mean(big == 1) - 1 / 6) < 0.01 and abs(np.mean(big == -1) - 1 / 6) < 0.01
 
 
-def test_dsa_mse_loss_value_and_gradients_reach_both_paths():
+def np_dsa_mse(q, k, qt, kt, mask, normalization):
+  """float64 reference of DSA's L_MSE. Eq. 6 of the DSA paper: ||Q K^T - Q~ K~^T||^2 / B with
+  the unscaled scores, over the pairs of two real tokens (padded pairs are excluded: their
+  scores never reach the output); "scaled_mean": mean over heads and real pairs of the
+  difference of the 1/sqrt(head_dim)-scaled scores (S~ is scaled by q's head_dim too)."""
+  q, k, qt, kt = (np.asarray(a, np.float64) for a in (q, k, qt, kt))
+  unscaled = np.einsum("bqhd,bkhd->bhqk", q, k) - np.einsum("bqhd,bkhd->bhqk", qt, kt)
+  total, count = 0.0, 0
+  for b in range(q.shape[0]):
+    real = np.flatnonzero(mask[b])
+    block = unscaled[b][:, real][:, :, real]        # [heads, n_b, n_b]
+    total += np.sum(block ** 2)
+    count += block.size
+  if normalization == "eq6":
+    return total / q.shape[0]
+  return total / q.shape[-1] / max(count, 1)
+
+
+@pytest.mark.parametrize("normalization", ["eq6", "scaled_mean"])
+def test_dsa_mse_value_against_numpy_and_gradients_reach_both_paths(normalization):
   q, k, v, x = _dsa_inputs(4)
-  mask = _mask()
-  core = build_attention(_config("dsa", sparsity=0.5, mse_weight=0.3), _dims())
+  mask = _mask()                       # example 1 has 19 padded keys at the end
+  mask[0, 5] = False                   # and a hole: padding need not be at the end
+  config = _config("dsa", sparsity=0.5, mse_weight=0.3, mse_normalization=normalization)
+  core = build_attention(config, _dims())
   params = _init(core, q, k, v, mask=jnp.asarray(mask), inputs=x)["params"]
 
-  def aux(params, q):
+  def aux(params, q, k):
     _, state = _apply(core, {"params": params}, q, k, v, mask=jnp.asarray(mask), inputs=x,
-                          mutable=["aux_loss", "aux_metrics"])
+                      mutable=["aux_loss", "aux_metrics"])
     return state["aux_loss"]["dsa_mse"][0], state
 
-  (loss, state), (grad_params, grad_q) = jax.jit(jax.value_and_grad(
-      aux, argnums=(0, 1), has_aux=True))(params, q)
+  (loss, state), (grad_params, grad_q, grad_k) = jax.jit(jax.value_and_grad(
+      aux, argnums=(0, 1, 2), has_aux=True))(params, q, k)
   projection = np.asarray(core.apply({"params": params}, method=lambda mdl: mdl.projection()))
   xp = x.astype(np.float64) @ projection
   qt = np.einsum("blk,hkj->blhj", xp, np.asarray(params["predictor_query"], np.float64))
   kt = np.einsum("blk,hkj->blhj", xp, np.asarray(params["predictor_key"], np.float64))
-  s, st = np_scores(q, k, None), np_scores(qt, kt, None) * math.sqrt(qt.shape[-1] / D)
-  pairs = (mask[:, None, :, None] & mask[:, None, None, :])
-  pairs = np.broadcast_to(pairs, s.shape)
-  mse = np.mean((s - st)[pairs] ** 2)
-  assert float(state["aux_metrics"]["dsa_mse"][0]) == pytest.approx(mse, rel=1e-4)
-  assert float(loss) == pytest.approx(0.3 * mse, rel=1e-4)
-  assert np.abs(np.asarray(grad_q)).sum() > 0
+  want = np_dsa_mse(q, k, qt, kt, mask, normalization)
+  assert float(state["aux_metrics"]["dsa_mse"][0]) == pytest.approx(want, rel=1e-4)
+  assert float(loss) == pytest.approx(0.3 * want, rel=1e-4)
+  # The two forms differ by head_dim x heads x real pairs / batch (large: not a rescaling
+  # mse_weight of 1 could hide).
+  pairs = sum(int(m.sum()) ** 2 for m in mask)
+  other = np_dsa_mse(q, k, qt, kt, mask, "scaled_mean" if normalization == "eq6" else "eq6")
+  ratio = D * H * pairs / B
+  assert (want / other) == pytest.approx(ratio if normalization == "eq6" else 1 / ratio,
+                                         rel=1e-9)
+  # Padded pairs are excluded: changing a padded token's q and k changes nothing.
+  q2, k2 = q.copy(), k.copy()
+  q2[1, LENGTHS[1]:] += 5.0
+  k2[0, 5] -= 3.0
+  (loss2, _), _ = jax.jit(jax.value_and_grad(aux, argnums=(0, 1, 2), has_aux=True))(
+      params, q2, k2)
+  assert float(loss2) == pytest.approx(float(loss), rel=1e-6)
+  assert np.abs(np.asarray(grad_q)).sum() > 0 and np.abs(np.asarray(grad_k)).sum() > 0
   assert np.abs(np.asarray(grad_params["predictor_query"])).sum() > 0
   assert np.abs(np.asarray(grad_params["predictor_key"])).sum() > 0
   np.testing.assert_array_equal(np.asarray(grad_q)[1, LENGTHS[1]:], 0.0)  # padded: no MSE
+  np.testing.assert_array_equal(np.asarray(grad_k)[0, 5], 0.0)
+
+
+def test_dsa_mse_without_mask_and_with_no_real_token():
+  q, k, v, x = _dsa_inputs(8)
+  for normalization in ("eq6", "scaled_mean"):
+    core = build_attention(_config("dsa", mse_normalization=normalization), _dims())
+    params = _init(core, q, k, v, mask=None, inputs=x)["params"]
+    for mask in (None, np.zeros((B, L), bool)):
+      _, state = _apply(core, {"params": params}, q, k, v,
+                        mask=None if mask is None else jnp.asarray(mask), inputs=x,
+                        mutable=["aux_loss", "aux_metrics"])
+      got = float(state["aux_metrics"]["dsa_mse"][0])
+      if mask is None:
+        projection = np.asarray(core.apply({"params": params},
+                                           method=lambda mdl: mdl.projection()))
+        xp = x.astype(np.float64) @ projection
+        qt = np.einsum("blk,hkj->blhj", xp, np.asarray(params["predictor_query"], np.float64))
+        kt = np.einsum("blk,hkj->blhj", xp, np.asarray(params["predictor_key"], np.float64))
+        assert got == pytest.approx(np_dsa_mse(q, k, qt, kt, np.ones((B, L), bool),
+                                               normalization), rel=1e-4)
+      else:
+        assert got == 0.0            # no real pair: nothing to fit, and no NaN
 
 
 def test_dsa_vector_granularity_and_threshold_against_numpy():
@@ -521,6 +576,9 @@ def test_dsa_config_errors():
            ({"vector": 2}, r"config.attention.dsa.vector=2"),
            ({"selection": "random"}, r"config.attention.dsa.selection='random'"),
            ({"mse_weight": -1.0}, r"config.attention.dsa.mse_weight=-1.0"),
+           ({"mse_normalization": "mean"},
+            r"config.attention.dsa.mse_normalization='mean' is not one of "
+            r"\('eq6', 'scaled_mean'\)$"),
            ({"topk_algorithm": "sort"}, r"config.attention.dsa.topk_algorithm='sort'")]
   for fields, message in cases:
     with pytest.raises(ValueError, match=message):

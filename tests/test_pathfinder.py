@@ -153,12 +153,16 @@ def test_settings_reject_unknown_values():
 # ---------------------------------------------------------------------------------------------
 # Writer: LRA layout.
 
-def _config(data_dir, difficulty="easy", max_length=1024) -> ml_collections.ConfigDict:
+def _config(data_dir, difficulty="easy", max_length=1024,
+            mask_black_pixels=None) -> ml_collections.ConfigDict:
+  """A minimal config; mask_black_pixels None leaves the field out (the loader's default)."""
   config = ml_collections.ConfigDict()
   config.data = ml_collections.ConfigDict()
   config.data.data_dir = str(data_dir)
   config.data.difficulty = difficulty
   config.data.max_length = max_length
+  if mask_black_pixels is not None:
+    config.data.mask_black_pixels = mask_black_pixels
   return config
 
 
@@ -188,7 +192,7 @@ def test_write_dataset_in_lra_layout(tmp_path):
 
   task = get_task("pathfinder")
   spec = task.spec(_config(tmp_path))
-  assert (spec.num_classes, spec.vocab_size) == (2, 257)
+  assert (spec.num_classes, spec.vocab_size) == (2, 256)
   sizes = {}
   for split in ("train", "val", "test"):
     arrays = task.load_split(_config(tmp_path), split)
@@ -234,19 +238,26 @@ def _write_fixture(data_dir, difficulty="hard", counts=(4, 3, 3), names=("0", "2
   return root, np.stack(pixels), np.array(labels)
 
 
-def test_loader_returns_pixels_plus_one_labels_and_lra_split(tmp_path):
+@pytest.mark.parametrize("mask_black_pixels", [None, True, False])
+def test_loader_returns_pixel_tokens_labels_and_lra_split(tmp_path, mask_black_pixels):
   root, pixels, labels = _write_fixture(tmp_path)
+  assert (pixels == 0).any()
   task = get_task("pathfinder")
-  config = _config(tmp_path, "hard")
+  config = _config(tmp_path, "hard", mask_black_pixels=mask_black_pixels)
+  masked = mask_black_pixels is not False       # LRA's inputs > 0 mask is the default
+  spec = task.spec(config)
+  assert (spec.vocab_size, spec.padding_at_end) == ((256, False) if masked else (257, True))
   bounds = {"train": (0, 8), "val": (8, 9), "test": (9, 10)}   # 80/10/10 of 10 rows
   for split, (lo, hi) in bounds.items():
     arrays = task.load_split(config, split)
-    check_split_arrays(arrays, task.spec(config), split)
+    check_split_arrays(arrays, spec, split)
     assert arrays["inputs"].dtype == np.int32 and arrays["targets"].dtype == np.int32
-    expected = pixels[lo:hi].reshape(hi - lo, -1).astype(np.int32) + 1
+    # Masked: the raw pixel, black = 0 = padding; else pixel + 1, every pixel a real token.
+    expected = pixels[lo:hi].reshape(hi - lo, -1).astype(np.int32) + (0 if masked else 1)
     np.testing.assert_array_equal(arrays["inputs"], expected)
     np.testing.assert_array_equal(arrays["targets"], labels[lo:hi])
-    assert arrays["inputs"].min() >= 1                # the key mask tokens != 0 is all True
+    np.testing.assert_array_equal(arrays["inputs"] == 0,
+                                  (pixels[lo:hi] == 0).reshape(hi - lo, -1) & masked)
 
 
 def test_loader_reads_binary_npy_metadata(tmp_path):
@@ -259,8 +270,7 @@ def test_loader_reads_binary_npy_metadata(tmp_path):
   np.save(path, np.array(rows))
   arrays = get_task("pathfinder").load_split(_config(tmp_path, "hard"), "train")
   np.testing.assert_array_equal(arrays["targets"], labels[:8])
-  np.testing.assert_array_equal(arrays["inputs"],
-                                pixels[:8].reshape(8, -1).astype(np.int32) + 1)
+  np.testing.assert_array_equal(arrays["inputs"], pixels[:8].reshape(8, -1).astype(np.int32))
 
 
 def test_pathx_loads_128_pixel_images(tmp_path):
@@ -270,7 +280,7 @@ def test_pathx_loads_128_pixel_images(tmp_path):
   # Labels are balanced per batch, so the batch size (10 here) is part of what an image is.
   expected = pf.generate_batch(pf.settings_for(128, "easy"), seed=2, batch=0, num=10)
   np.testing.assert_array_equal(arrays["inputs"][3],
-                                expected[3].image.reshape(-1).astype(np.int32) + 1)
+                                expected[3].image.reshape(-1).astype(np.int32))
   # The same files are the wrong size for the 32x32 task: the error names the file.
   first = os.path.join(str(tmp_path), "curv_baseline", "imgs", "0", "sample_0.png")
   with pytest.raises(ValueError, match=re.escape(first) + ".*128x128, expected 32x32"):

@@ -656,3 +656,134 @@ def test_table_of_test_accuracy_at_the_best_validation_step(tmp_path):
   spec.write_text(TABLE_SPEC)            # the default split: the last step's test accuracy
   last = tables.make_table(str(root), str(spec), "markdown", report=tables.Reporter(echo=False))
   assert "| Dense | 31.00 ± 1.41 (n=2) |" in last
+
+
+def _spec_runs(spec, tmp_path):
+  return sweep_lib.expand_sweep(sweep_lib.load_sweep(spec), str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["dfss_table4", "dfss_table6_nystrom", "dsa_sparsity"])
+def test_paper_specs_read_cifar10_and_name_the_tiny_stand_in(name, tmp_path, monkeypatch):
+  """Image runs read CIFAR-10 (data.source="tfds") in the full specs; the tiny variants ask for
+  Fashion-MNIST, and say so in every such run's name and in the table."""
+  monkeypatch.chdir(REPO)
+  for preset in ("", "tiny"):
+    spec = f"experiments/{name}.py" + (f":{preset}" if preset else "")
+    image_runs = [run for run in _spec_runs(spec, tmp_path / (preset or "full"))
+                  if os.path.basename(run.config) == "image.py"]
+    assert image_runs
+    table = tables.load_table(spec)
+    labels = [s.label for s in table.columns] + [table.title]
+    if preset:
+      assert all(run.overrides["data.source"] == "fashion_mnist" for run in image_runs)
+      assert all("fmnist-standin" in run.name for run in image_runs)
+      assert any("Fashion-MNIST stand-in" in label for label in labels)
+    else:
+      assert all(run.overrides.get("data.source", "tfds") == "tfds" for run in image_runs)
+      assert config_lib.load_config_file("configs/image.py").data.source == "tfds"
+      assert not any("stand-in" in label or "fmnist" in run.name
+                     for label in labels for run in image_runs)
+
+
+def test_dfss_table4_bf16_rows_finetune_the_float_dense_run(tmp_path, monkeypatch):
+  """DFSS Sec. 5.1: bf16 models are fine-tuned from the float model and tested with bf16
+  parameters; the float rows train from scratch."""
+  monkeypatch.chdir(REPO)
+  runs = _spec_runs("experiments/dfss_table4.py", tmp_path)
+  by_name = {run.name: run for run in runs}
+  bf16 = [run for run in runs if run.overrides.get("model.dtype") == "bfloat16"]
+  assert len(bf16) == 5 * 2 * 3
+  for run in bf16:
+    source = by_name[run.depends_on[0]]
+    assert len(run.depends_on) == 1 and run.overrides["init_from"] == source.workdir
+    assert run.overrides["eval_dtype"] == "bfloat16"
+    assert (source.overrides["attention.kind"], source.overrides["model.dtype"]) == (
+        "dense", "float32")
+    assert source.overrides["seed"] == run.overrides["seed"] and source.config == run.config
+    assert run.overrides.get("data.max_length") == source.overrides.get("data.max_length")
+    assert run.overrides["num_train_steps"] * 10 == config_lib.load_config_file(
+        run.config).num_train_steps
+  float_runs = [run for run in runs if run.overrides.get("model.dtype") == "float32"]
+  assert len(float_runs) == 5 * 2 * 3 and all(not run.depends_on for run in float_runs)
+  # The table's bf16 rows take fine-tuned runs only.
+  table = tables.load_table("experiments/dfss_table4.py")
+  rows = {row.label: row.match for row in table.rows}
+  assert rows["Transformer (bfloat16)"]["init_from"]("runs/x") is True
+  assert rows["Transformer (bfloat16)"]["init_from"]("") is False
+
+
+def test_dsa_specs_run_text_at_the_papers_4k(tmp_path, monkeypatch):
+  monkeypatch.chdir(REPO)
+  for spec in ("experiments/dsa_table2.py", "experiments/dsa_sparsity.py"):
+    text = [run for run in _spec_runs(spec, tmp_path / os.path.basename(spec))
+            if os.path.basename(run.config) == "text.py"]
+    assert text and all(run.overrides["data.max_length"] == 4000 for run in text)
+  table = tables.load_table("experiments/dsa_table2.py")
+  assert table.where["data.max_length"] == 4000
+
+
+def test_dfss_table6_pretrains_the_nystromformer_lra_image_config(tmp_path, monkeypatch):
+  monkeypatch.chdir(REPO)
+  runs = _spec_runs("experiments/dfss_table6_nystrom.py", tmp_path)
+  assert {run.config_arg for run in runs} == {"configs/image.py:nystromformer"}
+  pretrain = [run for run in runs if not run.depends_on]
+  assert len(pretrain) == 3 and all(r.overrides["num_train_steps"] == 35_000 for r in pretrain)
+  assert all(run.overrides["num_train_steps"] == 3_500 for run in runs if run.depends_on)
+
+
+def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
+  """config.json files written before attention.dsa.mse_normalization, model.dual_head and
+  data.mask_black_pixels existed ran the earlier behaviour: reading them fills that in (not
+  today's default), only where the field belongs, and leaves the caller's dict alone."""
+  old = {
+      "dsa": {"task": "text", "attention": {"kind": "dsa", "dsa": {"sparsity": 0.9}},
+              "model": {"dtype": "float32"}, "data": {"max_length": 4000}},
+      "retrieval": {"task": "retrieval", "attention": {"kind": "dense", "dense": {}},
+                    "model": {"dtype": "float32"}, "data": {}},
+      "image": {"task": "image", "attention": {"kind": "dense", "dense": {}},
+                "model": {}, "data": {"source": "fashion_mnist"}},
+      "pathx": {"task": "pathx", "attention": {"kind": "nystrom", "nystrom": {}},
+                "model": {}, "data": {}},
+      "listops": {"task": "listops", "attention": {"kind": "dense", "dense": {}},
+                  "model": {}, "data": {}},
+      "flat_dsa": {"task": "text", "attention": {"kind": "dsa", "sparsity": 0.9, "n": 2},
+                   "model": {}},
+  }
+  frozen = json.dumps(old, sort_keys=True)
+  new = {name: config_lib.flatten_config(config_lib.upgrade_legacy_config(tree))
+         for name, tree in old.items()}
+  assert json.dumps(old, sort_keys=True) == frozen          # inputs untouched
+  assert new["dsa"]["attention.dsa.mse_normalization"] == "scaled_mean"
+  assert new["flat_dsa"]["attention.dsa.mse_normalization"] == "scaled_mean"
+  assert new["flat_dsa"]["attention.dsa.sparsity"] == 0.9
+  assert new["retrieval"]["model.dual_head"] == "nli_one_hidden"
+  assert new["image"]["data.mask_black_pixels"] is False
+  assert new["pathx"]["data.mask_black_pixels"] is False
+  added = {"attention.dsa.mse_normalization", "model.dual_head", "data.mask_black_pixels"}
+  for name, keys in (("listops", added), ("retrieval", added - {"model.dual_head"}),
+                     ("image", added - {"data.mask_black_pixels"}),
+                     ("dsa", added - {"attention.dsa.mse_normalization"})):
+    assert not keys & set(new[name]), name
+  # A config written with the fields keeps its values.
+  current = {"task": "image", "data": {"mask_black_pixels": True},
+             "attention": {"kind": "dsa", "dsa": {"mse_normalization": "eq6"}}}
+  assert config_lib.upgrade_legacy_config(current) == current
+
+
+def test_old_runs_land_apart_from_new_ones_in_tables(tmp_path):
+  root = tmp_path / "runs"
+  write_run(root, "old", task="text", kind="dsa", seed=0, accuracy=0.60)
+  write_run(root, "new", task="text", kind="dsa", seed=0, accuracy=0.64,
+            extra={"attention.dsa.mse_normalization": "eq6"})
+  spec = tmp_path / "spec.py"
+  spec.write_text('''
+from lra_sparse.tables import Selector, Table
+
+def get_table():
+  return Table(title="t", columns=[Selector("Text", {"task": "text"})],
+               rows=[Selector(f"DSA {form}", {"attention.kind": "dsa",
+                                                "attention.dsa.mse_normalization": form})
+                     for form in ("eq6", "scaled_mean")])
+''')
+  text = tables.make_table(str(root), str(spec), "markdown", report=tables.Reporter(echo=False))
+  assert "| DSA eq6 | 64.00 (n=1) |" in text and "| DSA scaled_mean | 60.00 (n=1) |" in text

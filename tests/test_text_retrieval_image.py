@@ -9,9 +9,11 @@ import gzip
 import os
 import struct
 
+import ml_collections
 import numpy as np
 import pytest
 
+from lra_sparse import config as config_lib
 from lra_sparse.config import load_python_file
 from lra_sparse.data import common
 from lra_sparse.data import image as image_data
@@ -290,19 +292,22 @@ def write_fashion_mnist(data_dir, num_train: int = 20, num_test: int = 5, seed: 
   return arrays
 
 
-def padded_tokens(image: np.ndarray) -> list[int]:
-  """Reference: 28x28 centred in a 32x32 zero canvas, row-major, pixel + 1."""
+def padded_tokens(image: np.ndarray, mask_black_pixels: bool = True) -> list[int]:
+  """Reference: 28x28 centred in a 32x32 zero canvas, row-major; the raw pixel value (black =
+  0 = padding, LRA's inputs > 0 mask) or, without masking, pixel + 1."""
   canvas = [[0] * 32 for _ in range(32)]
   for r in range(28):
     for c in range(28):
       canvas[r + 2][c + 2] = int(image[r, c])
-  return [value + 1 for row in canvas for value in row]
+  shift = 0 if mask_black_pixels else 1
+  return [value + shift for row in canvas for value in row]
 
 
-def image_config_for(data_dir, source: str = "fashion_mnist"):
+def image_config_for(data_dir, source: str = "fashion_mnist", mask_black_pixels: bool = True):
   config = image_config.get_config()
   config.data.data_dir = str(data_dir)
   config.data.source = source
+  config.data.mask_black_pixels = mask_black_pixels
   return config
 
 
@@ -349,13 +354,18 @@ def test_read_idx_corrupt_files_name_the_file(tmp_path):
     image_data.read_idx(str(tmp_path / "absent-idx"))
 
 
-@pytest.mark.parametrize("compress", [True, False])
-def test_fashion_mnist_padding_tokens_and_splits(tmp_path, compress):
+@pytest.mark.parametrize("compress, mask_black_pixels", [(True, True), (False, True),
+                                                       (True, False)])
+def test_fashion_mnist_padding_tokens_and_splits(tmp_path, compress, mask_black_pixels):
   fixture = write_fashion_mnist(tmp_path, num_train=20, num_test=5, compress=compress)
-  config = image_config_for(tmp_path)
+  fixture["train"][0][3, 5:9, 5:9] = 0           # black pixels inside an image, not only border
+  write_file(os.path.join(tmp_path, "train-images-idx3-ubyte"), idx_bytes(fixture["train"][0]),
+             compress)
+  config = image_config_for(tmp_path, mask_black_pixels=mask_black_pixels)
   task = registry.get_task("image")
   spec = task.spec(config)
-  assert (spec.num_classes, spec.vocab_size, spec.input_names) == (10, 257, ("inputs",))
+  assert (spec.num_classes, spec.vocab_size, spec.input_names, spec.padding_at_end) == (
+      10, 256 if mask_black_pixels else 257, ("inputs",), not mask_black_pixels)
   train_images, train_labels = fixture["train"]
   test_images, test_labels = fixture["t10k"]
   expected = {"train": (train_images[:18], train_labels[:18]),   # LRA: train[:90%]
@@ -365,10 +375,14 @@ def test_fashion_mnist_padding_tokens_and_splits(tmp_path, compress):
     arrays = task.load_split(config, split)
     check_contract("image", config, arrays)
     assert arrays["inputs"].shape == (len(images), 1024)
-    assert arrays["inputs"].tolist() == [padded_tokens(image) for image in images]
+    assert arrays["inputs"].tolist() == [padded_tokens(image, mask_black_pixels)
+                                         for image in images]
     assert arrays["targets"].tolist() == labels.tolist()
   border = task.load_split(config, "test")["inputs"].reshape(5, 32, 32)
-  assert (border[:, :2] == 1).all() and (border[:, :, 30:] == 1).all()   # pixel 0 -> token 1
+  black = 0 if mask_black_pixels else 1        # masked (PAD_ID) or the token of pixel 0
+  assert (border[:, :2] == black).all() and (border[:, :, 30:] == black).all()
+  inner = task.load_split(config, "train")["inputs"].reshape(-1, 32, 32)[3, 7:11, 7:11]
+  assert (inner == black).all()
   config.data.max_examples = 4
   assert task.load_split(config, "train")["targets"].tolist() == train_labels[:4].tolist()
 
@@ -384,6 +398,11 @@ def test_fashion_mnist_bad_inputs(tmp_path):
     task.load_split(config, "train")
   with pytest.raises(ValueError, match="source"):
     task.load_split(image_config_for(tmp_path, source="mnist"), "train")
+  with pytest.raises(ValueError, match=r"^config.data.mask_black_pixels='yes' must be True "
+                                       r"\(black pixels are padding.*\) or False [^\n]*$"):
+    bad = image_config_for(tmp_path)       # a value a hand-written config or JSON could hold
+    bad.data = ml_collections.ConfigDict({**bad.data.to_dict(), "mask_black_pixels": "yes"})
+    task.spec(bad)
   config_ok = image_config_for(tmp_path)
   # A label outside the 10 classes.
   labels_path = os.path.join(tmp_path, "t10k-labels-idx1-ubyte.gz")
@@ -430,16 +449,19 @@ def test_rgb_to_grayscale_matches_tf_formula():
     image_data.rgb_to_grayscale(rgb[..., :2])
 
 
-def test_cifar10_tfds_source_gray_tokens(tmp_path):
+@pytest.mark.parametrize("mask_black_pixels", [True, False])
+def test_cifar10_tfds_source_gray_tokens(tmp_path, mask_black_pixels):
   tfds = pytest.importorskip("tensorflow_datasets")
-  config = image_config_for(tmp_path, source="tfds")
+  config = image_config_for(tmp_path, source="tfds", mask_black_pixels=mask_black_pixels)
+  assert image_config.get_config().data.source == "tfds"       # CIFAR-10 is the default
   task = registry.get_task("image")
   with tfds.testing.mock_data(num_examples=4):
     test = task.load_split(config, "test")
     source = tfds.data_source("cifar10", split="test", download=False)
     expected = [source[i] for i in range(len(source))]
   check_contract("image", config, test)
-  reference = [image_data.rgb_to_grayscale(np.asarray(e["image"])).reshape(-1) + 1
+  shift = 0 if mask_black_pixels else 1
+  reference = [image_data.rgb_to_grayscale(np.asarray(e["image"])).reshape(-1) + shift
                for e in expected]
   np.testing.assert_array_equal(test["inputs"], np.stack(reference))
   assert test["targets"].tolist() == [int(e["label"]) for e in expected]
@@ -455,15 +477,16 @@ def test_cifar10_tfds_not_prepared_is_one_clear_error(tmp_path):
                     reason="Debian package dataset-fashion-mnist is not installed")
 def test_real_fashion_mnist_from_debian_package():
   config = image_config.get_config()
-  assert config.data.source == "fashion_mnist" and config.data.data_dir == ""
+  assert config.data.source == "tfds" and config.data.data_dir == ""
+  config.data.source = "fashion_mnist"           # the stand-in, only when asked for
   task = registry.get_task("image")
   test = task.load_split(config, "test")
   check_contract("image", config, test)
   assert test["inputs"].shape == (10000, 1024)
   assert np.bincount(test["targets"]).tolist() == [1000] * 10   # balanced official test set
   grid = test["inputs"].reshape(-1, 32, 32)
-  assert (grid[:, :2] == 1).all() and (grid[:, 30:] == 1).all()
-  assert grid[:, 2:30, 2:30].max() == 256 and grid[:, 2:30, 2:30].mean() > 50
+  assert (grid[:, :2] == 0).all() and (grid[:, 30:] == 0).all()    # black border: padding
+  assert grid[:, 2:30, 2:30].max() == 255 and grid[:, 2:30, 2:30].mean() > 50
   config.data.max_examples = 100
   assert task.load_split(config, "val")["inputs"].shape == (100, 1024)
 
@@ -485,6 +508,31 @@ def test_configs_have_lra_defaults():
   for module in (text_config, retrieval_config, image_config):
     with pytest.raises(ValueError, match="unknown preset"):
       module.get_config("huge")
+  # LRA defaults of this issue: CIFAR-10, LRA's pixel mask, LRA's dual head.
+  assert (image.data.source, image.data.mask_black_pixels) == ("tfds", True)
+  assert retrieval.model.dual_head == "lra"
+
+
+def test_image_nystromformer_preset_is_the_nystromformer_lra_image_config():
+  """mlpen/Nystromformer LRA/code: lra_config.py config["image"] with "nystrom-64",
+  run_tasks.py (AdamW(0.9, 0.999, eps 1e-6), OneCycleLR linear), attention_nystrom.py
+  (6 pinv iterations, conv kernel 35, no attention dropout), model_wrapper.py (MEAN pooling,
+  head Linear(64, 128) -> ReLU -> Linear(128, 10))."""
+  config = image_config.get_config("nystromformer")
+  flat = config_lib.flatten_config(config.to_dict())
+  want = {
+      "model.num_layers": 2, "model.num_heads": 2, "model.qkv_dim": 64, "model.emb_dim": 64,
+      "model.mlp_dim": 128, "model.classifier_dim": 128, "model.dropout_rate": 0.1,
+      "model.attention_dropout_rate": 0.0, "model.pooling": "mean", "model.pos_emb": "learned",
+      "attention.kind": "nystrom", "attention.nystrom.num_landmarks": 64,
+      "attention.nystrom.conv_kernel": 35, "attention.nystrom.pinv_iters": 6,
+      "attention.nystrom.nm": "", "data.max_length": 1024, "data.source": "tfds",
+      "data.mask_black_pixels": True, "batch_size": 256, "optim.learning_rate": 1e-4,
+      "optim.schedule": "one_cycle", "optim.warmup_steps": 175, "optim.weight_decay": 0.0,
+      "optim.b2": 0.999, "optim.eps": 1e-6, "optim.grad_clip_norm": 0.0,
+      "num_train_steps": 35000, "eval_every_steps": 175, "num_eval_batches": 20}
+  assert {key: flat[key] for key in want} == want
+  assert config.model.qkv_dim // config.model.num_heads == 32      # head_dim 32
 
 
 def test_tiny_presets_load_generated_and_real_data(tmp_path):
@@ -510,7 +558,8 @@ def test_tiny_presets_load_generated_and_real_data(tmp_path):
   assert np.bincount(train["targets"]).tolist() == [15, 15]
 
   config = image_config.get_config("tiny")
-  assert config.data.source == "fashion_mnist" and config.data.max_examples > 0
+  assert config.data.source == "tfds" and config.data.max_examples > 0
+  config.data.source = "fashion_mnist"
   config.data.data_dir = str(tmp_path / "fm")
   write_fashion_mnist(config.data.data_dir, num_train=30, num_test=4)
   config.data.max_examples = 7

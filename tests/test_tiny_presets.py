@@ -74,8 +74,8 @@ def _task_setup(task: str, tmp_path, listops_dir) -> dict:
   # The 1024-pixel tasks keep one layer: the test is about the pipeline, not capacity.
   if task == "image":
     os.makedirs(tmp_path / "fmnist")
-    return {"data.data_dir": _image_dir(tmp_path / "fmnist"), "data.max_examples": 320,
-            "model.num_layers": 1}
+    return {"data.source": "fashion_mnist", "data.data_dir": _image_dir(tmp_path / "fmnist"),
+            "data.max_examples": 320, "model.num_layers": 1}
   if task == "pathfinder":
     return {"data.data_dir": _pathfinder_dir(tmp_path / "pf"), "model.num_layers": 1}
   raise AssertionError(task)
@@ -145,8 +145,9 @@ def test_attention_kind_trains_on_listops(attention, tmp_path, listops_dir):
     assert 0.0 <= val["dsa_hit_rate"] <= 1.0 and val["dsa_mse"] >= 0.0
 
 
-@pytest.mark.parametrize("task", ["listops", "text", "retrieval", "image", "pathfinder", "pathx"])
-@pytest.mark.parametrize("preset", ["", "tiny"])
+@pytest.mark.parametrize("task, preset", [
+    (task, preset) for task in ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
+    for preset in ("", "tiny")] + [("image", "nystromformer")])
 def test_every_config_builds_the_model_it_describes(task, preset):
   """Each config file and preset passes the run checks and its model traces (shapes only), with
   the widths it declares: a field renamed or left unused breaks this, not only a literal."""
@@ -165,8 +166,13 @@ def test_every_config_builds_the_model_it_describes(task, preset):
   assert len([k for k in params["encoder"] if k.startswith("block_")]) == mc.num_layers
   assert block["attention"]["query"]["kernel"].shape == (mc.emb_dim, mc.num_heads, head_dim)
   assert block["Dense_0"]["kernel"].shape == (mc.emb_dim, mc.mlp_dim)
-  assert params["head"]["Dense_0"]["kernel"].shape[1] == mc.classifier_dim
-  assert params["head"]["Dense_1"]["kernel"].shape[1] == spec.num_classes
+  if spec.model_kind == "dual_encoder" and mc.dual_head == "lra":
+    assert params["head"]["mlp"]["kernel"].shape == (2 * mc.emb_dim, mc.classifier_dim)
+    assert params["head"]["mlp2"]["kernel"].shape == (mc.classifier_dim, mc.classifier_dim // 2)
+    assert params["head"]["logits"]["kernel"].shape[1] == spec.num_classes
+  else:
+    assert params["head"]["Dense_0"]["kernel"].shape[1] == mc.classifier_dim
+    assert params["head"]["Dense_1"]["kernel"].shape[1] == spec.num_classes
 
 
 def _np_sinusoid(length, dim):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -94,6 +95,7 @@ def test_result_holds_test_metrics_at_the_best_validation_step(tmp_path, tiny_co
 _DEVICE_SCRIPT = """
 import json
 import jax
+import jax.numpy as jnp
 from conftest import make_tiny_config
 from lra_sparse import train
 config = make_tiny_config(num_train_steps=6, log_every_steps=1, eval_every_steps=6,
@@ -217,8 +219,9 @@ def test_cli_sets_a_kind_field_and_records_only_that_kind(tmp_path, listops_dir)
   assert proc.returncode == 0, proc.stderr[-3000:]
   config = json.loads((tmp_path / "run" / "config.json").read_text())
   assert config["attention"] == {"kind": "dsa", "dsa": {
-      "sigma": 0.25, "sparsity": 0.95, "quant_bits": 0, "mse_weight": 1.0, "vector": 1,
-      "selection": "topk", "threshold": 0.0, "topk_algorithm": "top_k"}}
+      "sigma": 0.25, "sparsity": 0.95, "quant_bits": 0, "mse_weight": 1.0,
+      "mse_normalization": "eq6", "vector": 1, "selection": "topk", "threshold": 0.0,
+      "topk_algorithm": "top_k"}}
   assert "test accuracy" in proc.stdout
 
 
@@ -258,3 +261,113 @@ def test_gradient_accumulation_gives_the_one_batch_update(tmp_path, tiny_config)
                                        "config.optim.grad_accum_steps=3"):
     train.train_and_evaluate(tiny_config(**{"optim.grad_accum_steps": 3}),
                              str(tmp_path / "bad"))
+
+
+def _torch_one_cycle(max_lr, total_steps, pct_start, step_num):
+  """torch.optim.lr_scheduler.OneCycleLR.get_lr (anneal_strategy="linear", three_phase=False,
+  div_factor=25, final_div_factor=1e4, cycle_momentum with base 0.85 / max 0.95), written out
+  in float64 from its phase table: (lr, beta1) at ``step_num``."""
+  initial_lr = max_lr / 25.0
+  min_lr = initial_lr / 1e4
+  phases = [
+      {"end_step": float(pct_start * total_steps) - 1, "lr": (initial_lr, max_lr),
+       "momentum": (0.95, 0.85)},
+      {"end_step": total_steps - 1, "lr": (max_lr, min_lr), "momentum": (0.85, 0.95)},
+  ]
+  start_step = 0.0
+  for i, phase in enumerate(phases):
+    end_step = phase["end_step"]
+    if step_num <= end_step or i == len(phases) - 1:
+      pct = (step_num - start_step) / (end_step - start_step)
+      lr = (phase["lr"][1] - phase["lr"][0]) * pct + phase["lr"][0]
+      momentum = (phase["momentum"][1] - phase["momentum"][0]) * pct + phase["momentum"][0]
+      return lr, momentum
+    start_step = phase["end_step"]
+  raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("warmup, total", [(175, 35000), (175, 3500), (10, 40)])
+def test_one_cycle_schedule_is_torch_one_cycle_lr(warmup, total):
+  lr_fn, b1_fn = train.one_cycle_schedules(1e-4, warmup, total)
+  steps = sorted({0, 1, warmup // 2, warmup - 2, warmup - 1, warmup, warmup + 1, total // 2,
+                  total - 2, total - 1})
+  for step in steps:
+    lr, b1 = _torch_one_cycle(1e-4, total, warmup / total, step)
+    np.testing.assert_allclose(float(lr_fn(step)), lr, rtol=2e-5, atol=1e-12)
+    np.testing.assert_allclose(float(b1_fn(step)), b1, rtol=1e-6)
+  assert float(lr_fn(warmup - 1)) == pytest.approx(1e-4, rel=1e-6)        # the peak
+  assert float(lr_fn(0)) == pytest.approx(1e-4 / 25, rel=1e-6)
+
+
+def test_one_cycle_optimizer_is_adamw_with_the_cycled_beta1(tiny_config):
+  """Two AdamW updates against float64 by hand: lr and beta1 of steps 0 and 1, eps 1e-6,
+  beta2 0.999, decoupled weight decay times lr (torch AdamW), bias corrections with the
+  beta1 of the step (torch Adam reads the cycled beta1 each step)."""
+  import optax  # pylint: disable=import-outside-toplevel
+  config = tiny_config(num_train_steps=20, **{
+      "optim.schedule": "one_cycle", "optim.learning_rate": 1e-2, "optim.warmup_steps": 5,
+      "optim.b2": 0.999, "optim.eps": 1e-6, "optim.weight_decay": 0.1})
+  tx = train.make_optimizer(config)
+  params = np.array([0.5, -1.0, 2.0])
+  grads = [np.array([0.1, -0.2, 0.3]), np.array([-0.3, 0.1, 0.2])]
+  state = tx.init(jnp.asarray(params, jnp.float32))
+  current = jnp.asarray(params, jnp.float32)
+  m = v = np.zeros(3)
+  want = params.copy()
+  for step, grad in enumerate(grads):
+    lr, b1 = _torch_one_cycle(1e-2, 20, 5 / 20, step)
+    updates, state = tx.update(jnp.asarray(grad, jnp.float32), state, current)
+    current = optax.apply_updates(current, updates)
+    m = b1 * m + (1 - b1) * grad
+    v = 0.999 * v + 0.001 * grad ** 2
+    m_hat, v_hat = m / (1 - b1 ** (step + 1)), v / (1 - 0.999 ** (step + 1))
+    want = want - lr * (m_hat / (np.sqrt(v_hat) + 1e-6) + 0.1 * want)
+  np.testing.assert_allclose(np.asarray(current), want, rtol=1e-5)
+  # The state holds the hyperparameters of the last update (step 1), not config.optim.b1.
+  assert float(state.hyperparams["b1"]) == pytest.approx(_torch_one_cycle(1e-2, 20, 0.25, 1)[1])
+  assert float(state.hyperparams["b1"]) != config.optim.b1
+
+
+@pytest.mark.parametrize("eval_dtype", ["bfloat16", ""])
+def test_eval_dtype_bfloat16_evaluates_parameters_cast_to_bf16(tmp_path, tiny_config,
+                                                                monkeypatch, eval_dtype):
+  """DFSS Sec. 5.1 tests bf16 models by casting every parameter to bf16: what the eval step
+  receives is bf16 (and its model computes in bf16); training and checkpoints stay float32."""
+  seen = []
+  real = train.make_eval_step
+
+  def recording(model):
+    step = real(model)
+
+    def eval_step(params, model_state, batch, weights):
+      seen.append(({str(x.dtype) for x in jax.tree.leaves(params)}, model.model_config.dtype))
+      return step(params, model_state, batch, weights)
+    return eval_step
+
+  monkeypatch.setattr(train, "make_eval_step", recording)
+  config = tiny_config(num_train_steps=4, eval_every_steps=2, checkpoint_every_steps=4,
+                       eval_dtype=eval_dtype)
+  train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert seen
+  want = ({"bfloat16"}, "bfloat16") if eval_dtype else ({"float32"}, "float32")
+  assert all(record == want for record in seen), seen
+  params = _checkpoint_params(tmp_path / "run")
+  assert {str(np.asarray(x).dtype) for x in jax.tree.leaves(params)} == {"float32"}
+
+
+def test_resuming_a_run_recorded_before_a_new_default_keeps_its_old_behaviour(tmp_path,
+                                                                              tiny_config):
+  """A config.json without attention.dsa.mse_normalization ran the scaled mean: resuming it
+  under today's default (Eq. 6) is refused, naming the field; asking for the old form resumes."""
+  from lra_sparse import config as config_lib  # pylint: disable=import-outside-toplevel
+  from lra_sparse import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  config = config_lib.run_config(tiny_config(**{"attention.kind": "dsa"}))
+  stored = json.loads(config.to_json_best_effort())
+  del stored["attention"]["dsa"]["mse_normalization"]
+  (tmp_path / "config.json").write_text(json.dumps(stored))
+  old = workdir_lib.read_config(str(tmp_path))
+  with pytest.raises(ValueError, match=r"attention.dsa.mse_normalization: 'scaled_mean' -> "
+                                       r"'eq6'[^\n]*$"):
+    train.check_resume_config(old, config, str(tmp_path))
+  config.attention.dsa.mse_normalization = "scaled_mean"
+  assert train.check_resume_config(old, config, str(tmp_path)) == []

@@ -5,7 +5,7 @@
     S~_h = Q~_h K~_h^T / sqrt(head_dim)          (scaled like S; see below)
     M    = top-k of S~ per row (keep ceil((1 - sparsity) * n_real) keys) or S~ >= threshold
     A    = softmax(S restricted to M) with the REAL scores S = Q K^T / sqrt(head_dim);  O = A V
-    loss += mse_weight * MSE(S, S~)              (sown as aux_loss "dsa_mse")
+    loss += mse_weight * L_MSE(S, S~)           (sown as aux_loss "dsa_mse")
 
 Choices (the papers leave these open):
 - P is not a parameter: it is a pure function of the module's path and (d, k), drawn with
@@ -14,11 +14,21 @@ Choices (the papers leave these open):
   optimizer (and decoupled weight decay) can never touch it. The same P serves the query and
   the key predictor, as in the paper; each layer draws its own.
 - d is the model width (the block input ``inputs`` is X), k = round(sigma * d).
-- The paper writes S = QK^T "omitting the scaling factor". Both S and S~ here carry
-  1/sqrt(head_dim), so the MSE compares the logits the softmax actually sees (the paper's
-  unscaled MSE divided by head_dim; the constant is absorbed by mse_weight).
-- MSE is the mean over heads and over (real query, real key) pairs; its gradient reaches both
-  the predictor (W~) and the main q/k projections through S.
+- S~ carries the same 1/sqrt(head_dim) as S, so top-k and thresholds see the logits the
+  softmax sees (scaling both by one constant does not change a top-k).
+- L_MSE (``mse_normalization``):
+  "eq6" (default) is the paper's Eq. 6, L_MSE = ||Q K^T - Q~ K~^T||^2 / B: the UNSCALED scores
+  (the paper "omits the scaling factor"), squared differences summed over heads and pairs,
+  divided by the batch size B (so with k gradient-accumulation micro-batches the averaged
+  update is that of the whole batch). "scaled_mean" (this repository's form before the paper's
+  became the default) compares the scaled scores and takes the mean over heads and pairs:
+  eq6 = scaled_mean x head_dim x heads x (real pairs per example, about L^2), so an
+  mse_weight tuned for one form does not carry over to the other.
+  Both count only pairs of two real tokens: a padded key is masked out of every softmax and
+  a padded query's output is never pooled, so their scores never reach the model's output;
+  fitting them would spend the predictor (and, through S, the main q/k projections) on
+  padding, and weight each example by its padded length. Gradients reach both the predictor
+  (W~) and the main q/k projections through S, as the paper's joint update intends.
 - top-k keeps ceil((1 - sparsity) * n_real) keys of each row, where n_real is the number of real
   keys of that example (sparsity 0 is dense). Padded keys are never selected.
 - Column-vector granularity V in {1, 4, 8}: V consecutive query rows share the kept columns,
@@ -51,6 +61,7 @@ SELECTIONS = ("topk", "threshold")
 QUANT_BITS = (0, 2, 4, 8)
 VECTORS = (1, 4, 8)
 TOPK_ALGORITHMS = ("radix", "top_k")
+MSE_NORMALIZATIONS = ("eq6", "scaled_mean")
 PROJECTION_SEED = 20220601  # fixed: P must be reproducible without being stored
 
 
@@ -61,7 +72,11 @@ class DSAConfig(KindConfig):
   sigma: float = 0.25              # predictor size k / d, in (0, 1]
   sparsity: float = 0.9            # share of each row's real keys dropped, in [0, 1)
   quant_bits: int = 0              # 0 = float predictor; 2 | 4 | 8 = fake-quantised
-  mse_weight: float = 1.0          # weight of MSE(S, S~) in the training loss
+  mse_weight: float = 1.0          # lambda of Eq. 7: weight of L_MSE(S, S~) in the training loss
+  # "eq6": the paper's ||QK^T - Q~K~^T||^2 / batch (unscaled scores, summed over heads and
+  # real pairs) | "scaled_mean": mean over heads and real pairs of the 1/sqrt(d)-scaled
+  # scores' squared difference (the earlier default; configs written without this field).
+  mse_normalization: str = "eq6"
   vector: int = 1                  # column-vector granularity: 1 | 4 | 8
   selection: str = "topk"          # "topk" | "threshold"
   threshold: float = 0.0           # selection="threshold": keep S~ >= threshold
@@ -74,6 +89,7 @@ class DSAConfig(KindConfig):
     self.check_float("sparsity", low=0.0, high=1.0, high_open=True)
     self.check_choice("quant_bits", QUANT_BITS)
     self.check_float("mse_weight", low=0.0)
+    self.check_choice("mse_normalization", MSE_NORMALIZATIONS)
     self.check_choice("vector", VECTORS)
     self.check_choice("selection", SELECTIONS)
     self.check_float("threshold")
@@ -290,13 +306,8 @@ class DSAAttention(nn.Module):
                            preferred_element_type=jnp.float32) * scale
     scores = common.attention_scores(q, k)
 
-    # MSE(S, S~) over real (query, key) pairs; gradients reach both paths.
-    if mask is None:
-      mse = jnp.mean(jnp.square(scores - predicted))
-    else:
-      pairs = (mask[:, None, :, None] & mask[:, None, None, :]).astype(jnp.float32)
-      total = jnp.sum(jnp.square(scores - predicted) * pairs)
-      mse = total / jnp.maximum(jnp.sum(pairs) * dims.num_heads, 1.0)
+    mse = prediction_mse(scores, predicted, mask, head_dim=q.shape[-1],
+                         normalization=config.mse_normalization)
     self.sow(AUX_LOSS, "dsa_mse", config.mse_weight * mse)
     self.sow(AUX_METRICS, "dsa_mse", mse)
 
@@ -313,6 +324,30 @@ class DSAAttention(nn.Module):
         q, k, v, keep, mask=mask, scores=scores,
         dropout_rate=dims.dropout_rate if use_dropout else 0.0,
         dropout_rng=self.make_rng("dropout") if use_dropout else None)
+
+
+def prediction_mse(scores, predicted, mask, *, head_dim: int, normalization: str):
+  """L_MSE between the scaled scores S = QK^T / sqrt(head_dim) and S~ [batch, heads, L, L],
+  over (real query, real key) pairs; ``mask`` (bool [batch, L] or None = all real).
+
+  "eq6": sum over heads and real pairs of the UNSCALED squared difference
+  ((S - S~) * sqrt(head_dim))^2, divided by the batch size; "scaled_mean": the mean of
+  (S - S~)^2 over heads and real pairs (0 when there is none).
+  """
+  squared = jnp.square(scores.astype(jnp.float32) - predicted.astype(jnp.float32))
+  if mask is not None:
+    pairs = mask[:, None, :, None] & mask[:, None, None, :]
+    squared = jnp.where(pairs, squared, 0.0)
+  total = jnp.sum(squared)
+  if normalization == "eq6":
+    return total * head_dim / scores.shape[0]
+  if normalization == "scaled_mean":
+    # Real pairs of example b: n_b^2 (n_b real tokens), in each head.
+    count = (jnp.float32(squared.size) if mask is None else
+             jnp.sum(jnp.sum(mask, axis=-1, dtype=jnp.float32) ** 2) * scores.shape[1])
+    return total / jnp.maximum(count, 1.0)
+  raise ValueError(f"unknown DSA MSE normalization {normalization!r}; choose one of "
+                   f"{MSE_NORMALIZATIONS}")
 
 
 def oracle_topk_mask(scores, *, mask=None, sparsity: float):

@@ -2,7 +2,16 @@
 
 Every loader in ``lra_sparse/data/`` imports what it shares with another loader from here (never
 from another loader). Token conventions follow the registry's contract: id 0 is padding, so a byte
-or a pixel value v becomes the token v + 1 and the vocabulary has 257 ids.
+value v becomes the token v + 1 and the vocabulary has 257 ids.
+
+Pixels (Image, Pathfinder, Path-X) follow ``config.data.mask_black_pixels``:
+
+- True (default, as LRA): the token is the raw pixel value 0..255 (vocabulary 256), so a black
+  pixel is token 0 = ``PAD_ID`` and the model's key mask ``tokens != 0`` is LRA's padding mask
+  ``inputs > 0`` (google-research/long-range-arena, models/transformer/transformer.py): black
+  pixels are neither attended to nor pooled. Masked positions then sit anywhere in a row,
+  not only at its end (``TaskSpec.padding_at_end`` is False).
+- False: the token is pixel + 1 (1..256, vocabulary 257): every pixel is a real token.
 """
 from __future__ import annotations
 
@@ -13,8 +22,31 @@ import numpy as np
 from lra_sparse.data.registry import PAD_ID, SPLITS
 
 BYTE_VOCAB_SIZE = 257                 # 256 byte values shifted by one + PAD_ID
-PIXEL_OFFSET = 1                      # token = pixel + 1, so that PAD_ID never occurs in an image
+PIXEL_OFFSET = 1                      # mask_black_pixels=False: token = pixel + 1, never PAD_ID
 PIXEL_VOCAB_SIZE = 256 + PIXEL_OFFSET
+
+
+def mask_black_pixels(config: Any) -> bool:
+  """``config.data.mask_black_pixels`` (True when absent, as LRA), checked."""
+  value = config.data.get("mask_black_pixels", True)
+  if not isinstance(value, bool):
+    raise ValueError(f"config.data.mask_black_pixels={value!r} must be True (black pixels are "
+                     "padding, as LRA's inputs > 0 mask) or False (every pixel is a token)")
+  return value
+
+
+def pixel_vocab_size(config: Any) -> int:
+  """256 raw pixel values (black = PAD_ID) when black pixels are masked, else 257."""
+  return 256 if mask_black_pixels(config) else PIXEL_VOCAB_SIZE
+
+
+def pixel_tokens(pixels: np.ndarray, config: Any) -> np.ndarray:
+  """int32 tokens of uint8 pixels (any shape): the raw value if black pixels are masked (black
+  = PAD_ID, LRA), else value + PIXEL_OFFSET (every pixel a real token)."""
+  if pixels.dtype != np.uint8:
+    raise ValueError(f"expected uint8 pixels, got {pixels.dtype}")
+  tokens = pixels.astype(np.int32)
+  return tokens if mask_black_pixels(config) else tokens + PIXEL_OFFSET
 
 
 def fill_byte_tokens(row: np.ndarray, text: bytes) -> None:

@@ -2,15 +2,16 @@
 
 Sources (``config.data.source``):
 
-- ``"tfds"``: CIFAR-10 as in LRA, read through ``tfds.data_source("cifar10")`` (no TensorFlow
-  needed; the dataset must be prepared locally in the ``array_record`` file format;
+- ``"tfds"`` (default): CIFAR-10 as in LRA, read through ``tfds.data_source("cifar10")`` (no
+  TensorFlow needed; the dataset must be prepared locally in the ``array_record`` file format;
   ``config.data.data_dir`` is the tfds data dir, "" = ``~/tensorflow_datasets``). RGB becomes gray
   with the arithmetic of ``tf.image.rgb_to_grayscale`` (see ``rgb_to_grayscale``).
 - ``"fashion_mnist"``: Fashion-MNIST IDX files as installed by the Debian package
   ``dataset-fashion-mnist`` (``/usr/share/datasets/fashion-mnist/{train,t10k}-{images-idx3,
   labels-idx1}-ubyte[.gz]``; ``config.data.data_dir`` overrides the directory). The 28x28 images
   are zero-padded by 2 pixels on each side to 32x32, so the sequence is 1024 long like CIFAR-10.
-  Real data that works offline.
+  Real data that works offline: a stand-in for CIFAR-10 only when asked for (a run on it is
+  not LRA's Image task; specs label such rows).
 
 Splits follow LRA's image input pipeline (``tfds.load('cifar10', split='train[:90%]')`` for train,
 ``'train[90%:]'`` for validation, ``'test'`` for test): the first 90% of the official train split
@@ -18,9 +19,9 @@ in file order is train, the last 10% is val (45000/5000 for CIFAR-10, 54000/6000
 Fashion-MNIST), and the official test split is test. ``config.data.max_examples`` > 0 keeps the
 first examples of each split (tiny presets).
 
-Tokens: pixel value + 1 (1..256; 0 stays padding, which an image never has), vocabulary 257.
-LRA fed raw pixels 0..255 and derived its padding mask from ``inputs > 0``, so black pixels were
-masked there; shifting by one keeps every pixel a real token.
+Tokens (``config.data.mask_black_pixels``, see ``lra_sparse.data.common``): by default the raw
+gray value 0..255 as LRA feeds it, with black (0) as padding, so LRA's mask ``inputs > 0`` holds
+(Fashion-MNIST's zero border is masked too); False gives pixel + 1 and keeps every pixel a token.
 """
 from __future__ import annotations
 
@@ -32,14 +33,15 @@ from typing import Any
 
 import numpy as np
 
-from lra_sparse.data.common import (PIXEL_OFFSET, PIXEL_VOCAB_SIZE, check_labels,
-                                    check_split_name, load_tfds_source, take_first)
+from lra_sparse.data.common import (check_labels, check_split_name, load_tfds_source,
+                                    mask_black_pixels, pixel_tokens, pixel_vocab_size, take_first)
 from lra_sparse.data.registry import TaskSpec, register_task
 
 NUM_CLASSES = 10
 IMAGE_SIZE = 32
 SEQUENCE_LENGTH = IMAGE_SIZE * IMAGE_SIZE
-SOURCES = ("fashion_mnist", "tfds")
+SOURCES = ("tfds", "fashion_mnist")
+DEFAULT_SOURCE = "tfds"
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 TRAIN_FRACTION_NUMERATOR = 9          # LRA: train[:90%] / train[90%:]
 _FASHION_MNIST_PREFIX = {"train": "train", "val": "train", "test": "t10k"}
@@ -166,8 +168,8 @@ class ImageTask:
   """Gray images as pixel sequences (row-major), 10 classes."""
 
   def spec(self, config: Any) -> TaskSpec:
-    del config
-    return TaskSpec(name="image", num_classes=NUM_CLASSES, vocab_size=PIXEL_VOCAB_SIZE)
+    return TaskSpec(name="image", num_classes=NUM_CLASSES, vocab_size=pixel_vocab_size(config),
+                    padding_at_end=not mask_black_pixels(config))
 
   def load_split(self, config: Any, split: str) -> dict[str, np.ndarray]:
     check_split_name(split)
@@ -175,7 +177,7 @@ class ImageTask:
       raise ValueError(f"task 'image' has sequences of {IMAGE_SIZE}x{IMAGE_SIZE} = "
                        f"{SEQUENCE_LENGTH} pixels; set config.data.max_length={SEQUENCE_LENGTH} "
                        f"(got {config.data.max_length})")
-    source = config.data.get("source", "fashion_mnist")
+    source = config.data.get("source", DEFAULT_SOURCE)
     if source == "fashion_mnist":
       data_dir = config.data.data_dir or FASHION_MNIST_DIR
       images, labels = read_fashion_mnist(data_dir, _FASHION_MNIST_PREFIX[split])
@@ -192,5 +194,5 @@ class ImageTask:
     # Subset before padding and widening to int32: tiny presets keep a few hundred images.
     kept = take_first({"images": images, "labels": labels}, config.data.get("max_examples", 0))
     images, labels = pad_to_square(kept["images"]), kept["labels"]
-    inputs = images.reshape(len(images), SEQUENCE_LENGTH).astype(np.int32) + PIXEL_OFFSET
+    inputs = pixel_tokens(images.reshape(len(images), SEQUENCE_LENGTH), config)
     return {"inputs": inputs, "targets": labels}

@@ -28,8 +28,10 @@ Loader: tasks ``pathfinder`` (32x32, 1024 tokens) and ``pathx`` (128x128, 16384 
 ``config.data.data_dir`` is the root holding the difficulty directories and
 ``config.data.difficulty`` picks one. Rows are read in metadata order (files sorted by batch
 number, lines in file order) and split 80/10/10 into train/val/test like LRA's
-``split[:80%]``, ``[80%:90%]``, ``[90%:]``. A token is the pixel value + 1 (1..256, vocab_size
-257): images have no padding, and the model's key mask ``tokens != 0`` is all True. As LRA's
+``split[:80%]``, ``[80%:90%]``, ``[90%:]``. Tokens follow ``config.data.mask_black_pixels``
+(``lra_sparse.data.common``): by default the raw pixel value (vocab_size 256) with black
+pixels as padding, as LRA's mask ``inputs > 0``; False gives pixel + 1 (vocab_size 257), every
+pixel a real token. As LRA's
 pipeline does, zero-byte image files (the official 32 px release has one) are skipped with a
 warning; every other problem (missing directory, missing or corrupt PNG, wrong image size,
 label outside {0, 1}, malformed metadata row) is one error naming the file (and line).
@@ -47,7 +49,8 @@ from absl import logging
 import numpy as np
 from PIL import Image
 
-from lra_sparse.data.common import PIXEL_OFFSET, PIXEL_VOCAB_SIZE, check_split_name
+from lra_sparse.data.common import (check_split_name, mask_black_pixels, pixel_tokens,
+                                    pixel_vocab_size)
 from lra_sparse.data.registry import TaskSpec, register_task
 
 DIFFICULTY_DIRS = {
@@ -56,7 +59,6 @@ DIFFICULTY_DIRS = {
     "hard": "curv_contour_length_14",
 }
 NUM_CLASSES = 2
-VOCAB_SIZE = PIXEL_VOCAB_SIZE     # token = pixel + PIXEL_OFFSET (1), so padding never occurs
 SPLIT_BOUNDS = {"train": (0.0, 0.8), "val": (0.8, 0.9), "test": (0.9, 1.0)}
 METADATA_FIELDS = 11              # fields of a metadata row (LRA reads fields 0, 1 and 3)
 
@@ -158,9 +160,10 @@ def _decode_png(path: str, origin: str, resolution: int) -> np.ndarray | None:
   return pixels
 
 
-def load_pathfinder_split(data_dir: str, difficulty: str, resolution: int, split: str
-                          ) -> dict[str, np.ndarray]:
-  """``{"inputs": int32 [N, res*res] = pixel + 1, "targets": int32 [N]}`` of one split."""
+def load_pathfinder_split(data_dir: str, difficulty: str, resolution: int, split: str,
+                          config: Any) -> dict[str, np.ndarray]:
+  """``{"inputs": int32 [N, res*res], "targets": int32 [N]}`` of one split; inputs are the
+  ``pixel_tokens`` that ``config.data.mask_black_pixels`` asks for."""
   check_split_name(split)
   if difficulty not in DIFFICULTY_DIRS:
     raise ValueError(f"unknown difficulty {difficulty!r} (config.data.difficulty); expected "
@@ -180,7 +183,7 @@ def load_pathfinder_split(data_dir: str, difficulty: str, resolution: int, split
   if hi <= lo:
     raise ValueError(f"{root}: {len(images)} images leave the {split} split empty "
                      f"(80/10/10 split; 10 images give 8/1/1)")
-  inputs = np.empty((hi - lo, resolution * resolution), np.int32)
+  inputs = np.empty((hi - lo, resolution * resolution), np.uint8)
   targets = np.empty(hi - lo, np.int32)
   kept, empty = 0, []
   for row in range(lo, hi):
@@ -197,7 +200,7 @@ def load_pathfinder_split(data_dir: str, difficulty: str, resolution: int, split
   if kept == 0:
     raise ValueError(f"{root}: every image of the {split} split is an empty file")
   inputs, targets = inputs[:kept], targets[:kept]
-  inputs += PIXEL_OFFSET
+  inputs = pixel_tokens(inputs, config)
   logging.info("pathfinder %dx%d %s %s: %d images (%.1f%% label 1) from %s in %.1f s",
                resolution, resolution, difficulty, split, kept, 100.0 * targets.mean(), root,
                time.perf_counter() - start)
@@ -210,8 +213,8 @@ class _PathfinderTaskBase:
   resolution = 0
 
   def spec(self, config: Any) -> TaskSpec:
-    del config
-    return TaskSpec(name=self.name, num_classes=NUM_CLASSES, vocab_size=VOCAB_SIZE)
+    return TaskSpec(name=self.name, num_classes=NUM_CLASSES, vocab_size=pixel_vocab_size(config),
+                    padding_at_end=not mask_black_pixels(config))
 
   def load_split(self, config: Any, split: str) -> dict[str, np.ndarray]:
     length = self.resolution * self.resolution
@@ -220,7 +223,7 @@ class _PathfinderTaskBase:
       raise ValueError(f"config.data.max_length={max_length!r}, but task {self.name!r} has "
                        f"{self.resolution}x{self.resolution} = {length} tokens per image")
     return load_pathfinder_split(config.data.data_dir, config.data.get("difficulty", "hard"),
-                                 self.resolution, split)
+                                 self.resolution, split, config)
 
 
 @register_task("pathfinder")

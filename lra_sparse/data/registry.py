@@ -5,8 +5,11 @@ A task loader turns its on-disk format into plain numpy arrays, one dict per spl
 - classification tasks: ``{"inputs": int32 [N, max_length], "targets": int32 [N]}``
 - retrieval (dual encoder): ``{"inputs1": ..., "inputs2": ..., "targets": ...}``
 
-Token id 0 is padding (always at the end of a row); the model derives the key padding mask as
-``tokens != 0``, so every real token must have an id >= 1.
+Token id 0 is padding; the model derives the key padding mask as ``tokens != 0``, so every real
+token must have an id >= 1. Padding sits at the end of a row, except where a task's spec says
+``padding_at_end=False`` (pixel tasks masking black pixels as LRA does, see
+``lra_sparse.data.common``): attention paths that take key padding as sequence lengths (cuDNN)
+cannot serve those.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ class TaskSpec:
   vocab_size: int                     # including PAD_ID
   input_names: tuple[str, ...] = ("inputs",)
   model_kind: str = "classifier"      # "classifier" | "dual_encoder"
+  padding_at_end: bool = True         # False: PAD_ID may occur anywhere in a row
 
 
 class Task(Protocol):

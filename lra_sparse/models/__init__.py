@@ -1,18 +1,30 @@
 """Models: the LRA classifier and the dual-encoder retrieval model, built through a registry.
 
 Models know nothing about tasks or data files: the trainer passes the vocabulary size, the
-number of classes and the padding token id as plain values.
+number of classes, the padding token id and whether padding sits only at the end of a row as
+plain values.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 from lra_sparse.attention import parse_attention_config
-from lra_sparse.models.encoder import (ClassifierHead, Encoder, padded_length,
+from lra_sparse.models.encoder import (ClassifierHead, Encoder, compute_dtype, padded_length,
                                        validate_model_config)
+
+# config.model.dual_head (configs/retrieval.py): how the dual encoder combines its two pooled
+# documents u, v into logits.
+#   "lra": LRA's classifier_head_dual as its matching task calls it (no interaction argument,
+#     google-research/long-range-arena models/layers/common_layers.py, matching/train.py):
+#     concat[u, v] -> Dense(classifier_dim) -> ReLU -> Dense(classifier_dim // 2) -> ReLU ->
+#     Dense(classes).
+#   "nli_one_hidden": [u, v, u * v, u - v] -> Dense(classifier_dim) -> ReLU -> Dense(classes),
+#     this repository's earlier head (the Nystromformer LRA code's SCHeadDual has this shape).
+DUAL_HEADS = ("lra", "nli_one_hidden")
 
 
 class Classifier(nn.Module):
@@ -32,8 +44,23 @@ class Classifier(nn.Module):
     return ClassifierHead(self.model_config, self.num_classes, name="head")(features)
 
 
+class DualClassifierHead(nn.Module):
+  """LRA's classifier_head_dual (``dual_head="lra"``): [u, v] -> two ReLU layers -> logits."""
+  model_config: Any
+  num_classes: int
+
+  @nn.compact
+  def __call__(self, u, v):
+    dtype = compute_dtype(self.model_config)
+    width = self.model_config.classifier_dim
+    y = jnp.concatenate([u, v], axis=-1)
+    y = nn.relu(nn.Dense(width, dtype=dtype, name="mlp")(y))
+    y = nn.relu(nn.Dense(width // 2, dtype=dtype, name="mlp2")(y))
+    return nn.Dense(self.num_classes, dtype=jnp.float32, name="logits")(y).astype(jnp.float32)
+
+
 class DualEncoder(nn.Module):
-  """LRA retrieval: one shared encoder for both documents, features [u, v, u*v, u-v] -> MLP."""
+  """LRA retrieval: one shared encoder for both documents, then ``model_config.dual_head``."""
   model_config: Any
   attention_config: Any
   vocab_size: int
@@ -47,6 +74,8 @@ class DualEncoder(nn.Module):
                       self.max_length, self.pad_id, name="encoder")
     u = encoder(batch["inputs1"], deterministic=deterministic)
     v = encoder(batch["inputs2"], deterministic=deterministic)
+    if self.model_config.dual_head == "lra":
+      return DualClassifierHead(self.model_config, self.num_classes, name="head")(u, v)
     combined = jnp.concatenate([u, v, u * v, u - v], axis=-1)
     return ClassifierHead(self.model_config, self.num_classes, name="head")(combined)
 
@@ -57,16 +86,41 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 }
 
 
+def attention_for_masks(attention_config, padding_at_end: bool):
+  """The attention config to run with key masks that may have holes (``padding_at_end``
+  False: pixel tasks masking black pixels). Dense attention on cuDNN takes the key padding as
+  sequence lengths, which is only right when padding sits at the end of each row: "auto"
+  then runs XLA (which takes any mask), and an explicit "cudnn" is refused."""
+  if padding_at_end or attention_config.KIND != "dense":
+    return attention_config
+  if attention_config.implementation == "cudnn":
+    raise ValueError("config.attention.dense.implementation='cudnn' takes key padding as "
+                     "sequence lengths (padding at the end of each row), but this task masks "
+                     "black pixels anywhere in the image (config.data.mask_black_pixels=True): "
+                     "use 'auto' or 'xla', or set config.data.mask_black_pixels=False")
+  if attention_config.implementation == "auto":
+    return dataclasses.replace(attention_config, implementation="xla")
+  return attention_config
+
+
 def build_model(config, *, model_kind: str, vocab_size: int, num_classes: int,
-                pad_id: int = 0) -> nn.Module:
+                pad_id: int = 0, padding_at_end: bool = True) -> nn.Module:
   """The model ``model_kind`` for ``config`` (its ``model``, ``attention`` and
-  ``data.max_length``); the attention config is checked here, once."""
+  ``data.max_length``); the attention config is checked here, once. ``padding_at_end`` False:
+  the task's key masks may have holes (``attention_for_masks``)."""
   validate_model_config(config.model)
   if model_kind not in MODELS:
     raise ValueError(f"unknown model kind {model_kind!r}; known: {sorted(MODELS)}")
-  return MODELS[model_kind](config.model, parse_attention_config(config.attention),
+  if model_kind == "dual_encoder":
+    head = config.model.get("dual_head")
+    if head not in DUAL_HEADS:
+      raise ValueError(f"config.model.dual_head={head!r}; choose one of {DUAL_HEADS} "
+                       "(configs/retrieval.py sets it)")
+  attention = attention_for_masks(parse_attention_config(config.attention), padding_at_end)
+  return MODELS[model_kind](config.model, attention,
                             vocab_size=vocab_size, num_classes=num_classes,
                             max_length=config.data.max_length, pad_id=pad_id)
 
 
-__all__ = ["Classifier", "DualEncoder", "MODELS", "build_model", "padded_length"]
+__all__ = ["Classifier", "DUAL_HEADS", "DualClassifierHead", "DualEncoder", "MODELS",
+           "attention_for_masks", "build_model", "padded_length"]

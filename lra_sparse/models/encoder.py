@@ -4,6 +4,13 @@ Follows google-research/long-range-arena's transformer_base: token embedding (in
 normal(stddev=1.0), as LRA), position embeddings (fixed sinusoidal, or learned where LRA's task
 config learns them: ``config.model.pos_emb``), pre-LayerNorm blocks (attention, MLP) with
 dropout, final LayerNorm, CLS or mean pooling.
+
+Masking: a token equal to ``pad_id`` is masked as a key in every layer and left out of mean
+pooling (the mean is over the kept positions; a row with none pools to zeros, never NaN).
+Pixel tasks mask black pixels this way by default, as LRA's ``inputs > 0``
+(``lra_sparse.data.common``). Two things differ from LRA's code on purpose: the CLS token is
+always a real token (LRA's CLS takes the mask of the first pixel, so a black first pixel masks
+it), and LRA's mean pooling averages all positions, masked ones included.
 """
 from __future__ import annotations
 
