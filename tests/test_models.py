@@ -117,7 +117,7 @@ def test_without_masking_black_pixels_are_tokens():
   np.testing.assert_allclose(moved_logits[2], logits[2], atol=1e-6)  # the one without
 
 
-def test_dense_attention_with_holes_in_the_mask_never_takes_cudnn():
+def test_attention_with_holes_in_the_mask_never_takes_cudnn():
   """cuDNN takes key padding as sequence lengths (padding at the end only)."""
   base = config_lib.get_base_config().attention
   auto = parse_attention_config(base)
@@ -131,6 +131,13 @@ def test_dense_attention_with_holes_in_the_mask_never_takes_cudnn():
     attention_for_masks(cudnn, padding_at_end=False)
   model, _ = _image_model("dense", "cls")
   assert model.attention_config.implementation == "xla"
+  base.kind = "nystrom"     # the Nystromformer's B V on cuDNN: the same rule
+  nys = parse_attention_config(base)
+  assert attention_for_masks(nys, padding_at_end=False).implementation == "xla"
+  assert attention_for_masks(nys, padding_at_end=True) is nys
+  base.nystrom.implementation = "cudnn"
+  with pytest.raises(ValueError, match=r"^config.attention.nystrom.implementation='cudnn' "):
+    attention_for_masks(parse_attention_config(base), padding_at_end=False)
   base.kind = "dsa"
   dsa = parse_attention_config(base)
   assert attention_for_masks(dsa, padding_at_end=False) is dsa

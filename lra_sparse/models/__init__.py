@@ -88,13 +88,15 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 
 def attention_for_masks(attention_config, padding_at_end: bool):
   """The attention config to run with key masks that may have holes (``padding_at_end``
-  False: pixel tasks masking black pixels). Dense attention on cuDNN takes the key padding as
-  sequence lengths, which is only right when padding sits at the end of each row: "auto"
-  then runs XLA (which takes any mask), and an explicit "cudnn" is refused."""
-  if padding_at_end or attention_config.KIND != "dense":
+  False: pixel tasks masking black pixels). cuDNN (dense attention, and the Nystromformer's
+  B V) takes the key padding as sequence lengths, which is only right when padding sits at the
+  end of each row: "auto" then runs XLA (which takes any mask), and an explicit "cudnn" is
+  refused."""
+  if padding_at_end or attention_config.KIND not in ("dense", "nystrom"):
     return attention_config
   if attention_config.implementation == "cudnn":
-    raise ValueError("config.attention.dense.implementation='cudnn' takes key padding as "
+    kind = attention_config.KIND
+    raise ValueError(f"config.attention.{kind}.implementation='cudnn' takes key padding as "
                      "sequence lengths (padding at the end of each row), but this task masks "
                      "black pixels anywhere in the image (config.data.mask_black_pixels=True): "
                      "use 'auto' or 'xla', or set config.data.mask_black_pixels=False")
