@@ -36,6 +36,8 @@ flags.DEFINE_string("shape", "32x2000x8x64", "batch x length x heads x head_dim 
 flags.DEFINE_integer("landmarks", 64, "Landmarks (core).")
 flags.DEFINE_integer("conv_kernel", 35, "Conv taps (conv).")
 flags.DEFINE_bool("conv_micro", True, "conv part: time the conv alone (else only in steps).")
+flags.DEFINE_list("step_convs", ["banded block matmul", "Pallas kernel"],
+                  "conv part: formulations also timed inside the first Nystrom train step.")
 flags.DEFINE_list("step_variants", ["bf16:cudnn", "bf16:kind=nystrom",
                                     "bf16:kind=nystrom+nm=2:4", "fp32:kind=nystrom"],
                   "bench_train_step variants for the step part.")
@@ -182,8 +184,9 @@ def step_rows(old):
   nystrom_variants = [v for v in FLAGS.step_variants if "nystrom" in v]
   if nystrom_variants and "conv" in FLAGS.parts:
     for name, fn in conv_cases().items():
-      runs.append((f"{nystrom_variants[0]} (conv: {name})",
-                   swapped(nystrom, depthwise_length_conv=fn)))
+      if name in FLAGS.step_convs:
+        runs.append((f"{nystrom_variants[0]} (conv: {name})",
+                     swapped(nystrom, depthwise_length_conv=fn)))
   for variant, context in runs:
     try:
       with context:
