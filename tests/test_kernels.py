@@ -185,16 +185,20 @@ def test_reference_gradients_match_dense_masked_softmax(n, m, l, ints):
 
 
 @pytest.fixture(scope="module")
-def interpreted_select():
-  """lra_sparse/kernels/dfss_select.py loaded under Triton's interpreter (TRITON_INTERPRET=1:
-  its @triton.jit functions run on numpy); skipped where triton is not installed (CPU CI)."""
+def interpreted_nm_keep():
+  """dfss_select.nm_keep run by Triton's interpreter on numpy tiles: the module is loaded again
+  with TRITON_INTERPRET=1 (read when @triton.jit runs).  Skipped where triton is not installed
+  (the CPU requirements have none)."""
   pytest.importorskip("triton")
   import importlib.util
   import os
+  import triton.language as tl
+  from triton.runtime import interpreter
   from lra_sparse.kernels import dfss_reference as anchor
+
   path = os.path.join(os.path.dirname(anchor.__file__), "dfss_select.py")
   old = os.environ.get("TRITON_INTERPRET")
-  os.environ["TRITON_INTERPRET"] = "1"  # read when @triton.jit runs, i.e. at module load
+  os.environ["TRITON_INTERPRET"] = "1"
   try:
     spec = importlib.util.spec_from_file_location("dfss_select_interpreted", path)
     mod = importlib.util.module_from_spec(spec)
@@ -204,21 +208,28 @@ def interpreted_select():
       del os.environ["TRITON_INTERPRET"]
     else:
       os.environ["TRITON_INTERPRET"] = old
-  return mod
+
+  def nm_keep(tiles, n):
+    """Keep masks (numpy bool) of a list of numpy fp32 score tiles."""
+    # A direct call patches triton.language for numpy and does not undo it; undo it here, so
+    # that kernels compiled later in this process (GPU tests) see the real language.
+    scope = interpreter._patch_lang(mod.nm_keep.fn)  # pylint: disable=protected-access
+    try:
+      s = tuple(tl.tensor(interpreter.TensorHandle(np.ascontiguousarray(x, np.float32),
+                                                   tl.float32),
+                          tl.block_type(tl.float32, list(x.shape))) for x in tiles)
+      return [k.handle.data for k in mod.nm_keep(s, n)]
+    finally:
+      scope.restore()
+
+  return nm_keep
 
 
 @pytest.mark.parametrize("n,m", [(1, 2), (1, 4), (2, 4), (3, 4), (1, 8), (2, 8), (3, 8), (5, 8),
                                  (7, 8), (1, 16), (9, 16), (1, 32), (16, 32)])
-def test_kernel_nm_keep_matches_bruteforce(n, m, interpreted_select):
+def test_kernel_nm_keep_matches_bruteforce(n, m, interpreted_nm_keep):
   """The kernels' N:M selection (dfss_select.nm_keep, run by the Triton interpreter) on score
   tiles laid out as in the kernels (tile i holds keys g*m + i) against the float64 brute force."""
-  import triton.language as tl
-  from triton.runtime.interpreter import TensorHandle
-
-  def tile(x):
-    x = np.ascontiguousarray(x, np.float32)
-    return tl.tensor(TensorHandle(x, tl.float32), tl.block_type(tl.float32, list(x.shape)))
-
   rows, groups = 16, 8
   rng = np.random.default_rng(n * 100 + m)
   for trial in range(4):
@@ -229,10 +240,10 @@ def test_kernel_nm_keep_matches_bruteforce(n, m, interpreted_select):
     if trial >= 2:  # padded keys (-inf), including whole padded groups
       dense[rng.random(dense.shape) < 0.3] = -np.inf
       dense[:, :m] = -np.inf
-    keep = interpreted_select.nm_keep(tuple(tile(dense[:, i::m]) for i in range(m)), n)
+    keep = interpreted_nm_keep([dense[:, i::m] for i in range(m)], n)
     got = np.empty(dense.shape, bool)
     for i in range(m):
-      got[:, i::m] = keep[i].handle.data
+      got[:, i::m] = keep[i]
     np.testing.assert_array_equal(got, np_keep(dense, n, m))
 
 
