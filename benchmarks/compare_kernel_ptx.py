@@ -19,10 +19,11 @@ Cases (--tiers), each with the runtime's tiles for its kind / dtype / head_dim /
   only as NKEEP: the N == 1 branch, the M == 4 boolean branch, else a constant of the rank
   compare and of the compressed column count.  An M = 32 kernel takes ~50 s to compile.
 * 'misc': the compressed softmax's block sizes per output dtype, and H == 1.
+* 'poison': each NEW kernel against its test entry point in ``dfss_poisoned_kernels`` (2:4).
 
 Usage, from the repository root:
 
-  python -m benchmarks.compare_kernel_ptx [--old_rev=ce422c2] [--jobs=2] [--tiers=grid,nm,misc]
+  python -m benchmarks.compare_kernel_ptx [--old_rev=ce422c2] [--jobs=2] [--tiers=grid,nm,misc,poison]
       [--out=experiments/kernels_ptx_equivalence.md]
 """
 
@@ -56,6 +57,9 @@ GRID_ALL_HEAD_DIMS = ((1, 2), (2, 4))
 M_KERNELS = ("dfss_fwd", "dfss_bwd_onepass", "dfss_bwd_dkdv", "dfss_bwd_dq", "dfss_sddmm_prune",
              "dfss_spmm", "dfss_spmm_t", "dfss_sddmm_bwd")
 MASKED = ("dfss_fwd", "dfss_bwd_onepass", "dfss_bwd_dkdv", "dfss_bwd_dq", "dfss_sddmm_prune")
+OUTPUTS = {"dfss_fwd": 2, "dfss_bwd_onepass": 3, "dfss_bwd_dkdv": 2, "dfss_bwd_dq": 1,
+           "dfss_sddmm_prune": 2, "dfss_spmm": 1, "dfss_spmm_t": 1, "dfss_sddmm_bwd": 1,
+           "dfss_csoftmax": 1}
 TILE_KIND = {"dfss_fwd": "fwd", "dfss_bwd_onepass": "bwd", "dfss_bwd_dkdv": "bwd",
              "dfss_bwd_dq": "dq"}
 OLD_NAMES = ("META_BITS", "_DEFAULT_CFG", "_M_CFG", "_GEN_OPTIONS", "_cfg", "_ind", "_rank_keep",
@@ -131,6 +135,17 @@ def signature(kernel: str, dt: str, old: bool):
   return dict(sig)
 
 
+def poisoned_signature(kernel: str, dt: str):
+  """The test entry point's parameters: a *_NAN buffer before the outputs for each output but
+  the one-pass dQ (zeroed, not poisoned)."""
+  sig = list(signature(kernel, dt, False).items())
+  k = OUTPUTS[kernel]
+  outs = sig[-k:]
+  nans = [(name + "_NAN", ty) for name, ty in outs if not (kernel == "dfss_bwd_onepass"
+                                                            and name == "DQ")]
+  return dict(sig[:-k] + nans + outs)
+
+
 def make_case(tier, kernel, m, n, dt, d, has_mask=True, h1=False, alpha=None, block=None):
   c = dict(tier=tier, kernel=kernel, m=m, n=n, dt=dt, d=d, has_mask=has_mask, h1=h1,
            alpha=alpha, block=block)
@@ -170,6 +185,11 @@ def cases(tiers):
           continue
         alpha = 0.125 if kernel.startswith("dfss_spmm") else None
         out.append(make_case("nm", kernel, m, n, "bfloat16", 64, alpha=alpha))
+  if "poison" in tiers:
+    for kernel in M_KERNELS:
+      alpha = 0.125 if kernel.startswith("dfss_spmm") else None
+      out.append(make_case("poison", kernel, 4, 2, "bfloat16", 64, alpha=alpha))
+    out.append(make_case("poison", "dfss_csoftmax", None, None, "bfloat16", None, block=1024))
   if "misc" in tiers:
     for dt in DTYPES:
       for block in (16, 128, 1024, 2048, 4096):
@@ -256,28 +276,49 @@ def run_case(c: dict) -> dict:
   new_constexprs = dict(constexprs)
   if kernel != "dfss_csoftmax":
     new_constexprs["M"] = c["m"]
+  old_sig = signature(kernel, c["dt"], True)
+  new_sig = signature(kernel, c["dt"], False)
+  if c["tier"] == "poison":  # NEW kernel (as "OLD") against its poisoned test entry point
+    old_fn, old_sig, constexprs = new_fn, new_sig, new_constexprs
+    new_fn = getattr(new_module("dfss_poisoned_kernels"), kernel + "_poisoned")
+    new_sig = poisoned_signature(kernel, c["dt"])
   res = dict(c)
   t0 = time.time()
-  ko = compile_one(old_fn, signature(kernel, c["dt"], True), constexprs, c["num_warps"],
-                   c["num_stages"])
+  ko = compile_one(old_fn, old_sig, constexprs, c["num_warps"], c["num_stages"])
   t1 = time.time()
-  kn = compile_one(new_fn, signature(kernel, c["dt"], False), new_constexprs, c["num_warps"],
-                   c["num_stages"])
+  kn = compile_one(new_fn, new_sig, new_constexprs, c["num_warps"], c["num_stages"])
   res["seconds"] = (t1 - t0, time.time() - t1)
   old_ptx, new_ptx = strip_ptx(ko.asm["ptx"]), strip_ptx(kn.asm["ptx"])
-  old_params = [p for p in signature(kernel, c["dt"], True) if p not in constexprs]
-  dq_zero = old_params.index("DQ_ZERO") if "DQ_ZERO" in old_params else None
   res["ptx_lines"] = len(new_ptx.splitlines())
   if old_ptx == new_ptx:
     res["status"] = "identical"
-  elif kernel == "dfss_bwd_onepass" and drop_param(old_ptx, kernel, dq_zero) == new_ptx:
+  elif c["tier"] == "poison":
+    nan_params = [i for i, p in enumerate(q for q in new_sig if q not in new_constexprs)
+                  if p.endswith("_NAN")]
+    poisoned = new_ptx.replace(f"{kernel}_poisoned", kernel)
+    for i in reversed(nan_params):
+      poisoned = drop_param(poisoned, kernel, i)
+    uncomment = lambda t: re.sub(r"[ \t]*//.*", "", t)  # noqa: E731  name-aligned comments
+    poisoned, kernel_ptx = uncomment(poisoned), uncomment(old_ptx)
+    if poisoned == kernel_ptx:
+      res["status"] = "identical but *_NAN"
+    elif sorted(poisoned.splitlines()) == sorted(kernel_ptx.splitlines()):
+      res["status"] = "same lines reordered but *_NAN"
+    else:
+      res["status"] = "DIFFERENT"
+  elif kernel == "dfss_bwd_onepass" and drop_param(
+      old_ptx, kernel, [p for p in old_sig if p not in constexprs].index("DQ_ZERO")) == new_ptx:
     res["status"] = "identical but DQ_ZERO"
+  elif sorted(old_ptx.splitlines()) == sorted(new_ptx.splitlines()):
+    res["status"] = "same lines reordered"
   else:
     res["status"] = "DIFFERENT"
   if res["status"] != "identical":
     so, sn = cubin_stats(ko.asm["cubin"]), cubin_stats(kn.asm["cubin"])
     res["old_cubin"], res["new_cubin"] = so, sn
     res["same_cubin_stats"] = all(so[k] == sn[k] for k in ("regs", "stack", "stl", "ldl", "ops"))
+    if res["status"] == "DIFFERENT" and c["tier"] == "poison" and res["same_cubin_stats"]:
+      res["status"] = "PTX differs, same cubin stats, but *_NAN"
   return res
 
 
@@ -323,15 +364,21 @@ def table(results, header):
   by_kernel = collections.defaultdict(collections.Counter)
   for r in results:
     by_kernel[r["kernel"]][r["status"]] += 1
-  lines += ["", "| kernel | cases | identical | identical but DQ_ZERO | DIFFERENT |",
+  lines += ["", "OLD vs NEW, per kernel:", "",
+            "| kernel | cases | identical | identical but DQ_ZERO | DIFFERENT |",
             "|---|---|---|---|---|"]
   for k, cnt in sorted(by_kernel.items()):
-    lines.append(f"| {k} | {sum(cnt.values())} | {cnt['identical']} | "
-                 f"{cnt['identical but DQ_ZERO']} | {cnt['DIFFERENT']} |")
+    n_poison = sum(v for key, v in cnt.items() if key.endswith("*_NAN"))
+    lines.append(f"| {k} | {sum(cnt.values()) - n_poison} | "
+                 f"{cnt['identical']} | {cnt['identical but DQ_ZERO']} | {cnt['DIFFERENT']} |")
   lines += ["", "'identical but DQ_ZERO': the PTX is identical once OLD's unused DQ_ZERO parameter "
             "(the zero buffer jax-triton aliased to dQ; NEW zeroes dQ with zeroed_outputs) is "
             "dropped and the later parameters renumbered; the cubin columns give "
-            "OLD/NEW registers, stack bytes, spill stores / loads and SASS instructions.", "",
+            "OLD/NEW registers, stack bytes, spill stores / loads and SASS instructions.  "
+            "Tier 'poison' compares NEW kernels with their poisoned test entry points "
+            "(dfss_poisoned_kernels): 'identical but *_NAN' = identical once the unused NaN "
+            "buffer parameters are dropped and the kernel name is the same; 'same lines "
+            "reordered' = the same PTX lines in another order.", "",
             "| tier | kernel | N:M | dtype | head_dim | tiles | PTX lines | status | "
             "cubin (OLD/NEW) | compile s (OLD/NEW) |",
             "|---|---|---|---|---|---|---|---|---|---|"]
@@ -346,7 +393,8 @@ def table(results, header):
 # --------------------------------------------------------------------------- main
 def define_flags() -> None:
   flags.DEFINE_string("old_rev", "ce422c2", "Git revision of the generated kernels (OLD).")
-  flags.DEFINE_list("tiers", ["grid", "nm", "misc"], "Case tiers: grid, nm, misc.")
+  flags.DEFINE_list("tiers", ["grid", "nm", "misc", "poison"],
+                  "Case tiers: grid, nm, misc, poison.")
   flags.DEFINE_integer("jobs", 2, "Compile processes.")
   flags.DEFINE_string("kernels", "", "Comma-separated subset of kernels (default: all).")
   flags.DEFINE_string("out", None, "Write the markdown table here.")
@@ -387,7 +435,7 @@ def main(argv: Sequence[str]) -> None:
     with open(FLAGS.out, "w") as f:
       f.write(text)
   bad = [r for r in results if r["status"] == "DIFFERENT"]
-  print(f"{len(results) - len(bad)}/{len(results)} identical (or identical but DQ_ZERO)")
+  print(f"{len(results) - len(bad)}/{len(results)} not DIFFERENT")
   sys.exit(1 if bad else 0)
 
 
