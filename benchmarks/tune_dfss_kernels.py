@@ -7,9 +7,7 @@ For each shape it times (median ms after warm-up, inputs rotated, same process):
     (``op`` suffix = one-pass kernel with atomic dQ; otherwise dK/dV kernel + dQ kernel with the
     default dQ config) and every ``--dq`` config (default dK/dV config),
 and checks each variant's outputs against the pure-JAX reference (relative L2 error; NaN fails).
-``--codegen`` times the default-config forward and backward under each set of code-generation
-switches (``dfss_triton._GEN_OPTIONS``, e.g. 'logic_rank=0,fold_scale=0;logic_rank=1,fold_scale=1'),
-so a new formulation of the kernels is measured against the previous one in the same process.
+(To time two versions of the kernel source against each other, see ``ab_dfss_kernels``.)
 Prints one markdown table.  Config syntax: ``BM,BN,num_warps,num_stages[,op]`` separated by ';'.
 
 From the repository root (it imports the timing helpers of ``benchmarks.bench_dfss_kernels``):
@@ -30,7 +28,7 @@ import numpy as np
 
 from benchmarks.bench_dfss_kernels import fwd_bwd, gpu_state, time_fn
 from lra_sparse.attention.nm import parse_nm
-from lra_sparse.kernels import dfss_reference, dfss_triton
+from lra_sparse.kernels import dfss_reference, dfss_tiles, dfss_triton
 
 FLAGS = flags.FLAGS
 
@@ -41,25 +39,8 @@ def parse_cfgs(text):
   cfgs = []
   for item in filter(None, (t.strip() for t in text.split(";"))):
     parts = item.split(",")
-    cfg = dict(zip(("BM", "BN", "num_warps", "num_stages"), map(int, parts[:4])))
-    if len(parts) > 4 and parts[4] == "op":
-      cfg["onepass"] = True
-    cfgs.append(cfg)
+    cfgs.append(dfss_tiles.Tiles(*map(int, parts[:4]), onepass=len(parts) > 4 and parts[4] == "op"))
   return cfgs
-
-
-def parse_codegen(text):
-  variants = []
-  for item in filter(None, (t.strip() for t in text.split(";"))):
-    opts = {}
-    for kv in item.split(","):
-      name, val = kv.split("=")
-      if name not in dfss_triton._GEN_OPTIONS:
-        raise ValueError(f"unknown codegen switch {name!r}; "
-                         f"known: {sorted(dfss_triton._GEN_OPTIONS)}")
-      opts[name] = bool(int(val))
-    variants.append(opts)
-  return variants
 
 
 def rel_err(x, ref):
@@ -71,8 +52,8 @@ def rel_err(x, ref):
 
 
 def cfg_name(cfg):
-  s = f"{cfg['BM']}x{cfg['BN']} w{cfg['num_warps']} s{cfg['num_stages']}"
-  return s + (" one-pass" if cfg.get("onepass") else "")
+  s = f"{cfg.bm}x{cfg.bn} w{cfg.num_warps} s{cfg.num_stages}"
+  return s + (" one-pass" if cfg.onepass else "")
 
 
 def define_flags() -> None:
@@ -86,8 +67,6 @@ def define_flags() -> None:
   flags.DEFINE_string("bwd", "", "Backward (dK/dV or one-pass) configs, "
                       "'BM,BN,num_warps,num_stages[,op];...' (op = one-pass kernel).")
   flags.DEFINE_string("dq", "", "dQ kernel configs, 'BM,BN,num_warps,num_stages;...'.")
-  flags.DEFINE_string("codegen", "", "Code-generation switch sets, e.g. "
-                      "'logic_rank=0,fold_scale=0;logic_rank=1,fold_scale=1'.")
   flags.DEFINE_string("out", None, "Also write the table (markdown) here.")
 
 
@@ -123,7 +102,7 @@ def main(argv: Sequence[str]) -> None:
     ref_g = vjp(do)
 
     for cfg in parse_cfgs(FLAGS.fwd):
-      dfss_triton.set_config("fwd", dtype, d, **cfg)
+      dfss_triton.set_config("fwd", dtype, d, cfg)
       f = jax.jit(lambda q, k, v: dfss_triton._fused_fwd(q, k, v, None, n, m))
       try:
         t, _ = time_fn(f, [s[:3] for s in sets])
@@ -135,35 +114,15 @@ def main(argv: Sequence[str]) -> None:
               type(e).__name__])
       dfss_triton.set_config("fwd", dtype, d)
 
-    for opts in parse_codegen(FLAGS.codegen):
-      saved = dict(dfss_triton._GEN_OPTIONS)
-      dfss_triton._GEN_OPTIONS.update(opts)
-      name = ",".join(f"{k_}={int(v_)}" for k_, v_ in opts.items())
-      f = jax.jit(lambda q, k, v: dfss_triton._fused_fwd(q, k, v, None, n, m))
-      g = jax.jit(
-          lambda q, k, v, do, o, lse: dfss_triton._fused_bwd(q, k, v, None, o, lse, do, n, m))
-      try:
-        t_f, _ = time_fn(f, [s[:3] for s in sets])
-        csets = [s + tuple(f(*s[:3])) for s in sets]
-        t_b, _ = time_fn(g, csets)
-        err = max([rel_err(f(q, k, v)[0], ref_o)]
-                  + [rel_err(a, r) for a, r in zip(g(*csets[0]), ref_g)])
-        emit([FLAGS.dtype, f"{n}:{m}", shape, "codegen", name, f"{t_f:.3f}", f"{t_b:.3f}",
-              f"{t_xf / t_f:.2f}x", "", f"{err:.1e}"])
-      except Exception as e:  # noqa: BLE001
-        emit([FLAGS.dtype, f"{n}:{m}", shape, "codegen", name, "FAIL", "FAIL", "", "",
-              f"{type(e).__name__}: {str(e)[-300:]}"])
-      finally:
-        dfss_triton._GEN_OPTIONS.update(saved)
-
     fwd0 = jax.jit(lambda q, k, v: dfss_triton._fused_fwd(q, k, v, None, n, m))
     bsets = [s + tuple(fwd0(*s[:3])) for s in sets]  # (q, k, v, do, o, lse)
     variants = ([("bwd", c) for c in parse_cfgs(FLAGS.bwd)]
                 + [("dq", c) for c in parse_cfgs(FLAGS.dq)])
     for kind, cfg in variants:
-      dfss_triton.set_config(kind, dtype, d, **cfg)
-      g = jax.jit(
-          lambda q, k, v, do, o, lse: dfss_triton._fused_bwd(q, k, v, None, o, lse, do, n, m))
+      dfss_triton.set_config(kind, dtype, d, cfg)
+      det = kind == "dq"  # the dQ kernel runs only in the deterministic (two-kernel) backward
+      g = jax.jit(lambda q, k, v, do, o, lse, det=det: dfss_triton._fused_bwd(
+          q, k, v, None, o, lse, do, n, m, deterministic=det))
       try:
         t, _ = time_fn(g, bsets)
         err = max(rel_err(a, r) for a, r in zip(g(*bsets[0]), ref_g))

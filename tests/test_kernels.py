@@ -2,7 +2,9 @@
 
 CPU: the pure-JAX reference (lra_sparse/kernels/dfss_reference.py) and the shared N:M selection
 (lra_sparse.attention.nm.nm_mask) against a float64 numpy brute force
-(ties, odd lengths, padded rows, fully padded rows, gradients).  GPU (marked ``gpu``, skipped
+(ties, odd lengths, padded rows, fully padded rows, gradients); where triton is installed (not
+in the CPU requirements), the kernels' own N:M selection helper under Triton's interpreter.
+GPU (marked ``gpu``, skipped
 without a GPU or jax_triton): the Triton kernels against the reference on random inputs, with
 every output buffer poisoned (NaN) before the kernel writes it.
 """
@@ -182,19 +184,53 @@ def test_reference_gradients_match_dense_masked_softmax(n, m, l, ints):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("logic_rank", [True, False])
+@pytest.fixture(scope="module")
+def interpreted_nm_keep():
+  """dfss_select.nm_keep run by Triton's interpreter on numpy tiles: the module is loaded again
+  with TRITON_INTERPRET=1 (read when @triton.jit runs).  Skipped where triton is not installed
+  (the CPU requirements have none)."""
+  pytest.importorskip("triton")
+  import importlib.util
+  import os
+  import triton.language as tl
+  from triton.runtime import interpreter
+  from lra_sparse.kernels import dfss_reference as anchor
+
+  path = os.path.join(os.path.dirname(anchor.__file__), "dfss_select.py")
+  old = os.environ.get("TRITON_INTERPRET")
+  os.environ["TRITON_INTERPRET"] = "1"
+  try:
+    spec = importlib.util.spec_from_file_location("dfss_select_interpreted", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+  finally:
+    if old is None:
+      del os.environ["TRITON_INTERPRET"]
+    else:
+      os.environ["TRITON_INTERPRET"] = old
+
+  def nm_keep(tiles, n):
+    """Keep masks (numpy bool) of a list of numpy fp32 score tiles."""
+    # A direct call patches triton.language for numpy and does not undo it; undo it here, so
+    # that kernels compiled later in this process (GPU tests) see the real language.
+    scope = interpreter._patch_lang(mod.nm_keep.fn)  # pylint: disable=protected-access
+    try:
+      s = tuple(tl.tensor(interpreter.TensorHandle(np.ascontiguousarray(x, np.float32),
+                                                   tl.float32),
+                          tl.block_type(tl.float32, list(x.shape))) for x in tiles)
+      return [k.handle.data for k in mod.nm_keep(s, n)]
+    finally:
+      scope.restore()
+
+  return nm_keep
+
+
 @pytest.mark.parametrize("n,m", [(1, 2), (1, 4), (2, 4), (3, 4), (1, 8), (2, 8), (3, 8), (5, 8),
-                                 (7, 8)])
-def test_kernel_nm_selection_code_matches_bruteforce(n, m, logic_rank, monkeypatch):
-  """The N:M selection lines the Triton kernels are generated from, run on numpy tiles
-  (tile i holds keys g*m + i, as in the kernels) against the float64 brute force."""
-  import types
-  from lra_sparse.kernels import dfss_triton
-  monkeypatch.setitem(dfss_triton._GEN_OPTIONS, "logic_rank", logic_rank)
-  rows, groups = 64, 16
-  lines = dfss_triton._rank_keep(m, "s", "keep", f"({rows}, {groups})", n)
-  code = "\n".join(lines).replace(".to(tl.int32)", ".astype(np.int32)")
-  tl_shim = types.SimpleNamespace(maximum=np.maximum, zeros=np.zeros, int32=np.int32)
+                                 (7, 8), (1, 16), (9, 16), (1, 32), (16, 32)])
+def test_kernel_nm_keep_matches_bruteforce(n, m, interpreted_nm_keep):
+  """The kernels' N:M selection (dfss_select.nm_keep, run by the Triton interpreter) on score
+  tiles laid out as in the kernels (tile i holds keys g*m + i) against the float64 brute force."""
+  rows, groups = 16, 8
   rng = np.random.default_rng(n * 100 + m)
   for trial in range(4):
     if trial % 2:  # many exact ties
@@ -204,12 +240,10 @@ def test_kernel_nm_selection_code_matches_bruteforce(n, m, logic_rank, monkeypat
     if trial >= 2:  # padded keys (-inf), including whole padded groups
       dense[rng.random(dense.shape) < 0.3] = -np.inf
       dense[:, :m] = -np.inf
-    env = {"np": np, "tl": tl_shim, "NKEEP": n}
-    env.update({f"s{i}": dense[:, i::m] for i in range(m)})
-    exec(code, env)  # noqa: S102 - our own generated code
-    got = np.empty_like(dense, dtype=bool)
+    keep = interpreted_nm_keep([dense[:, i::m] for i in range(m)], n)
+    got = np.empty(dense.shape, bool)
     for i in range(m):
-      got[:, i::m] = env[f"keep{i}"]
+      got[:, i::m] = keep[i]
     np.testing.assert_array_equal(got, np_keep(dense, n, m))
 
 
@@ -331,17 +365,16 @@ def test_triton_matches_reference(case, impl):
   if dtype == jnp.float32:
     q, k, v, ct = (tf32_exact(x) for x in (q, k, v, ct))
 
-  def f_tri(q, k, v):
-    return dt.dfss_attention_triton(q, k, v, n=n, m=m, mask=mask, impl=impl.split("-")[0],
-                                    deterministic=impl.endswith("deterministic"))
+  def f_tri(q, k, v):  # every kernel output poisoned (NaN) before the kernel writes it
+    return dt._attention(q, k, v, n=n, m=m, mask=mask, impl=impl.split("-")[0],
+                         deterministic=impl.endswith("deterministic"), poison=True)
 
   def f_ref(q, k, v):  # reference in fp32 at highest precision
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
     return ref.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask, precision=HI)
 
-  with dt.poison_outputs():
-    out, vjp = jax.vjp(jax.jit(f_tri), q, k, v)
-    grads = vjp(ct)
+  out, vjp = jax.vjp(jax.jit(f_tri), q, k, v)
+  grads = vjp(ct)
   want, vjp_ref = jax.vjp(f_ref, q, k, v)
   grads_ref = vjp_ref(ct.astype(jnp.float32))
   tol = TOL[dtype]
@@ -366,9 +399,8 @@ def test_triton_compressed_form_matches_reference(n, m, dtype):
   b, l, h, d = 2, 300, 2, 64
   q, k, _ = rand_qkv(jax.random.PRNGKey(n + m), (b, l, h, d), dtype)
   mask = make_mask(jax.random.PRNGKey(9), b, l)
-  with dt.poison_outputs():
-    sc, meta = jax.jit(lambda q, k: dt.sddmm_prune(q, k, n=n, m=m, mask=mask))(q, k)
-    probs = jax.jit(lambda s: dt.compressed_softmax(s, m=m))(sc)
+  sc, meta = jax.jit(lambda q, k: dt.sddmm_prune(q, k, n=n, m=m, mask=mask, poison=True))(q, k)
+  probs = jax.jit(lambda s: dt.compressed_softmax(s, poison=True))(sc)
   s_ref = ref.dfss_scores(q.astype(jnp.float32), k.astype(jnp.float32), mask=mask, m=m,
                           precision=HI)
   lk = s_ref.shape[-1]
