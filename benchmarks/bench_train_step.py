@@ -33,6 +33,8 @@ flags.DEFINE_list("variants", ["fp32:xla", "bf16:xla", "bf16:cudnn"],
 flags.DEFINE_string("config", LISTOPS_CONFIG, "Config file (LRA defaults of its task).")
 flags.DEFINE_integer("batch", None, "Global batch size (default: the config's).")
 flags.DEFINE_integer("length", None, "Tokens per example (default: the config's max_length).")
+flags.DEFINE_list("overrides", [], "key=value config overrides for every variant, e.g. "
+                  "data.mask_black_pixels=false.")
 flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
 flags.DEFINE_integer("reps", 10, "Timed steps.")
 flags.DEFINE_string("out", "", "Also write the table here.")
@@ -44,6 +46,14 @@ def make_config(variant: str, *, config_path: str = LISTOPS_CONFIG, batch=None,
   dtype, attention = variant.split(":", 1)
   config = load_config_file(config_path)
   config.model.dtype = {"fp32": "float32", "bf16": "bfloat16"}[dtype]
+  for item in (FLAGS.overrides if FLAGS.is_parsed() else []):
+    key, value = item.split("=", 1)
+    current = config
+    *parents, field = key.split(".")
+    for parent in parents:
+      current = current[parent]
+    old = current[field]
+    current[field] = value.lower() == "true" if isinstance(old, bool) else type(old)(value)
   if length is not None:
     config.data.max_length = length
   if batch is not None:

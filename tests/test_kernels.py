@@ -287,8 +287,11 @@ def test_unsupported_reason_states_what_the_triton_kernel_runs():
   assert "0 < n <= m" in reason(x, x, 3, 2)
   assert "power of two" in reason(x, x, 1, 3)
   assert "power of two" in reason(x, x, 1, 64)
-  d48 = arr((2, 64, 2, 48))
-  assert reason(d48, d48, 2, 4) == "head_dim 48 not in (16, 32, 64, 128)"
+  for d in (4, 8, 48):  # the fused path zero-pads these
+    small = arr((2, 64, 2, d))
+    assert reason(small, small, 2, 4) is None
+  d160 = arr((2, 64, 2, 160))
+  assert reason(d160, d160, 2, 4) == "head_dim 160 not in [1, 128]"
   assert "dtype" in reason(arr(dtype=jnp.int32), arr(dtype=jnp.int32), 2, 4)
   assert "v.shape" in reason(x, arr((2, 64, 2, 32)), 2, 4)
   assert "v.dtype" in reason(x, arr(dtype=jnp.float32), 2, 4)
@@ -297,9 +300,12 @@ def test_unsupported_reason_states_what_the_triton_kernel_runs():
   q = jnp.zeros((1, 8, 1, 64), jnp.bfloat16)
   with pytest.raises(ValueError, match="the Triton kernel needs n < m"):
     dfss_triton.dfss_attention_triton(q, q, q, n=4, m=4)
-  with pytest.raises(ValueError, match="head_dim 48"):
+  with pytest.raises(ValueError, match="head_dim 160"):
+    q160 = jnp.zeros((1, 8, 1, 160), jnp.bfloat16)
+    dfss_triton.dfss_attention_triton(q160, q160, q160, n=2, m=4)
+  with pytest.raises(ValueError, match=r"impl='compressed' needs head_dim in .* got 48"):
     q48 = jnp.zeros((1, 8, 1, 48), jnp.bfloat16)
-    dfss_triton.dfss_attention_triton(q48, q48, q48, n=2, m=4)
+    dfss_triton.dfss_attention_triton(q48, q48, q48, n=2, m=4, impl="compressed")
   if jax.default_backend() != "gpu":
     assert "jax_triton" not in sys.modules
 
@@ -388,6 +394,34 @@ def test_triton_matches_reference(case, impl):
     assert e < tol, (name, e)
   if masked and b > 1:  # make_mask pads the whole last sequence when b > 1
     assert np.all(np.asarray(out[-1].astype(jnp.float32)) == 0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("dtype,n,m,d", [(jnp.bfloat16, 2, 4, 4), (jnp.bfloat16, 2, 4, 8),
+                                         (jnp.float32, 1, 2, 4), (jnp.bfloat16, 1, 2, 48)])
+def test_triton_small_head_dims_are_zero_padded_exactly(dtype, n, m, d, deterministic):
+  """Pathfinder-32 (head dim 4) and Path-X (8) on the fused kernels: padded to 16 (48 -> 64)
+  with the true head dim's softmax scale; outputs and gradients match the reference."""
+  dt = _need_triton()
+  b, l, h = 2, 257, 2
+  q, k, v = rand_qkv(jax.random.PRNGKey(d + n), (b, l, h, d), dtype)
+  mask = make_mask(jax.random.PRNGKey(d + 1), b, l)
+  ct = jax.random.normal(jax.random.PRNGKey(d + 2), q.shape, dtype)
+  if dtype == jnp.float32:
+    q, k, v, ct = (tf32_exact(x) for x in (q, k, v, ct))
+  f_tri = jax.jit(lambda q, k, v: dt._attention(q, k, v, n=n, m=m, mask=mask,
+                                                deterministic=deterministic, poison=True))
+  out, vjp = jax.vjp(f_tri, q, k, v)
+  want, vjp_ref = jax.vjp(lambda q, k, v: ref.dfss_attention_reference(
+      *(x.astype(jnp.float32) for x in (q, k, v)), n=n, m=m, mask=mask, precision=HI), q, k, v)
+  assert out.shape == q.shape
+  pairs = [("out", out, want)] + list(zip(("dq", "dk", "dv"), vjp(ct),
+                                          vjp_ref(ct.astype(jnp.float32))))
+  for name, a, r in pairs:
+    a = np.asarray(a.astype(jnp.float32))
+    assert not np.isnan(a).any(), name
+    assert rel_err(a, r) < TOL[dtype], (name, rel_err(a, r))
 
 
 @pytest.mark.gpu

@@ -76,7 +76,8 @@ def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
   The one statement of what the kernels accept (``dfss_attention_triton`` raises
   ``ValueError(reason)``; callers with a pure-JAX fallback use it to choose): 0 < n < m
   (n == m keeps every key, which the kernels do not handle), m a power of two <= 32,
-  q [batch, length, heads, head_dim] with head_dim in (16, 32, 64, 128), v (and k when
+  q [batch, length, heads, head_dim] with head_dim <= 128 (16, 32, 64, 128 natively; the
+  fused path zero-pads the others, the compressed path refuses them), v (and k when
   given) of q's shape and dtype, dtype float32 / bfloat16 / float16.  Only shapes and dtypes
   are read, so q, v, k may be arrays or ``jax.ShapeDtypeStruct``s.
   """
@@ -100,8 +101,8 @@ def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
       return f"the Triton kernel needs {name}.dtype == q.dtype, got {x.dtype} vs {q.dtype}"
   if jnp.dtype(q.dtype) not in _SUPPORTED_DTYPES:
     return f"dtype {q.dtype} not in (float32, bfloat16, float16)"
-  if q.shape[-1] not in _SUPPORTED_HEAD_DIMS:
-    return f"head_dim {q.shape[-1]} not in {_SUPPORTED_HEAD_DIMS}"
+  if not 0 < q.shape[-1] <= _SUPPORTED_HEAD_DIMS[-1]:
+    return f"head_dim {q.shape[-1]} not in [1, {_SUPPORTED_HEAD_DIMS[-1]}]"
   return None
 
 
@@ -113,27 +114,30 @@ def set_config(kind: str, dtype, head_dim: int, tiles: Optional[dfss_tiles.Tiles
 
 
 # ----------------------------------------------------------------------------- fused path
-def _fused_fwd(q, k, v, mask, n, m, poison=False):
-  """(O, LSE): the fused forward; LSE is fp32 [batch*heads, LP] (base 2)."""
+def _fused_fwd(q, k, v, mask, n, m, poison=False, scale=None):
+  """(O, LSE): the fused forward; LSE is fp32 [batch*heads, LP] (base 2). ``scale``: the
+  softmax scale, 1/sqrt(head_dim) unless the head dim was zero-padded (``_attention``)."""
   b, l, h, d = q.shape
+  scale = 1.0 / math.sqrt(d) if scale is None else scale
   t = dfss_tiles.tiles("fwd", jnp.dtype(q.dtype).name, d, m)
   lp = padded_rows(l)
   km, has_mask = key_mask(mask, b)
   return launch(
-      _KERNELS, "dfss_fwd", (q, k, v, km, 1.0 / math.sqrt(d), l, lp, h),
+      _KERNELS, "dfss_fwd", (q, k, v, km, scale, l, lp, h),
       (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b * h, lp), jnp.float32)),
       (cdiv(l, t.bm), b * h), num_warps=t.num_warps, num_stages=t.num_stages, poison=poison,
       D=d, M=m, NKEEP=n, HAS_MASK=has_mask, BM=t.bm, BN=t.bn)
 
 
-def _fused_bwd(q, k, v, mask, o, lse, do, n, m, deterministic=False, poison=False):
+def _fused_bwd(q, k, v, mask, o, lse, do, n, m, deterministic=False, poison=False,
+               scale=None):
   """(dQ, dK, dV) of the fused path: one pass (dQ by atomics) unless deterministic."""
   b, l, h, d = q.shape
   dtype_name = jnp.dtype(q.dtype).name
   t = dfss_tiles.tiles("bwd", dtype_name, d, m)
   km, has_mask = key_mask(mask, b)
   do = do.astype(q.dtype)
-  scale = 1.0 / math.sqrt(d)
+  scale = 1.0 / math.sqrt(d) if scale is None else scale
   args = (q, k, v, km, do, lse, row_delta(o, do), scale, l, padded_rows(l), h)
   meta = dict(D=d, M=m, NKEEP=n, HAS_MASK=has_mask)
   grid = (cdiv(l, t.bn), b * h)
@@ -159,26 +163,26 @@ def _fused_bwd(q, k, v, mask, o, lse, do, n, m, deterministic=False, poison=Fals
 
 
 # ----------------------------------------------------------------------------- custom_vjp
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
-def _attn(q, k, v, mask, n, m, impl, deterministic, poison):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8, 9))
+def _attn(q, k, v, mask, n, m, impl, deterministic, poison, scale):
   if impl == "fused":
-    return _fused_fwd(q, k, v, mask, n, m, poison)[0]
+    return _fused_fwd(q, k, v, mask, n, m, poison, scale)[0]
   return dfss_compressed.forward(q, k, v, mask, n, m, poison)[0]
 
 
-def _attn_fwd(q, k, v, mask, n, m, impl, deterministic, poison):
+def _attn_fwd(q, k, v, mask, n, m, impl, deterministic, poison, scale):
   del deterministic  # backward only
   if impl == "fused":
-    o, lse = _fused_fwd(q, k, v, mask, n, m, poison)
+    o, lse = _fused_fwd(q, k, v, mask, n, m, poison, scale)
     return o, (q, k, v, mask, o, lse)
   o, a, meta = dfss_compressed.forward(q, k, v, mask, n, m, poison)
   return o, (q, k, v, mask, o, (a, meta))
 
 
-def _attn_bwd(n, m, impl, deterministic, poison, res, do):
+def _attn_bwd(n, m, impl, deterministic, poison, scale, res, do):
   q, k, v, mask, o, extra = res
   if impl == "fused":
-    dq, dk, dv = _fused_bwd(q, k, v, mask, o, extra, do, n, m, deterministic, poison)
+    dq, dk, dv = _fused_bwd(q, k, v, mask, o, extra, do, n, m, deterministic, poison, scale)
   else:
     a, meta = extra  # the key mask is already encoded in A and meta
     dq, dk, dv = dfss_compressed.backward(q, k, v, o, a, meta, do, n, m, poison)
@@ -191,7 +195,8 @@ _attn.defvjp(_attn_fwd, _attn_bwd)
 def dfss_attention_triton(q, k, v, *, n: int, m: int, mask=None, impl: str = "fused",
                           deterministic: bool = False):
   """DFSS attention on the GPU.  q, k, v: [batch, length, heads, head_dim] (fp32 / bf16 /
-  fp16, head_dim 16, 32, 64 or 128; 0 < n < m, m a power of two <= 32), mask: bool
+  fp16, head_dim <= 128: 16, 32, 64 and 128 run as they are, other head dims zero-padded to
+  the next of those on the fused path, exactly; 0 < n < m, m a power of two <= 32), mask: bool
   [batch, length] key padding (True = real token).  Same semantics as
   ``dfss_reference.dfss_attention_reference``.
   impl: "fused" (flash-style, default) or "compressed" (SDDMM+prune / softmax / SpMM).
@@ -216,4 +221,16 @@ def _attention(q, k, v, *, n, m, mask=None, impl="fused", deterministic=False, p
     if mask.shape != q.shape[:2]:
       raise ValueError(f"mask must be [batch, length] = {q.shape[:2]}, got {mask.shape}")
     mask = mask.astype(bool)
-  return _attn(q, k, v, mask, n, m, impl, bool(deterministic), bool(poison))
+  head_dim = q.shape[-1]
+  kernel_dim = min(d for d in _SUPPORTED_HEAD_DIMS if d >= head_dim)
+  if kernel_dim == head_dim:
+    return _attn(q, k, v, mask, n, m, impl, bool(deterministic), bool(poison), None)
+  if impl != "fused":
+    raise ValueError(f"impl='compressed' needs head_dim in {_SUPPORTED_HEAD_DIMS}, got "
+                     f"{head_dim} (impl='fused' zero-pads it)")
+  # Zero columns add nothing to Q K^T; the softmax keeps the scale of the true head dim; the
+  # padded columns of O (and of dQ, dK, dV) are zero and sliced off: exact.
+  widen = lambda x: jnp.pad(x, ((0, 0),) * 3 + ((0, kernel_dim - head_dim),))  # noqa: E731
+  out = _attn(widen(q), widen(k), widen(v), mask, n, m, impl, bool(deterministic),
+              bool(poison), 1.0 / math.sqrt(head_dim))
+  return out[..., :head_dim]
