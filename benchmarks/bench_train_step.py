@@ -42,11 +42,11 @@ FLAGS = flags.FLAGS
 
 
 def make_config(variant: str, *, config_path: str = LISTOPS_CONFIG, batch=None,
-                length=None) -> ml_collections.ConfigDict:
+                length=None, overrides=()) -> ml_collections.ConfigDict:
   dtype, attention = variant.split(":", 1)
   config = load_config_file(config_path)
   config.model.dtype = {"fp32": "float32", "bf16": "bfloat16"}[dtype]
-  for item in (FLAGS.overrides if FLAGS.is_parsed() else []):
+  for item in overrides:
     key, value = item.split("=", 1)
     current = config
     *parents, field = key.split(".")
@@ -73,9 +73,10 @@ def make_config(variant: str, *, config_path: str = LISTOPS_CONFIG, batch=None,
 
 
 def time_variant(variant: str, *, warmup: int, reps: int, config_path: str = LISTOPS_CONFIG,
-                 batch=None, length=None) -> tuple[float, float]:
+                 batch=None, length=None, overrides=()) -> tuple[float, float]:
   """(median seconds per train step, last loss) of one variant, on random tokens."""
-  config = make_config(variant, config_path=config_path, batch=batch, length=length)
+  config = make_config(variant, config_path=config_path, batch=batch, length=length,
+                       overrides=overrides)
   batch, length = config.batch_size, config.data.max_length
   spec = get_task(config.task).spec(config)
   model = train.make_model(config, spec)
@@ -109,14 +110,15 @@ def main(argv):
   for variant in FLAGS.variants:
     try:
       seconds, loss = time_variant(variant, config_path=FLAGS.config, batch=FLAGS.batch,
-                                   length=FLAGS.length, warmup=FLAGS.warmup, reps=FLAGS.reps)
+                                   length=FLAGS.length, warmup=FLAGS.warmup, reps=FLAGS.reps,
+                                   overrides=FLAGS.overrides)
       rows.append((variant, f"{seconds * 1e3:.1f}", f"{1 / seconds:.2f}", f"{loss:.3f}"))
     except Exception as e:  # one failing variant must not hide the others
       rows.append((variant, "failed", type(e).__name__, str(e).splitlines()[0][:80]))
     print(rows[-1], flush=True)
   device = jax.devices()[0]
   config = make_config("bf16:xla", config_path=FLAGS.config, batch=FLAGS.batch,
-                       length=FLAGS.length)
+                       length=FLAGS.length, overrides=FLAGS.overrides)
   model = config.model
   header = (f"{config.task} train step ({os.path.relpath(FLAGS.config)}): batch "
             f"{config.batch_size}, length {config.data.max_length}, {model.num_layers} layers, "

@@ -692,6 +692,7 @@ def test_dsa_topk_algorithm_config_gives_the_same_attention():
 def test_dfss_auto_fallback_on_a_gpu_is_warned_once(monkeypatch, caplog):
   """On a GPU, backend='auto' leaves the kernel for shapes it cannot run: one warning per
   reason, and the pure-JAX result."""
+  from lra_sparse.attention import common as common_lib  # pylint: disable=import-outside-toplevel
   from lra_sparse.attention import dfss as dfss_lib  # pylint: disable=import-outside-toplevel
 
   class FakeKernel:
@@ -705,7 +706,7 @@ def test_dfss_auto_fallback_on_a_gpu_is_warned_once(monkeypatch, caplog):
 
   monkeypatch.setattr(dfss_lib.jax, "default_backend", lambda: "gpu")
   monkeypatch.setattr(dfss_lib, "_triton_module", lambda required: FakeKernel)
-  monkeypatch.setattr(dfss_lib, "_FALLBACKS_REPORTED", set())
+  monkeypatch.setattr(common_lib, "_WARNED_ONCE", set())
   q, k, v = _qkv(11, (1, 16, 2, 160))
   with caplog.at_level("WARNING"):
     outs = [dfss_lib.dfss_attention(q, k, v, n=2, m=4) for _ in range(2)]

@@ -12,8 +12,20 @@ references and the analysis tools.
 """
 from __future__ import annotations
 
+import logging
+
 import jax
 import jax.numpy as jnp
+
+_WARNED_ONCE: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+  """Logs ``message`` as a warning the first time it is seen in this process (fallbacks that
+  would otherwise repeat at every trace)."""
+  if message not in _WARNED_ONCE:
+    _WARNED_ONCE.add(message)
+    logging.warning(message)
 
 
 def attention_scores(q, k, mask=None, *, precision=None):

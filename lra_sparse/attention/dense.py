@@ -6,7 +6,6 @@ the supported JAX entry to cuDNN's fused attention, has no dropout argument.
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 import jax
 import jax.numpy as jnp
@@ -31,17 +30,8 @@ class DenseConfig(KindConfig):
 
 
 CUDNN_HEAD_DIM_MULTIPLE = 8   # cuDNN's fused attention needs head_dim % 8 == 0
-_WARNED = set()
-
-
 def _on_gpu() -> bool:
   return jax.default_backend() == "gpu"
-
-
-def _warn_once(message: str) -> None:
-  if message not in _WARNED:
-    _WARNED.add(message)
-    logging.warning(message)
 
 
 def cudnn_attention(q, k, v, mask=None):
@@ -92,7 +82,7 @@ def dense_attention(q, k, v, mask=None, *, implementation: str = "auto"):
     try:
       return cudnn_attention(q, k, v, mask)
     except Exception as error:  # noqa: BLE001  cuDNN refuses at trace time: XLA runs it
-      _warn_once(f"dense attention: cuDNN cannot run q {q.shape} {q.dtype} "
+      common.warn_once(f"dense attention: cuDNN cannot run q {q.shape} {q.dtype} "
                  f"({str(error).splitlines()[0][:120]}); using XLA")
   bias_mask = None if mask is None else mask[:, None, None, :]
   return jax.nn.dot_product_attention(q, k, v, mask=bias_mask, implementation="xla")

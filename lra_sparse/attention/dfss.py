@@ -34,7 +34,6 @@ from lra_sparse.attention.nm import check_nm, nm_mask, parse_nm
 from lra_sparse.attention.registry import AttentionDims, KindConfig, register_attention
 
 BACKENDS = ("auto", "triton", "reference")
-_FALLBACKS_REPORTED: set[str] = set()   # reasons backend="auto" left the kernel, warned once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,10 +161,9 @@ def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str =
     kernel = _triton_module(required=False)
     reason = kernel.unsupported_reason(q, v, n, m, k=k) if kernel is not None else None
     if reason:
-      if reason not in _FALLBACKS_REPORTED:
-        _FALLBACKS_REPORTED.add(reason)
-        logging.warning("DFSS backend='auto': the Triton kernel cannot run this call (%s); "
-                        "using the pure-JAX path, which holds [L, L] scores in memory", reason)
+      common.warn_once(f"DFSS backend='auto': the Triton kernel cannot run this call "
+                       f"({reason}); using the pure-JAX path, which holds [L, L] scores in "
+                       "memory")
       kernel = None
   if kernel is not None:
     return kernel.dfss_attention_triton(q, k, v, n=n, m=m, mask=mask,

@@ -90,7 +90,6 @@ def _length_conv_bwd(interpret, residuals, grad):
   size = taps.shape[0]
   grad_values = _conv(grad, taps[::-1], interpret=interpret).astype(values.dtype)
   g, padded = _pad(grad, 0, BLOCK)
-  g = g[:, :padded]
   x, _ = _pad(values, size // 2, BLOCK)
   partial_sums = pl.pallas_call(
       functools.partial(_taps_grad_kernel, size=size, block=BLOCK),
