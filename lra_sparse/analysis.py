@@ -66,7 +66,8 @@ def topk_ticket(scores, density: float, mask=None):
 
 def dsa_ticket(predicted_scores, mask=None, *, sparsity: float = 0.9, vector: int = 1,
                selection: str = "topk", threshold: float = 0.0):
-  """The DSA mask chosen from predicted scores S~ (same rules as the DSA core)."""
+  """The DSA mask chosen from predicted scores S~ by their float top-k / threshold (the core
+  ranks int8-rounded predictor operands: the two can differ on near-ties)."""
   return dsa_lib.predicted_mask(predicted_scores, mask=mask, sparsity=sparsity, vector=vector,
                                 selection=selection, threshold=threshold)
 

@@ -28,6 +28,30 @@ def warn_once(message: str) -> None:
     logging.warning(message)
 
 
+def kernel_module(name: str, kind: str, required: bool):
+  """``lra_sparse.kernels.<name>`` when it imports and reports a usable GPU; else None (logged
+  once), or one ValueError naming the problem when ``required`` (backend='triton')."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  try:
+    module = importlib.import_module(f"lra_sparse.kernels.{name}")
+  except Exception as error:  # pylint: disable=broad-except  (jax_triton may fail in many ways)
+    if required:
+      raise ValueError(
+          f"backend='triton' but lra_sparse/kernels/{name}.py cannot be imported "
+          f"({type(error).__name__}: {error}); use backend='reference' or 'auto'") from error
+    warn_once(f"{kind} Triton kernel unavailable ({type(error).__name__}: {error}); using the "
+              "pure-JAX path.")
+    return None
+  if not module.is_available():
+    if required:
+      raise ValueError(
+          f"backend='triton' but the {kind} Triton kernel is not available here "
+          f"(jax backend {jax.default_backend()!r}; it needs a GPU with jax-triton); use "
+          "backend='reference' or 'auto'")
+    return None
+  return module
+
+
 def attention_scores(q, k, mask=None, *, precision=None):
   """S = Q K^T / sqrt(d) as [batch, heads, q_len, k_len]; padded keys -> -inf.
 

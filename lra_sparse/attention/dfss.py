@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 from typing import Any, Optional
 
 import jax
@@ -57,26 +56,8 @@ class DFSSConfig(KindConfig):
 
 
 def _triton_module(required: bool) -> Optional[Any]:
-  """Returns ``lra_sparse.kernels.dfss_triton`` when usable; else None, or one ValueError if
-  required."""
-  try:
-    from lra_sparse.kernels import dfss_triton  # pylint: disable=import-outside-toplevel
-  except Exception as error:  # pylint: disable=broad-except  (jax_triton may fail in many ways)
-    if required:
-      raise ValueError(
-          "backend='triton' but lra_sparse/kernels/dfss_triton.py cannot be imported "
-          f"({type(error).__name__}: {error}); use backend='reference' or 'auto'") from error
-    logging.warning("DFSS Triton kernel unavailable (%s: %s); using the pure-JAX path.",
-                    type(error).__name__, error)
-    return None
-  if not dfss_triton.is_available():
-    if required:
-      raise ValueError(
-          "backend='triton' but the DFSS Triton kernel is not available here "
-          f"(jax backend {jax.default_backend()!r}; it needs a GPU with jax-triton); use "
-          "backend='reference' or 'auto'")
-    return None
-  return dfss_triton
+  """``lra_sparse.kernels.dfss_triton`` when usable; else None, or one ValueError if required."""
+  return common.kernel_module("dfss_triton", "DFSS", required)
 
 
 def dfss_probabilities(q, k, *, n: int, m: int, mask=None):

@@ -3,7 +3,8 @@
     P      in sqrt(3/k) * {-1, 0, +1}^{d x k}   (+-1 with prob 1/6 each, 0 with prob 2/3)
     Q~_h = X P W~q_h,  K~_h = X P W~k_h          (W~q_h, W~k_h in R^{k x k}, trainable)
     S~_h = Q~_h K~_h^T / sqrt(head_dim)          (scaled like S; see below)
-    M    = top-k of S~ per row (keep ceil((1 - sparsity) * n_real) keys) or S~ >= threshold
+    M    = top-k of S~ per row (keep ceil((1 - sparsity) * n_real) keys) or S~ >= threshold,
+           decided on int8-rounded Q~, K~ (the selection rule of kernels/dsa_reference.py)
     A    = softmax(S restricted to M) with the REAL scores S = Q K^T / sqrt(head_dim);  O = A V
     loss += mse_weight * L_MSE(S, S~)           (sown as aux_loss "dsa_mse")
 
@@ -29,17 +30,27 @@ Choices (the papers leave these open):
   fitting them would spend the predictor (and, through S, the main q/k projections) on
   padding, and weight each example by its padded length. Gradients reach both the predictor
   (W~) and the main q/k projections through S, as the paper's joint update intends.
+- L_MSE is computed from d x d, d x k and k x k Gram matrices (no [L, L] array, forward or
+  backward; ``dsa_reference.prediction_mse``).
 - top-k keeps ceil((1 - sparsity) * n_real) keys of each row, where n_real is the number of real
-  keys of that example (sparsity 0 is dense). Padded keys are never selected.
+  keys of that example (sparsity 0 is dense). Padded keys are never selected. The ranking is
+  exact on integers: Q~ rounded to int8 per row, K~ per (example, head), their int32 dot
+  products mapped to an 8-bit code per row, ties to the lower key index (why, and the
+  threshold rule: ``lra_sparse.kernels.dsa_reference``). Kernel and pure-JAX paths choose the
+  same keys bit for bit.
 - Column-vector granularity V in {1, 4, 8}: V consecutive query rows share the kept columns,
-  chosen from the mean of S~ over the real rows of the group.
+  chosen from the mean of Q~ (hence of S~) over the real rows of the group.
+- Backends (``backend``): "triton" runs ``kernels/dsa_triton.py`` (selection as bits, then a
+  flash-style softmax over the kept keys, forward and backward; no [L, L] float array);
+  "reference" the pure-JAX path; "auto" the kernels on a GPU when they can run the call
+  (no attention dropout, head_dim <= 128), else the pure-JAX path, logged once.
 - Fake quantisation (quant_bits 2/4/8) of X and of W~: symmetric, per tensor (X's scale from
   its real tokens only), straight-through gradient.
-- S~ is also sown into "intermediates" (stored only when a caller makes that collection
-  mutable, as lra_sparse.analysis does; Flax's init never stores it).
-- Metrics: "dsa_mse" always; "dsa_hit_rate" (share of predicted keys that are in the exact
-  top-k of S with the same per-row count) only when ``deterministic`` (eval), since its extra
-  top-k over S would slow training.
+- S~ (float) is also sown into "intermediates", computed only when a caller makes that
+  collection mutable, as lra_sparse.analysis does (its tickets rank the float S~).
+- Metrics: "dsa_mse" always; "dsa_hit_rate" (share of predicted keys that the same rule on the
+  real Q, K would keep, with the same per-row count) only when ``deterministic`` (eval), since
+  its extra selection pass would slow training.
 """
 from __future__ import annotations
 
@@ -54,13 +65,16 @@ import numpy as np
 import flax.linen as nn
 
 from lra_sparse.attention import common
+from lra_sparse.kernels import dsa_reference
+from lra_sparse.kernels.dsa_reference import keep_counts, static_keep, topk_mask  # noqa: F401
 from lra_sparse.attention.registry import (AUX_LOSS, AUX_METRICS, AttentionDims, KindConfig,
                                            register_attention)
 
 SELECTIONS = ("topk", "threshold")
 QUANT_BITS = (0, 2, 4, 8)
 VECTORS = (1, 4, 8)
-TOPK_ALGORITHMS = ("radix", "top_k")
+TOPK_ALGORITHMS = dsa_reference.TOPK_ALGORITHMS
+BACKENDS = ("auto", "triton", "reference")
 MSE_NORMALIZATIONS = ("eq6", "scaled_mean")
 PROJECTION_SEED = 20220601  # fixed: P must be reproducible without being stored
 
@@ -80,9 +94,10 @@ class DSAConfig(KindConfig):
   vector: int = 1                  # column-vector granularity: 1 | 4 | 8
   selection: str = "topk"          # "topk" | "threshold"
   threshold: float = 0.0           # selection="threshold": keep S~ >= threshold
-  # "top_k" (lax.top_k) | "radix" (sort-free select); radix was 1.5x slower per train step on
-  # an H100 (experiments/train_step_h100.md)
+  # Pure-JAX top-k: "top_k" (lax.top_k) | "radix" (sort-free select); radix was 1.5x slower
+  # per train step on an H100 (experiments/train_step_h100.md). The kernels need neither.
   topk_algorithm: str = "top_k"
+  backend: str = "auto"            # auto | triton | reference (see the module docstring)
 
   def __post_init__(self):
     self.check_float("sigma", low=0.0, high=1.0, low_open=True)
@@ -94,6 +109,7 @@ class DSAConfig(KindConfig):
     self.check_choice("selection", SELECTIONS)
     self.check_float("threshold")
     self.check_choice("topk_algorithm", TOPK_ALGORITHMS)
+    self.check_choice("backend", BACKENDS)
 
 
 def predictor_rank(sigma: float, model_dim: int) -> int:
@@ -133,106 +149,13 @@ def fake_quantize(x, bits: int, valid=None):
   return x + jax.lax.stop_gradient(quantized - x)
 
 
-def keep_counts(mask, sparsity: float, length: int):
-  """Per-example number of kept keys ceil((1 - sparsity) * n_real), at least 1: int32 [batch]."""
-  n_real = (jnp.full((1,), length, jnp.float32) if mask is None
-            else jnp.sum(mask, axis=-1).astype(jnp.float32))
-  # - 1e-6 so that e.g. 0.1 * 30 = 3.0000000000000004 keeps 3, not 4.
-  return jnp.maximum(jnp.ceil((1.0 - sparsity) * n_real - 1e-6), 1.0).astype(jnp.int32)
-
-
-def static_keep(sparsity: float, length: int) -> int:
-  """The largest per-row keep count."""
-  return max(1, min(length, math.ceil((1.0 - sparsity) * length - 1e-6)))
-
-
-_RADIX_BITS = 4
-
-
-def _order_keys(x):
-  """float32 -> uint32 keys with the same order (-0.0 and +0.0 share a key)."""
-  x = x.astype(jnp.float32)
-  x = jnp.where(x == 0, jnp.float32(0), x)
-  bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
-  return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
-
-
-def _digit_search(count_fn, total_bits: int, need):
-  """Largest v < 2**total_bits with count_fn(v) >= need, found MSB first, _RADIX_BITS per pass
-  (count_fn is non-increasing in v and count_fn(0) >= need). count_fn maps candidates
-  [..., 1, D] to counts [..., D]; each pass is one fused compare-and-count over the rows."""
-  prefix = jnp.zeros(need.shape, jnp.uint32)
-  digits = jnp.arange(1, 2 ** _RADIX_BITS, dtype=jnp.uint32)
-  top = -(-total_bits // _RADIX_BITS) * _RADIX_BITS
-  for shift in range(top - _RADIX_BITS, -1, -_RADIX_BITS):
-    counts = count_fn(prefix | (digits << shift))
-    digit = jnp.sum(counts >= need, axis=-1, keepdims=True, dtype=jnp.uint32)
-    prefix = prefix | (digit << shift)
-  return prefix
-
-
-def _topk_mask_radix(scores, need):
-  """Radix select of each row's need-th largest value t (8 passes of 15 compares per entry),
-  then keep s > t and the lowest-index entries equal to t (index passes only if ties demand)."""
-  keys = _order_keys(scores)
-  count_ge = lambda c: jnp.sum(keys[..., :, None] >= c[..., None, :], axis=-2, dtype=jnp.int32)
-  threshold = _digit_search(count_ge, 32, need)
-  greater, equal = keys > threshold, keys == threshold
-  n_greater = jnp.sum(greater, axis=-1, keepdims=True, dtype=jnp.int32)
-  n_equal = jnp.sum(equal, axis=-1, keepdims=True, dtype=jnp.int32)
-  length = scores.shape[-1]
-  position = jnp.arange(length, dtype=jnp.uint32)
-
-  def cut_ties(_):
-    want = need - n_greater       # equal entries to keep, lowest index first
-    # want - #(equal entries before v) is >= 1 exactly for v <= the want-th equal position.
-    remaining = lambda c: want - jnp.sum(
-        equal[..., :, None] & (position[:, None] < c[..., None, :]), axis=-2, dtype=jnp.int32)
-    last = _digit_search(remaining, max(1, (length - 1).bit_length()), jnp.ones_like(want))
-    return greater | (equal & (position <= last))
-
-  return jax.lax.cond(jnp.any(n_greater + n_equal > need), cut_ties,
-                      lambda _: keys >= threshold, None)
-
-
-def _topk_mask_lax(scores, need, max_keep: int):
-  """lax.top_k (a sort on GPU for large k) gives t; the mask is one elementwise pass."""
-  values, indices = jax.lax.top_k(scores, max_keep)
-  chosen = jnp.arange(max_keep) < need
-  last = jnp.take_along_axis(values, jnp.minimum(need - 1, max_keep - 1), axis=-1)
-  tied = chosen & (values == last)
-  last_tied_index = jnp.max(jnp.where(tied, indices, -1), axis=-1, keepdims=True)
-  position = jnp.arange(scores.shape[-1])
-  return (scores > last) | ((scores == last) & (position <= last_tied_index))
-
-
-TOPK_ALGORITHM = DSAConfig.topk_algorithm
-
-
-def topk_mask(scores, counts, *, algorithm: Optional[str] = None,
-              max_keep: Optional[int] = None):
-  """bool, same shape as ``scores`` [batch, ..., L]: the ``counts[b]`` largest of every row,
-  ties to the lower index.
-
-  Entries that must never be chosen should be -inf and counts (int [batch] or [1]) must lie
-  in [1, number of finite entries]. ``algorithm`` (default TOPK_ALGORITHM): "top_k" uses
-  lax.top_k with the static ``max_keep`` (>= every count; default: the row length) and no
-  scatter; "radix" selects each row's threshold with fused compare-and-count passes, no sort.
-  """
-  algorithm = algorithm or TOPK_ALGORITHM
-  need = counts.reshape(counts.shape + (1,) * (scores.ndim - 1)).astype(jnp.int32)
-  need = jnp.broadcast_to(need, scores.shape[:-1] + (1,))
-  if algorithm == "radix":
-    return _topk_mask_radix(scores, need)
-  if algorithm == "top_k":
-    return _topk_mask_lax(scores, need, max_keep or scores.shape[-1])
-  raise ValueError(f"unknown top-k algorithm {algorithm!r}; choose one of {TOPK_ALGORITHMS}")
-
-
 def predicted_mask(predicted_scores, *, mask=None, sparsity: float = 0.9, vector: int = 1,
                    selection: str = "topk", threshold: float = 0.0,
                    topk_algorithm: Optional[str] = None):
-  """The DSA mask from S~ [batch, heads, L, L]: bool, same shape; padded keys never kept."""
+  """A DSA-style mask from a float score matrix S~ [batch, heads, L, L] (bool, same shape;
+  padded keys never kept), for analysis (``lra_sparse.analysis.dsa_ticket``): the top-k or
+  threshold of the float scores themselves.  The core ranks int8-rounded predictor operands
+  instead (``dsa_reference``), so on near-ties the two can keep different keys."""
   batch, heads, length, _ = predicted_scores.shape
   scores = jax.lax.stop_gradient(predicted_scores.astype(jnp.float32))
   if vector > 1:
@@ -261,16 +184,27 @@ def predicted_mask(predicted_scores, *, mask=None, sparsity: float = 0.9, vector
   return keep
 
 
-def attention_under_mask(q, k, v, keep, *, mask=None, dropout_rate: float = 0.0,
-                         dropout_rng=None, scores=None):
-  """softmax(S restricted to ``keep``) V with the real S = Q K^T / sqrt(d); empty rows -> 0."""
-  if scores is None:
-    scores = common.attention_scores(q, k)
-  if mask is not None:
-    keep = keep & mask[:, None, None, :]
-  probs = common.masked_softmax(jnp.where(keep, scores, -jnp.inf), keep)
-  probs = common.dropout_probabilities(probs, dropout_rate, dropout_rng)
-  return common.attend(probs, v, q.dtype)
+def _kernels(config: DSAConfig, q, k, v, *, use_dropout: bool):
+  """``lra_sparse.kernels.dsa_triton`` when this call runs on the kernels, else None
+  (backend='auto' logs once why it falls back on a GPU; 'triton' raises instead)."""
+  if config.backend == "reference":
+    return None
+  required = config.backend == "triton"
+  if not required and jax.default_backend() != "gpu":
+    return None
+  reason = "it has no attention dropout" if use_dropout else None
+  kernel = common.kernel_module("dsa_triton", "DSA", required)
+  if kernel is not None and reason is None:
+    reason = kernel.unsupported_reason(q, v, k=k, vector=config.vector)
+  if reason is None:
+    return kernel
+  if required:
+    raise ValueError(f"config.attention.dsa.backend='triton' cannot run this call: {reason}; "
+                     "use backend='reference' or 'auto'")
+  if kernel is not None:
+    common.warn_once(f"DSA backend='auto': the Triton kernels cannot run this call ({reason});"
+                     " using the pure-JAX path, which holds [L, L] scores in memory")
+  return None
 
 
 class DSAAttention(nn.Module):
@@ -295,63 +229,73 @@ class DSAAttention(nn.Module):
     w_query = self.param("predictor_query", init, (dims.num_heads, rank, rank), jnp.float32)
     w_key = self.param("predictor_key", init, (dims.num_heads, rank, rank), jnp.float32)
 
+    # Q~ = X P W~q, K~ = X P W~k (fake-quantised operands when quant_bits > 0).
     real_tokens = None if mask is None else mask[..., None]
     x = fake_quantize(inputs.astype(jnp.float32), config.quant_bits, real_tokens)
     xp = jnp.einsum("bld,dk->blk", x, self.projection())
-    compute = q.dtype
     q_pred = jnp.einsum("blk,hkj->blhj", xp, fake_quantize(w_query, config.quant_bits))
     k_pred = jnp.einsum("blk,hkj->blhj", xp, fake_quantize(w_key, config.quant_bits))
-    scale = jnp.float32(q.shape[-1] ** -0.5)
-    predicted = jnp.einsum("bqhj,bkhj->bhqk", q_pred.astype(compute), k_pred.astype(compute),
-                           preferred_element_type=jnp.float32) * scale
-    scores = common.attention_scores(q, k)
+    scale = q.shape[-1] ** -0.5
 
-    mse = prediction_mse(scores, predicted, mask, head_dim=q.shape[-1],
-                         normalization=config.mse_normalization)
+    # lambda * L_MSE(S, S~), from Gram matrices: no [L, L] array (dsa_reference).
+    mse = dsa_reference.prediction_mse(q, k, q_pred, k_pred, mask,
+                                       normalization=config.mse_normalization)
     self.sow(AUX_LOSS, "dsa_mse", config.mse_weight * mse)
     self.sow(AUX_METRICS, "dsa_mse", mse)
+    if self.is_mutable_collection("intermediates"):   # analysis only: S~ is [L, L]
+      self.sow("intermediates", "predicted_scores",
+               jnp.einsum("bqhj,bkhj->bhqk", q_pred, k_pred) * jnp.float32(scale))
 
-    # Stored only when a caller asks for "intermediates" (lra_sparse.analysis does).
-    self.sow("intermediates", "predicted_scores", predicted)
-    keep = predicted_mask(predicted, mask=mask, sparsity=config.sparsity, vector=config.vector,
-                          selection=config.selection, threshold=config.threshold,
-                          topk_algorithm=config.topk_algorithm)
-    if deterministic:
-      self.sow(AUX_METRICS, "dsa_hit_rate", hit_rate(keep, scores, mask=mask,
-                                                     sparsity=config.sparsity))
+    # M: the selection rule (dsa_reference) on the predictor's int8-rounded operands.
+    ops = dsa_reference.selection_operands(q_pred, k_pred, mask, vector=config.vector,
+                                           scale=scale)
+    select = dict(sparsity=config.sparsity, selection=config.selection,
+                  threshold=config.threshold)
     use_dropout = dims.dropout_rate > 0.0 and not deterministic
-    return attention_under_mask(
-        q, k, v, keep, mask=mask, scores=scores,
+    kernel = _kernels(config, q, k, v, use_dropout=use_dropout)
+    if kernel is not None:
+      bits = kernel.select_bits(ops, mask, **select)
+      if deterministic:
+        oracle = kernel.select_bits(_oracle_operands(q, k, mask), mask,
+                                    sparsity=config.sparsity)
+        self.sow(AUX_METRICS, "dsa_hit_rate", hit_rate(bits, oracle, mask=mask,
+                                                       vector=config.vector))
+      # A = softmax(S restricted to M) with the real S; O = A V.
+      return kernel.dsa_attention_triton(q, k, v, bits, vector=config.vector)
+    keep = dsa_reference.reference_select(ops, mask, topk_algorithm=config.topk_algorithm,
+                                          **select)
+    if deterministic:
+      oracle = dsa_reference.reference_select(_oracle_operands(q, k, mask), mask,
+                                              sparsity=config.sparsity,
+                                              topk_algorithm=config.topk_algorithm)
+      self.sow(AUX_METRICS, "dsa_hit_rate", hit_rate(
+          dsa_reference.pack_bits(keep), dsa_reference.pack_bits(oracle), mask=mask,
+          vector=config.vector))
+    return dsa_reference.attention_under_keep(
+        q, k, v, dsa_reference.expand_groups(keep, config.vector),
         dropout_rate=dims.dropout_rate if use_dropout else 0.0,
         dropout_rng=self.make_rng("dropout") if use_dropout else None)
 
 
-def prediction_mse(scores, predicted, mask, *, head_dim: int, normalization: str):
-  """L_MSE between the scaled scores S = QK^T / sqrt(head_dim) and S~ [batch, heads, L, L],
-  over (real query, real key) pairs; ``mask`` (bool [batch, L] or None = all real).
+def _oracle_operands(q, k, mask):
+  """The selection rule applied to the real Q, K: the oracle the predictor is scored against."""
+  return dsa_reference.selection_operands(q, k, mask, vector=1)
 
-  "eq6": sum over heads and real pairs of the UNSCALED squared difference
-  ((S - S~) * sqrt(head_dim))^2, divided by the batch size; "scaled_mean": the mean of
-  (S - S~)^2 over heads and real pairs (0 when there is none).
-  """
-  squared = jnp.square(scores.astype(jnp.float32) - predicted.astype(jnp.float32))
+
+def hit_rate(predicted_bits, oracle_bits, *, mask=None, vector: int = 1):
+  """Share of predicted keys (over real query rows) that the oracle (the same rule on the real
+  scores, one row at a time) keeps too.  Bits as ``dsa_triton.select_bits`` returns them:
+  predicted [batch, heads, L / vector, W], oracle [batch, heads, L, W]."""
+  rows = jnp.repeat(predicted_bits, vector, axis=2)
   if mask is not None:
-    pairs = mask[:, None, :, None] & mask[:, None, None, :]
-    squared = jnp.where(pairs, squared, 0.0)
-  total = jnp.sum(squared)
-  if normalization == "eq6":
-    return total * head_dim / scores.shape[0]
-  if normalization == "scaled_mean":
-    # Real pairs of example b: n_b^2 (n_b real tokens), in each head.
-    count = (jnp.float32(squared.size) if mask is None else
-             jnp.sum(jnp.sum(mask, axis=-1, dtype=jnp.float32) ** 2) * scores.shape[1])
-    return total / jnp.maximum(count, 1.0)
-  raise ValueError(f"unknown DSA MSE normalization {normalization!r}; choose one of "
-                   f"{MSE_NORMALIZATIONS}")
+    rows = jnp.where(mask[:, None, :, None], rows, 0)
+  count = lambda x: jnp.sum(jax.lax.population_count(x), dtype=jnp.float32)  # noqa: E731
+  return count(rows & oracle_bits) / jnp.maximum(count(rows), 1.0)
 
 
 def oracle_topk_mask(scores, *, mask=None, sparsity: float):
-  """Exact top-k of the real scores S per row (the DSA oracle), same counts as the predictor."""
+  """Exact top-k of float scores S per row, the same counts as the predictor (analysis: the
+  float oracle of a score matrix)."""
   length = scores.shape[-1]
   scores = jax.lax.stop_gradient(scores.astype(jnp.float32))
   if mask is not None:
@@ -359,17 +303,6 @@ def oracle_topk_mask(scores, *, mask=None, sparsity: float):
   keep = topk_mask(scores, keep_counts(mask, sparsity, length),
                    max_keep=static_keep(sparsity, length))
   return keep if mask is None else keep & mask[:, None, None, :]
-
-
-def hit_rate(keep, scores, *, mask=None, sparsity: float):
-  """Share of predicted keys (over real query rows) that are in the exact top-k of S."""
-  oracle = oracle_topk_mask(scores, mask=mask, sparsity=sparsity)
-  rows = (jnp.ones(keep.shape[:1] + (1, keep.shape[2], 1), bool) if mask is None
-          else mask[:, None, :, None])
-  predicted = keep & rows
-  hits = jnp.sum(predicted & oracle, dtype=jnp.float32)
-  return hits / jnp.maximum(jnp.sum(predicted, dtype=jnp.float32), 1.0)
-
 
 @register_attention("dsa", DSAConfig)
 def _build_dsa(config: DSAConfig, dims: AttentionDims) -> nn.Module:
@@ -380,4 +313,11 @@ def _build_dsa(config: DSAConfig, dims: AttentionDims) -> nn.Module:
   if dims.length % config.vector:
     raise ValueError(f"sequence length {dims.length} is not a multiple of "
                      f"config.attention.dsa.vector={config.vector}")
+  if predictor_rank(config.sigma, dims.model_dim) > dsa_reference.MAX_RANK:
+    raise config.error("sigma", f"gives a predictor rank above {dsa_reference.MAX_RANK}")
+  if config.backend == "triton":
+    common.kernel_module("dsa_triton", "DSA", required=True)
+    if dims.dropout_rate > 0.0:
+      raise ValueError("config.attention.dsa.backend='triton' has no attention dropout; set "
+                       "config.model.attention_dropout_rate=0 or backend='auto'")
   return DSAAttention(dims=dims, config=config)

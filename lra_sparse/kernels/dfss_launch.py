@@ -1,4 +1,5 @@
-"""Launching the DFSS Triton kernels from JAX (jax-triton), and helpers shared by the wrappers.
+"""Launching the Triton kernels (DFSS, DSA) from JAX (jax-triton), and helpers shared by the
+wrappers.
 
 Nothing here imports triton or jax_triton at module import time: ``launch`` imports them and the
 kernel source modules on first use.
@@ -37,13 +38,14 @@ def row_delta(o, do):
 
 
 def launch(module: str, kernel: str, args, out_shapes, grid, *, num_warps: int, num_stages: int,
-           zeroed=(), poison=False, **constexprs):
+           zeroed=(), poison=False, poisoned_module: str = "dfss_poisoned_kernels",
+           **constexprs):
   """Runs ``lra_sparse.kernels.<module>.<kernel>`` through jax_triton.triton_call.
 
   args: the kernel's operands in its parameter order (arrays and runtime scalars; Python
   floats go as fp32), then the outputs out_shapes follow, then the constexprs.  Outputs listed
   in ``zeroed`` (indices into out_shapes) are zeroed before the launch (atomic accumulators).
-  poison=True (tests) runs ``<kernel>_poisoned`` from ``dfss_poisoned_kernels`` instead, with
+  poison=True (tests) runs ``<kernel>_poisoned`` from ``poisoned_module`` instead, with
   every other output pre-filled with NaN (int32: -1) and aliased in, so an element the kernel
   does not write shows up in the result.
   """
@@ -53,7 +55,7 @@ def launch(module: str, kernel: str, args, out_shapes, grid, *, num_warps: int, 
   args = [np.float32(a) if isinstance(a, float) else a for a in args]
   fills, aliases = [], {}
   if poison:
-    fn = getattr(importlib.import_module("lra_sparse.kernels.dfss_poisoned_kernels"),
+    fn = getattr(importlib.import_module(f"lra_sparse.kernels.{poisoned_module}"),
                  kernel + "_poisoned")
     n_arrays = sum(not isinstance(a, (int, np.floating)) for a in args)  # aliases count arrays
     for j, s in enumerate(out_shapes):

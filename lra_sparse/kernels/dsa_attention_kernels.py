@@ -1,0 +1,171 @@
+"""DSA attention kernels (Triton source): softmax over the selected keys only, flash style.
+
+    S = Q K^T / sqrt(d) on the kept entries (one bit per (row group, key), from dsa_select)
+    P = softmax(S over the kept entries);  O = P V
+
+Each kernel computes its QK^T tile on the tensor cores, reads the tile's keep bits (BN / 32
+words per row; row i reads its group i // VEC) and treats every other entry as -inf.  No
+kernel writes S or P: the forward keeps an online softmax and writes O and a per-row
+log-sum-exp; the backward recomputes the tile.  A key-tile whose bits are all zero for the
+whole query block is skipped (no products, no exponentials), so the work falls as the kept
+set thins out in blocks.
+
+Operands are [batch, length, heads, head_dim] (row stride H*D), read in place; grid axis 1 runs
+batch*heads.  BITS int32 [batch*heads, G, W].  LSE and delta = rowsum(dO * O) are fp32
+[batch*heads, LP].  Exponentials are base 2 (the scale carries log2(e)).  A row that keeps
+nothing (all keys padded) gives O = 0, LSE = +inf and zero gradients.
+"""
+
+import triton
+import triton.language as tl
+
+NEG_INF = tl.constexpr(float("-inf"))
+POS_INF = tl.constexpr(float("inf"))
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _tile_words(BITS, bbase, offs_m, rin, start, W, VEC: tl.constexpr, BN: tl.constexpr):
+  """The keep words [BM, BN / 32] of query rows offs_m for the keys start .. start + BN."""
+  offs_w = start // 32 + tl.arange(0, BN // 32)
+  return tl.load(BITS + bbase + (offs_m // VEC)[:, None] * W + offs_w[None, :],
+                 mask=rin[:, None] & (offs_w[None, :] < W), other=0)
+
+
+@triton.jit
+def _any(words):
+  """True when a tile keeps at least one entry."""
+  return tl.max(tl.max((words != 0).to(tl.int32), 1), 0) > 0
+
+
+@triton.jit
+def _unpack(words, BM: tl.constexpr, BN: tl.constexpr):
+  """[BM, BN / 32] words -> bool [BM, BN]."""
+  bits = (words[:, :, None] >> tl.arange(0, 32)[None, None, :]) & 1
+  return tl.reshape(bits, [BM, BN]) != 0
+
+
+@triton.jit
+def dsa_fwd(Q, K, V, BITS, sm_scale, L, LP, H, G, W, O, LSE, D: tl.constexpr,
+            VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+  """Forward: one program per BM query rows, online softmax over the kept keys."""
+  pid_m = tl.program_id(0)
+  bh = tl.program_id(1)
+  b = bh // H
+  h = bh % H
+  RS = H * D
+  base = b.to(tl.int64) * L * RS + h * D
+  bbase = bh.to(tl.int64) * G * W
+  offs_m = pid_m * BM + tl.arange(0, BM)
+  offs_d = tl.arange(0, D)
+  rin = offs_m < L
+  q = tl.load(Q + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None], other=0.0)
+  qk_scale = sm_scale * LOG2E
+  m_i = tl.full([BM], NEG_INF, tl.float32)
+  l_i = tl.zeros([BM], tl.float32)
+  acc = tl.zeros([BM, D], tl.float32)
+  for start in range(0, L, BN):
+    words = _tile_words(BITS, bbase, offs_m, rin, start, W, VEC, BN)
+    if _any(words):
+      keep = _unpack(words, BM, BN)
+      offs_n = start + tl.arange(0, BN)
+      kin = offs_n < L
+      kt = tl.load(K + base + offs_n[None, :] * RS + offs_d[:, None], mask=kin[None, :],
+                   other=0.0)
+      s = tl.where(keep, tl.dot(q, kt), NEG_INF)
+      m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+      m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
+      alpha = tl.math.exp2(m_i - m_safe)
+      p = tl.math.exp2(s * qk_scale - m_safe[:, None])
+      l_i = l_i * alpha + tl.sum(p, 1)
+      v = tl.load(V + base + offs_n[:, None] * RS + offs_d[None, :], mask=kin[:, None],
+                  other=0.0)
+      acc = tl.dot(p.to(V.dtype.element_ty), v, acc * alpha[:, None])
+      m_i = m_new
+  l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+  out = acc / l_safe[:, None]
+  tl.store(O + base + offs_m[:, None] * RS + offs_d[None, :], out.to(O.dtype.element_ty),
+           mask=rin[:, None])
+  lse = tl.where(l_i == 0.0, POS_INF, m_i + tl.math.log2(l_safe))
+  tl.store(LSE + bh * LP + offs_m, lse)
+
+
+@triton.jit
+def dsa_bwd_dkdv(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV,
+                 D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+  """dV = P^T dO and dK = scale * dS^T Q for one block of BN keys, over all query blocks,
+  with dS = P * (dP - delta), dP = dO V^T (transposed tiles: keys x queries)."""
+  pid_n = tl.program_id(0)
+  bh = tl.program_id(1)
+  b = bh // H
+  h = bh % H
+  RS = H * D
+  base = b.to(tl.int64) * L * RS + h * D
+  bbase = bh.to(tl.int64) * G * W
+  offs_n = pid_n * BN + tl.arange(0, BN)
+  offs_d = tl.arange(0, D)
+  kin = offs_n < L
+  qk_scale = sm_scale * LOG2E
+  k = tl.load(K + base + offs_n[:, None] * RS + offs_d[None, :], mask=kin[:, None], other=0.0)
+  v = tl.load(V + base + offs_n[:, None] * RS + offs_d[None, :], mask=kin[:, None], other=0.0)
+  dk = tl.zeros([BN, D], tl.float32)
+  dv = tl.zeros([BN, D], tl.float32)
+  for start in range(0, L, BM):
+    offs_m = start + tl.arange(0, BM)
+    rin = offs_m < L
+    words = _tile_words(BITS, bbase, offs_m, rin, pid_n * BN, W, VEC, BN)
+    if _any(words):
+      keep = tl.trans(_unpack(words, BM, BN))                             # [BN, BM]
+      qt = tl.load(Q + base + offs_m[None, :] * RS + offs_d[:, None], mask=rin[None, :],
+                   other=0.0)
+      do = tl.load(DO + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None],
+                   other=0.0)
+      lse = tl.load(LSE + bh * LP + offs_m, mask=rin, other=POS_INF)
+      dlt = tl.load(DELTA + bh * LP + offs_m, mask=rin, other=0.0)
+      s = tl.dot(k, qt)
+      p = tl.where(keep, tl.math.exp2(s * qk_scale - lse[None, :]), 0.0)
+      dv = tl.dot(p.to(DO.dtype.element_ty), do, dv)
+      dp = tl.dot(v, tl.trans(do))
+      ds = (p * (dp - dlt[None, :])).to(Q.dtype.element_ty)
+      dk = tl.dot(ds, tl.trans(qt), dk)
+  tl.store(DK + base + offs_n[:, None] * RS + offs_d[None, :],
+           (dk * sm_scale).to(DK.dtype.element_ty), mask=kin[:, None])
+  tl.store(DV + base + offs_n[:, None] * RS + offs_d[None, :], dv.to(DV.dtype.element_ty),
+           mask=kin[:, None])
+
+
+@triton.jit
+def dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DQ, D: tl.constexpr,
+               VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+  """dQ = scale * dS K for one block of BM query rows, over all key blocks."""
+  pid_m = tl.program_id(0)
+  bh = tl.program_id(1)
+  b = bh // H
+  h = bh % H
+  RS = H * D
+  base = b.to(tl.int64) * L * RS + h * D
+  bbase = bh.to(tl.int64) * G * W
+  offs_m = pid_m * BM + tl.arange(0, BM)
+  offs_d = tl.arange(0, D)
+  rin = offs_m < L
+  qk_scale = sm_scale * LOG2E
+  q = tl.load(Q + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None], other=0.0)
+  do = tl.load(DO + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None], other=0.0)
+  lse = tl.load(LSE + bh * LP + offs_m, mask=rin, other=POS_INF)
+  dlt = tl.load(DELTA + bh * LP + offs_m, mask=rin, other=0.0)
+  dq = tl.zeros([BM, D], tl.float32)
+  for start in range(0, L, BN):
+    words = _tile_words(BITS, bbase, offs_m, rin, start, W, VEC, BN)
+    if _any(words):
+      keep = _unpack(words, BM, BN)
+      offs_n = start + tl.arange(0, BN)
+      kin = offs_n < L
+      kt = tl.load(K + base + offs_n[None, :] * RS + offs_d[:, None], mask=kin[None, :],
+                   other=0.0)
+      vt = tl.load(V + base + offs_n[None, :] * RS + offs_d[:, None], mask=kin[None, :],
+                   other=0.0)
+      p = tl.where(keep, tl.math.exp2(tl.dot(q, kt) * qk_scale - lse[:, None]), 0.0)
+      ds = p * (tl.dot(do, vt) - dlt[:, None])
+      dq = tl.dot(ds.to(K.dtype.element_ty), tl.trans(kt), dq)
+  tl.store(DQ + base + offs_m[:, None] * RS + offs_d[None, :],
+           (dq * sm_scale).to(DQ.dtype.element_ty), mask=rin[:, None])

@@ -1,0 +1,140 @@
+"""DSA selection kernel (Triton source): the predictor's integer scores s = q8 k8^T, each row's
+kept keys, written as one bit per (row group, key).  The rule is ``dsa_reference``'s.
+
+Layout: Q8 int8 [batch*heads, G, KP] (G row groups), K8 int8 [batch*heads, L, KP], KM the
+key-padding mask int32 [batch, L], NEED int32 [batch] (keys each row keeps), FACTOR fp32
+[batch*heads, G] (threshold selection).  BITS int32 [batch*heads, G, W], W = ceil(L / 32): bit
+j % 32 of word j // 32 says whether the row group keeps key j.
+
+s is recomputed on the int8 tensor cores in every pass instead of being stored: nothing of
+size L x L is ever written but the bits.  top-k runs four passes over the row's keys:
+
+  1. lo, hi: the row's smallest and largest s over its real keys -> shift, so that the code
+     (s - lo) >> shift fits 8 bits;
+  2. counts of the code's high nibble >= d (d = 1..15) -> the threshold's high nibble;
+  3. counts of the low nibble >= d among codes with that high nibble -> the threshold code t
+     and the number of ties to keep (lowest key index first);
+  4. the bits: code > t, or code == t and fewer than ``ties`` equal codes before this key.
+
+This module imports triton: the launchers in ``dsa_triton`` import it on first use.
+"""
+
+import triton
+import triton.language as tl
+
+SENTINEL = tl.constexpr(2 ** 30)
+LEVELS = tl.constexpr(256)
+
+
+@triton.jit
+def _row_scores(q8, K8, kbase, KM, b, start, L, KP: tl.constexpr, BN: tl.constexpr,
+                HAS_MASK: tl.constexpr):
+  """(s int32 [R, BN], valid bool [BN]) for the keys start .. start + BN."""
+  offs_n = start + tl.arange(0, BN)
+  valid = offs_n < L
+  offs_k = tl.arange(0, KP)
+  kt = tl.load(K8 + kbase + offs_n[None, :] * KP + offs_k[:, None], mask=valid[None, :],
+               other=0)
+  s = tl.dot(q8, kt, out_dtype=tl.int32)
+  if HAS_MASK:
+    valid = valid & (tl.load(KM + b * L + offs_n, mask=valid, other=0) != 0)
+  return s, valid
+
+
+@triton.jit
+def _codes(s, valid, lo, shift):
+  """The 8-bit code (s - lo) >> shift of each entry, -1 at invalid keys."""
+  return tl.where(valid[None, :], (s - lo[:, None]) >> shift[:, None], -1)
+
+
+@triton.jit
+def _count_at_least(counts, x):
+  """counts[d - 1] + (number of x >= d in each row), for d = 1..15 (a tuple of [R])."""
+  out = ()
+  for d in tl.static_range(1, 16):
+    out = out + (counts[d - 1] + tl.sum((x >= d).to(tl.int32), 1),)
+  return out
+
+
+@triton.jit
+def _digit(counts, base, need):
+  """The largest d in 0..15 with base + counts[d - 1] >= need (d = 0 always qualifies), and
+  base + counts[d] (the entries above digit d; base alone when d = 15)."""
+  digit = tl.zeros_like(need)
+  for d in tl.static_range(1, 16):
+    digit += ((base + counts[d - 1]) >= need).to(tl.int32)
+  above = base
+  for d in tl.static_range(1, 16):
+    above += tl.where(digit + 1 == d, counts[d - 1], 0)
+  return digit, above
+
+
+@triton.jit
+def _store_bits(BITS, bh, G, W, offs_r, rin, start, keep, R: tl.constexpr, BN: tl.constexpr):
+  """Packs keep [R, BN] into BN / 32 words per row and stores them."""
+  kb = tl.reshape(keep.to(tl.int32), [R, BN // 32, 32])
+  words = tl.sum(kb << tl.arange(0, 32)[None, None, :], 2)
+  offs_w = start // 32 + tl.arange(0, BN // 32)
+  ptrs = BITS + (bh * G + offs_r[:, None]).to(tl.int64) * W + offs_w[None, :]
+  tl.store(ptrs, words, mask=rin[:, None] & (offs_w[None, :] < W))
+
+
+@triton.jit
+def dsa_select(Q8, K8, KM, NEED, FACTOR, threshold, L, G, W, H, BITS, KP: tl.constexpr,
+               R: tl.constexpr, BN: tl.constexpr, TOPK: tl.constexpr,
+               HAS_MASK: tl.constexpr):
+  """One program per R row groups of one (example, head); grid (cdiv(G, R), batch*heads)."""
+  pid = tl.program_id(0)
+  bh = tl.program_id(1)
+  b = bh // H
+  offs_r = pid * R + tl.arange(0, R)
+  rin = offs_r < G
+  offs_k = tl.arange(0, KP)
+  q8 = tl.load(Q8 + (bh * G + offs_r[:, None]).to(tl.int64) * KP + offs_k[None, :],
+               mask=rin[:, None], other=0)
+  kbase = bh.to(tl.int64) * L * KP
+  if TOPK:
+    need = tl.zeros([R], tl.int32) + tl.load(NEED + b)
+    lo = tl.full([R], SENTINEL, tl.int32)
+    hi = tl.full([R], -SENTINEL, tl.int32)
+    for start in range(0, L, BN):
+      s, valid = _row_scores(q8, K8, kbase, KM, b, start, L, KP, BN, HAS_MASK)
+      lo = tl.minimum(lo, tl.min(tl.where(valid[None, :], s, SENTINEL), 1))
+      hi = tl.maximum(hi, tl.max(tl.where(valid[None, :], s, -SENTINEL), 1))
+    span = hi - lo
+    shift = tl.zeros([R], tl.int32)
+    for t in tl.static_range(32):
+      shift += ((span >> t) >= LEVELS).to(tl.int32)
+    counts = ()
+    for d in tl.static_range(15):
+      counts = counts + (tl.zeros([R], tl.int32),)
+    for start in range(0, L, BN):
+      s, valid = _row_scores(q8, K8, kbase, KM, b, start, L, KP, BN, HAS_MASK)
+      counts = _count_at_least(counts, _codes(s, valid, lo, shift) >> 4)
+    high, above = _digit(counts, tl.zeros([R], tl.int32), need)
+    counts = ()
+    for d in tl.static_range(15):
+      counts = counts + (tl.zeros([R], tl.int32),)
+    for start in range(0, L, BN):
+      s, valid = _row_scores(q8, K8, kbase, KM, b, start, L, KP, BN, HAS_MASK)
+      code = _codes(s, valid, lo, shift)
+      low = tl.where((code >> 4) == high[:, None], code & 15, -1)
+      counts = _count_at_least(counts, low)
+    low, greater = _digit(counts, above, need)
+    t = high * 16 + low
+    ties = need - greater
+    seen = tl.zeros([R], tl.int32)
+    for start in range(0, L, BN):
+      s, valid = _row_scores(q8, K8, kbase, KM, b, start, L, KP, BN, HAS_MASK)
+      code = _codes(s, valid, lo, shift)
+      eq = (code == t[:, None]).to(tl.int32)
+      rank = seen[:, None] + tl.cumsum(eq, 1) - eq
+      keep = (code > t[:, None]) | ((eq != 0) & (rank < ties[:, None]))
+      seen += tl.sum(eq, 1)
+      _store_bits(BITS, bh, G, W, offs_r, rin, start, keep, R, BN)
+  else:
+    factor = tl.load(FACTOR + bh * G + offs_r, mask=rin, other=0.0)
+    for start in range(0, L, BN):
+      s, valid = _row_scores(q8, K8, kbase, KM, b, start, L, KP, BN, HAS_MASK)
+      keep = valid[None, :] & (s.to(tl.float32) * factor[:, None] >= threshold)
+      _store_bits(BITS, bh, G, W, offs_r, rin, start, keep, R, BN)

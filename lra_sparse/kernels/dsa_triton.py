@@ -1,0 +1,208 @@
+"""DSA on the GPU: Triton kernels called from JAX (jax-triton), same rule as ``dsa_reference``.
+
+Two steps, each one launch over batch*heads:
+
+* ``select_bits``: the predictor's int8 scores on the tensor cores and each row group's kept
+  keys (top-k on the 8-bit row code, or a threshold), as one bit per (row group, key):
+  ``dsa_select_kernels``.  Memory: the bits (L^2 / 8 / V bytes per example and head) and the
+  int8 operands; no score is stored.
+* ``dsa_attention_triton``: softmax over the kept keys and the product with V, forward and
+  backward (custom VJP; dK/dV and dQ in two deterministic kernels), reading the bits:
+  ``dsa_attention_kernels``.  Memory: O and a per-row log-sum-exp.
+
+Nothing here imports triton or jax_triton at module import time; ``dfss_launch.launch`` imports
+them and the kernel source on first use.  Operands are [batch, length, heads, head_dim] as
+jax.nn.dot_product_attention's, read in place.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from lra_sparse.kernels import dsa_reference
+from lra_sparse.kernels.dfss_launch import cdiv, launch, padded_rows, row_delta
+from lra_sparse.kernels.dfss_triton import is_available  # noqa: F401  (same requirements)
+
+__all__ = ["is_available", "unsupported_reason", "select_bits", "dsa_attention_triton",
+           "set_tiles"]
+
+_SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_HEAD_DIMS = (16, 32, 64, 128)
+_VECTORS = (1, 4, 8)
+_SELECT = "dsa_select_kernels"
+_ATTEND = "dsa_attention_kernels"
+_POISONED = "dsa_poisoned_kernels"
+
+# kernel -> (BM or R, BN, num_warps, num_stages); "half" / "f32" operand classes.
+_TILES = {
+    ("select", "int8"): (64, 64, 4, 2),
+    ("fwd", "half"): (128, 64, 4, 3),
+    ("fwd", "f32"): (64, 64, 4, 2),
+    ("dkdv", "half"): (64, 64, 4, 2),
+    ("dkdv", "f32"): (32, 64, 4, 2),
+    ("dq", "half"): (64, 64, 4, 2),
+    ("dq", "f32"): (32, 64, 4, 2),
+}
+
+
+def set_tiles(kernel: str, operands: str, tiles: Optional[tuple] = None):
+  """Overrides (BM, BN, warps, stages) of a kernel ("select", "fwd", "dkdv", "dq") for an
+  operand class ("int8", "half", "f32"); BN must be a multiple of 32.  None restores the
+  default (tuning only)."""
+  key = (kernel, operands)
+  if key not in _DEFAULTS:
+    raise ValueError(f"unknown DSA kernel tiles {key}; choose one of {sorted(_DEFAULTS)}")
+  _TILES[key] = _DEFAULTS[key] if tiles is None else tuple(tiles)
+
+
+_DEFAULTS = dict(_TILES)
+
+
+def _tiles(kernel: str, dtype) -> tuple:
+  return _TILES[(kernel, "f32" if jnp.dtype(dtype) == jnp.float32 else "half")]
+
+
+def unsupported_reason(q, v, *, k=None, vector: int = 1) -> Optional[str]:
+  """None when the attention kernels can run these operands; else a short reason.
+
+  q, v (and k) [batch, length, heads, head_dim] of one shape and dtype (float32 / bfloat16 /
+  float16), head_dim <= 128 (16, 32, 64, 128 natively, others zero-padded exactly), vector in
+  (1, 4, 8) dividing the length.  Only shapes and dtypes are read.
+  """
+  if len(q.shape) != 4:
+    return f"q must be [batch, length, heads, head_dim], got shape {tuple(q.shape)}"
+  for name, x in (("k", k), ("v", v)):
+    if x is None:
+      continue
+    if tuple(x.shape) != tuple(q.shape):
+      return (f"the DSA kernels need {name}.shape == q.shape, got {tuple(x.shape)} vs "
+              f"{tuple(q.shape)}")
+    if jnp.dtype(x.dtype) != jnp.dtype(q.dtype):
+      return f"the DSA kernels need {name}.dtype == q.dtype, got {x.dtype} vs {q.dtype}"
+  if jnp.dtype(q.dtype) not in _SUPPORTED_DTYPES:
+    return f"dtype {q.dtype} not in (float32, bfloat16, float16)"
+  if not 0 < q.shape[-1] <= _HEAD_DIMS[-1]:
+    return f"head_dim {q.shape[-1]} not in [1, {_HEAD_DIMS[-1]}]"
+  if vector not in _VECTORS:
+    return f"vector {vector} not in {_VECTORS}"
+  if q.shape[1] % vector:
+    return f"length {q.shape[1]} is not a multiple of the column-vector size {vector}"
+  return None
+
+
+def _check_mask(mask, shape):
+  if mask is None:
+    return None
+  mask = jnp.asarray(mask)
+  if mask.shape != tuple(shape):
+    raise ValueError(f"mask must be bool [batch, length] = {tuple(shape)}, got {mask.shape}")
+  return mask.astype(bool)
+
+
+# ----------------------------------------------------------------------------- selection
+def select_bits(ops: dsa_reference.SelectionOperands, mask=None, *, sparsity: float = 0.9,
+                selection: str = "topk", threshold: float = 0.0, poison: bool = False):
+  """The kept keys of each row group as bits: int32 [batch, heads, groups, ceil(L / 32)]
+  (``dsa_reference.unpack_bits`` gives the bool mask of ``dsa_reference.reference_select``).
+  ops: ``dsa_reference.selection_operands``; mask: bool [batch, length] key padding."""
+  if selection not in ("topk", "threshold"):
+    raise ValueError(f"unknown DSA selection {selection!r}; choose 'topk' or 'threshold'")
+  if not 0.0 <= sparsity < 1.0:
+    raise ValueError(f"DSA sparsity {sparsity} must be in [0, 1)")
+  b, h, g, kp = ops.q8.shape
+  length = ops.k8.shape[2]
+  if ops.k8.shape != (b, h, length, kp) or ops.q8.dtype != jnp.int8:
+    raise ValueError(f"selection operands must be int8 q8 [batch, heads, groups, KP] and k8 "
+                     f"[batch, heads, length, KP], got {ops.q8.shape} {ops.q8.dtype} and "
+                     f"{ops.k8.shape}")
+  mask = _check_mask(mask, (b, length))
+  need = jnp.broadcast_to(dsa_reference.keep_counts(mask, sparsity, length), (b,))
+  km = (jnp.zeros((1,), jnp.int32) if mask is None else mask.astype(jnp.int32))
+  r, bn, warps, stages = _TILES[("select", "int8")]
+  w = cdiv(length, 32)
+  (bits,) = launch(
+      _SELECT, "dsa_select",
+      (ops.q8.reshape(b * h, g, kp), ops.k8.reshape(b * h, length, kp), km, need,
+       ops.factor.reshape(b * h, g).astype(jnp.float32), float(threshold), length, g, w, h),
+      (jax.ShapeDtypeStruct((b * h, g, w), jnp.int32),), (cdiv(g, r), b * h),
+      num_warps=warps, num_stages=stages, poison=poison, poisoned_module=_POISONED,
+      KP=kp, R=r, BN=bn, TOPK=selection == "topk", HAS_MASK=mask is not None)
+  return bits.reshape(b, h, g, w)
+
+
+# ----------------------------------------------------------------------------- attention
+def _fwd(q, k, v, bits, vector, scale, poison):
+  b, l, h, d = q.shape
+  bm, bn, warps, stages = _tiles("fwd", q.dtype)
+  lp = padded_rows(l)
+  g, w = bits.shape[2], bits.shape[3]
+  return launch(
+      _ATTEND, "dsa_fwd", (q, k, v, bits, scale, l, lp, h, g, w),
+      (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b * h, lp), jnp.float32)),
+      (cdiv(l, bm), b * h), num_warps=warps, num_stages=stages, poison=poison,
+      poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn)
+
+
+def _bwd(q, k, v, bits, o, lse, do, vector, scale, poison):
+  b, l, h, d = q.shape
+  do = do.astype(q.dtype)
+  g, w = bits.shape[2], bits.shape[3]
+  args = (q, k, v, bits, do, lse, row_delta(o, do), scale, l, padded_rows(l), h, g, w)
+  bm, bn, warps, stages = _tiles("dkdv", q.dtype)
+  dk, dv = launch(
+      _ATTEND, "dsa_bwd_dkdv", args,
+      (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
+      (cdiv(l, bn), b * h), num_warps=warps, num_stages=stages, poison=poison,
+      poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn)
+  bm, bn, warps, stages = _tiles("dq", q.dtype)
+  (dq,) = launch(
+      _ATTEND, "dsa_bwd_dq", args, (jax.ShapeDtypeStruct(q.shape, q.dtype),),
+      (cdiv(l, bm), b * h), num_warps=warps, num_stages=stages, poison=poison,
+      poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn)
+  return dq, dk, dv
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _attn(q, k, v, bits, vector, scale, poison):
+  return _fwd(q, k, v, bits, vector, scale, poison)[0]
+
+
+def _attn_fwd(q, k, v, bits, vector, scale, poison):
+  o, lse = _fwd(q, k, v, bits, vector, scale, poison)
+  return o, (q, k, v, bits, o, lse)
+
+
+def _attn_bwd(vector, scale, poison, res, do):
+  q, k, v, bits, o, lse = res
+  dq, dk, dv = _bwd(q, k, v, bits, o, lse, do, vector, scale, poison)
+  return dq, dk, dv, None
+
+
+_attn.defvjp(_attn_fwd, _attn_bwd)
+
+
+def dsa_attention_triton(q, k, v, bits, *, vector: int = 1, poison: bool = False):
+  """softmax(Q K^T / sqrt(d) over the kept keys) V.  q, k, v [batch, length, heads, head_dim]
+  (fp32 / bf16 / fp16, head_dim <= 128); bits int32 [batch, heads, length / vector,
+  ceil(length / 32)] from ``select_bits`` (padded keys already excluded there).  Gradients
+  flow to q, k, v; a row that keeps nothing gives zeros.  poison=True (tests) pre-fills every
+  kernel output with NaN."""
+  reason = unsupported_reason(q, v, k=k, vector=vector)
+  if reason is not None:
+    raise ValueError(reason)
+  b, l, h, d = q.shape
+  want = (b, h, l // vector, cdiv(l, 32))
+  if tuple(bits.shape) != want or bits.dtype != jnp.int32:
+    raise ValueError(f"bits must be int32 {want}, got {bits.dtype} {tuple(bits.shape)}")
+  kernel_dim = min(x for x in _HEAD_DIMS if x >= d)
+  scale = 1.0 / math.sqrt(d)
+  if kernel_dim == d:
+    return _attn(q, k, v, bits, vector, scale, bool(poison))
+  # Zero columns add nothing to Q K^T; the softmax keeps the true head dim's scale: exact.
+  widen = lambda x: jnp.pad(x, ((0, 0),) * 3 + ((0, kernel_dim - d),))  # noqa: E731
+  return _attn(widen(q), widen(k), widen(v), bits, vector, scale, bool(poison))[..., :d]
