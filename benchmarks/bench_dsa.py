@@ -1,0 +1,185 @@
+"""DSA kernels against dense attention on one GPU; prints ONE markdown table.
+
+Rows per shape (bf16, every method on the same random inputs, in one process):
+  XLA dense, cuDNN dense (jax.nn.dot_product_attention), DFSS 2:4 Triton (fused), and DSA-s
+  (s = sparsity) with vector V and predictor rank k = round(sigma * heads * head_dim):
+  * "DSA pure-JAX": the reference path (int scores, top-k, masked softmax; [L, L] arrays);
+  * "DSA Triton": selection kernel (bits) + attention kernels.
+"fwd" is the attention output (DSA: the selection from Q~, K~ and the attention over it);
+"fwd+bwd" adds the gradient of sum(out * ct) + L_MSE(S, S~) w.r.t. q, k, v, Q~, K~ (the MSE
+from Gram matrices, as in training).  Timing: --steps calls chained in one jit (lax.scan over
+stacked inputs, 3 random sets), median of --rounds; ms per call.  "temp MiB" is XLA's compiled
+temp-buffer size of one fwd+bwd call (memory_analysis).
+
+  python -m benchmarks.bench_dsa [--shapes=32x1024,16x2048,8x4096] [--heads=4] [--dim=64]
+      [--settings=90:1:0.25,95:1:0.25,99:1:0.25,95:8:0.1,99:8:0.1] [--steps=20] [--rounds=7]
+      [--skip_reference] [--out=FILE]
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import time
+from typing import Sequence
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+
+from benchmarks.bench_dfss_kernels import gpu_state
+from lra_sparse.kernels import dfss_triton, dsa_reference, dsa_triton
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("shapes", "32x1024,16x2048,8x4096", "Comma-separated BATCHxLENGTH.")
+  flags.DEFINE_integer("heads", 4, "Attention heads.")
+  flags.DEFINE_integer("dim", 64, "Head dimension.")
+  flags.DEFINE_string("settings", "90:1:0.25,95:1:0.25,99:1:0.25,90:8:0.25,95:8:0.1,99:8:0.1",
+                      "DSA settings SPARSITY%:VECTOR:SIGMA, comma-separated.")
+  flags.DEFINE_integer("steps", 20, "Calls chained in one jit (lax.scan).")
+  flags.DEFINE_integer("rounds", 7, "Timed rounds (median).")
+  flags.DEFINE_bool("skip_reference", False, "Skip the DSA pure-JAX rows.")
+  flags.DEFINE_string("out", None, "Also write the table here.")
+
+
+def chained(fn, steps):
+  """jit(xs -> sum of the outputs' first elements): fn on xs[i] for i < steps, in one scan."""
+  def body(carry, x):
+    outs = fn(*x)
+    first = sum(o.reshape(-1)[0].astype(jnp.float32) for o in jax.tree_util.tree_leaves(outs))
+    return carry + first, None
+  return jax.jit(lambda xs: jax.lax.scan(body, jnp.float32(0), xs, length=steps)[0])
+
+
+def dsa_fns(sparsity, vector, triton: bool):
+  def attend(q, k, v, qp, kp):
+    ops = dsa_reference.selection_operands(qp, kp, None, vector=vector,
+                                           scale=q.shape[-1] ** -0.5)
+    if triton:
+      bits = dsa_triton.select_bits(ops, sparsity=sparsity)
+      return dsa_triton.dsa_attention_triton(q, k, v, bits, vector=vector)
+    keep = dsa_reference.reference_select(ops, sparsity=sparsity)
+    return dsa_reference.attention_under_keep(q, k, v,
+                                              dsa_reference.expand_groups(keep, vector))
+
+  def fwd(q, k, v, qp, kp, ct):
+    del ct
+    return attend(q, k, v, qp, kp)
+
+  def fwd_bwd(q, k, v, qp, kp, ct):
+    def loss(q, k, v, qp, kp):
+      out = attend(q, k, v, qp, kp)
+      return (jnp.sum((out * ct).astype(jnp.float32))
+              + 1e-6 * dsa_reference.prediction_mse(q, k, qp, kp))
+    return jax.grad(loss, argnums=(0, 1, 2, 3, 4))(q, k, v, qp, kp)
+  return fwd, fwd_bwd
+
+
+def dense_fns(f):
+  def fwd(q, k, v, qp, kp, ct):
+    del qp, kp, ct
+    return f(q, k, v)
+
+  def fwd_bwd(q, k, v, qp, kp, ct):
+    del qp, kp
+    return jax.grad(lambda q, k, v: jnp.sum((f(q, k, v) * ct).astype(jnp.float32)),
+                    argnums=(0, 1, 2))(q, k, v)
+  return fwd, fwd_bwd
+
+
+def temp_mib(fn, args):
+  try:
+    return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes / 2**20
+  except Exception:  # noqa: BLE001  pragma: no cover
+    return float("nan")
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  dev = jax.devices()[0]
+  triton_ok = dsa_triton.is_available()
+  now = datetime.datetime.now(datetime.timezone.utc)
+  h, d = FLAGS.heads, FLAGS.dim
+  header = (f"device: {getattr(dev, 'device_kind', dev.platform)}; jax {jax.__version__}; "
+            f"bf16, heads {h}, head_dim {d}; {FLAGS.steps} calls per jit (lax.scan), median "
+            f"of {FLAGS.rounds} rounds, ms per call; {now:%Y-%m-%d %H:%M} UTC\n{gpu_state()}")
+  print(header, flush=True)
+  settings = []
+  for s in FLAGS.settings.split(","):
+    sp, vec, sigma = s.split(":")
+    settings.append((int(sp) / 100, int(vec), float(sigma)))
+  rows = []
+  for shape in FLAGS.shapes.split(","):
+    b, l = map(int, shape.split("x"))
+    methods = {
+        "XLA dense": dense_fns(lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, implementation="xla")),
+        "cuDNN dense": dense_fns(lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, implementation="cudnn")),
+    }
+    if triton_ok:
+      methods["DFSS 2:4 Triton"] = dense_fns(
+          lambda q, k, v: dfss_triton.dfss_attention_triton(q, k, v, n=2, m=4))
+    ranks = {}
+    for sparsity, vec, sigma in settings:
+      rank = max(1, round(sigma * h * d))
+      ranks[rank] = None
+      tag = f"DSA-{round(sparsity * 100)} V={vec} k={rank}"
+      if triton_ok:
+        methods[f"{tag} Triton"] = dsa_fns(sparsity, vec, True) + (rank,)
+      if not FLAGS.skip_reference:
+        methods[f"{tag} pure-JAX"] = dsa_fns(sparsity, vec, False) + (rank,)
+    key = jax.random.PRNGKey(b * l)
+    base = [tuple(jax.random.normal(kk, (b, l, h, d), jnp.bfloat16)
+                  for kk in jax.random.split(jax.random.fold_in(key, i), 4)) for i in range(3)]
+    preds = {r: [tuple(jax.random.normal(kk, (b, l, h, r), jnp.float32)
+                       for kk in jax.random.split(jax.random.fold_in(key, 10 + i), 2))
+                 for i in range(3)] for r in ranks}
+    for name, fns in methods.items():
+      fwd, fwd_bwd = fns[:2]
+      rank = fns[2] if len(fns) > 2 else next(iter(ranks))
+      sets = [base[i][:3] + preds[rank][i] + (base[i][3],) for i in range(3)]
+      xs = tuple(jnp.stack([sets[i % 3][j] for i in range(FLAGS.steps)]) for j in range(6))
+      res = {}
+      for kind, f in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
+        try:
+          run = chained(f, FLAGS.steps)
+          run(xs).block_until_ready()
+          run(xs).block_until_ready()
+          times = []
+          for _ in range(FLAGS.rounds):
+            t0 = time.perf_counter()
+            run(xs).block_until_ready()
+            times.append((time.perf_counter() - t0) / FLAGS.steps * 1e3)
+          res[kind] = statistics.median(times)
+        except Exception as e:  # noqa: BLE001  report and go on
+          print(f"{shape} {name} {kind} failed: {type(e).__name__}: {str(e)[-600:]}", flush=True)
+          res[kind] = float("nan")
+      res["temp"] = temp_mib(fwd_bwd, sets[0])
+      rows.append((shape, name, res))
+      print(f"{shape} {name}: fwd {res['fwd']:.3f} fwd+bwd {res['fwd+bwd']:.3f} "
+            f"temp {res['temp']:.0f} MiB", flush=True)
+  cols = ["BxL", "method", "fwd ms", "fwd+bwd ms", "fwd / cuDNN", "fwd+bwd / cuDNN",
+          "fwd+bwd / XLA", "temp MiB (fwd+bwd)"]
+  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  for shape, name, res in rows:
+    ref = {n: r for s, n, r in rows if s == shape}
+    cu, xla = ref["cuDNN dense"], ref["XLA dense"]
+    lines.append("| " + " | ".join([
+        shape, name, f"{res['fwd']:.3f}", f"{res['fwd+bwd']:.3f}",
+        f"{res['fwd'] / cu['fwd']:.2f}", f"{res['fwd+bwd'] / cu['fwd+bwd']:.2f}",
+        f"{res['fwd+bwd'] / xla['fwd+bwd']:.2f}", f"{res['temp']:.0f}"]) + " |")
+  text = header + "\nend: " + gpu_state() + "\n\n" + "\n".join(lines) + "\n"
+  print("\n" + text)
+  if FLAGS.out:
+    with open(FLAGS.out, "w") as f:
+      f.write(text)
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

@@ -1,0 +1,289 @@
+"""Tests of DSA's selection rule, its L_MSE and its kernels.
+
+CPU: ``dsa_reference`` (the pure-JAX path) against the rule written again in float64 numpy with
+loops (``dsa_reference.np_select``), ties, padding, bit packing, the Gram-matrix L_MSE against
+the direct [L, L] form (values and gradients), and bad inputs.
+GPU (marked ``gpu``): ``dsa_triton`` against the reference: the kernel's chosen set equal bit
+for bit, outputs and gradients close, every kernel output poisoned (NaN) before the call.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from lra_sparse.kernels import dsa_reference as ref
+
+HI = jax.lax.Precision.HIGHEST
+
+
+def _mask(b, l, lengths, hole=None):
+  mask = np.arange(l)[None, :] < np.asarray(lengths)[:, None]
+  if hole is not None:
+    mask[hole] = False
+  return mask
+
+
+def _preds(seed, shape, ints=False):
+  rng = np.random.default_rng(seed)
+  if ints:  # many exact ties in the integer scores
+    return tuple(rng.integers(-1, 2, size=shape).astype(np.float32) for _ in range(2))
+  return tuple(rng.normal(size=shape).astype(np.float32) for _ in range(2))
+
+
+# ----------------------------------------------------------------------------- CPU: the rule
+@pytest.mark.parametrize("vector,sparsity,selection,ints", [
+    (1, 0.75, "topk", False), (1, 0.9, "topk", True), (4, 0.5, "topk", False),
+    (8, 0.9, "topk", False), (1, 0.0, "topk", False), (4, 0.9, "threshold", False),
+    (1, 0.9, "threshold", True)])
+def test_reference_select_matches_numpy(vector, sparsity, selection, ints):
+  b, l, h, r = 3, 40, 2, 7
+  qp, kp = _preds(vector * 10 + int(ints), (b, l, h, r), ints)
+  mask = _mask(b, l, [40, 27, 0], hole=(0, 5))       # a hole, end padding, an empty example
+  scale = 1 / math.sqrt(16)
+  ops = ref.selection_operands(jnp.asarray(qp), jnp.asarray(kp), jnp.asarray(mask),
+                               vector=vector, scale=scale)
+  assert ops.q8.shape == (b, h, l // vector, 32) and ops.k8.shape == (b, h, l, 32)
+  got = np.asarray(ref.reference_select(ops, jnp.asarray(mask), sparsity=sparsity,
+                                        selection=selection, threshold=0.05))
+  want = ref.np_select(qp, kp, mask, vector=vector, sparsity=sparsity, selection=selection,
+                       threshold=0.05, scale=scale)
+  np.testing.assert_array_equal(got, want)
+  assert not got[2].any()                             # no real key: nothing kept
+  assert not got[1][..., 27:].any() and not got[0][..., 5].any()   # padded keys never
+  if selection == "topk":
+    for bi, n_real in ((0, 39), (1, 27)):
+      need = max(1, math.ceil((1 - sparsity) * n_real - 1e-6))
+      assert (got[bi].sum(-1) == need).all()
+
+
+def test_ties_go_to_the_lower_key_index():
+  """Equal codes: the lowest key indices win (q~ = k~ = ones: every score ties)."""
+  b, l, h, r = 1, 16, 1, 4
+  ones = jnp.ones((b, l, h, r))
+  ops = ref.selection_operands(ones, ones)
+  keep = np.asarray(ref.reference_select(ops, sparsity=0.75))
+  np.testing.assert_array_equal(keep[0, 0], np.tile(np.arange(l) < 4, (l, 1)))
+  # Two distinct values: the larger ones first, then ties by index.
+  k = np.ones((b, l, h, r), np.float32)
+  k[0, [3, 9], 0] = 2.0
+  ops = ref.selection_operands(ones, jnp.asarray(k))
+  keep = np.asarray(ref.reference_select(ops, sparsity=0.75))[0, 0, 0]
+  np.testing.assert_array_equal(np.flatnonzero(keep), [0, 1, 3, 9])
+
+
+def test_topk_algorithms_agree_on_the_rule():
+  qp, kp = _preds(4, (2, 48, 2, 9), ints=True)
+  ops = ref.selection_operands(jnp.asarray(qp), jnp.asarray(kp), vector=4)
+  a, b = (np.asarray(ref.reference_select(ops, sparsity=0.8, topk_algorithm=alg))
+          for alg in ("top_k", "radix"))
+  np.testing.assert_array_equal(a, b)
+
+
+def test_pack_unpack_bits_roundtrip():
+  keep = np.random.default_rng(0).random((2, 3, 5, 70)) < 0.3
+  words = ref.pack_bits(jnp.asarray(keep))
+  assert words.shape == (2, 3, 5, 3) and words.dtype == jnp.int32
+  np.testing.assert_array_equal(np.asarray(ref.unpack_bits(words, 70)), keep)
+  np.testing.assert_array_equal(np.asarray(ref.unpack_bits(words, 96))[..., 70:], False)
+  word = np.asarray(ref.pack_bits(jnp.asarray(np.eye(32, dtype=bool)[31])))
+  assert word.tolist() == [-2 ** 31]                   # bit 31 is the sign bit
+
+
+def _direct_mse(q, k, qp, kp, mask, normalization):
+  """L_MSE from the [L, L] scores (fp32, full precision): the form the Gram one replaces."""
+  a = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=HI)
+  c = jnp.einsum("bqhd,bkhd->bhqk", qp, kp, precision=HI)
+  pairs = mask[:, None, :, None] & mask[:, None, None, :]
+  total = jnp.sum(jnp.where(pairs, (a - c) ** 2, 0.0))
+  if normalization == "eq6":
+    return total / q.shape[0]
+  count = jnp.sum(jnp.sum(mask, -1, dtype=jnp.float32) ** 2) * q.shape[2]
+  return total / q.shape[-1] / count
+
+
+@pytest.mark.parametrize("normalization", ["eq6", "scaled_mean"])
+def test_gram_mse_matches_the_direct_form_and_its_gradients(normalization):
+  rng = np.random.default_rng(3)
+  b, l, h, d, r = 2, 33, 2, 8, 5
+  q, k = (jnp.asarray(rng.normal(size=(b, l, h, d)), jnp.float32) for _ in range(2))
+  qp, kp = (jnp.asarray(rng.normal(size=(b, l, h, r)), jnp.float32) for _ in range(2))
+  mask = jnp.asarray(_mask(b, l, [33, 20], hole=(0, 3)))
+  gram = lambda *a: ref.prediction_mse(*a, mask, normalization=normalization)  # noqa: E731
+  direct = lambda *a: _direct_mse(*a, mask, normalization)                      # noqa: E731
+  args = (q, k, qp, kp)
+  assert float(gram(*args)) == pytest.approx(float(direct(*args)), rel=1e-5)
+  for g1, g2 in zip(jax.grad(gram, argnums=(0, 1, 2, 3))(*args),
+                    jax.grad(direct, argnums=(0, 1, 2, 3))(*args)):
+    np.testing.assert_allclose(np.asarray(g1), np.asarray(g2), rtol=1e-4,
+                               atol=1e-4 * float(jnp.max(jnp.abs(g2))))
+  # bf16 operands (the model's compute dtype) give the same value as their fp32 copies.
+  half = [x.astype(jnp.bfloat16) for x in args]
+  assert float(gram(*half)) == pytest.approx(
+      float(direct(*[x.astype(jnp.float32) for x in half])), rel=1e-5)
+
+
+def test_bad_inputs_give_one_clear_error():
+  from lra_sparse.kernels import dsa_triton
+  q = jnp.ones((1, 16, 1, 160), jnp.bfloat16)
+  bits = jnp.zeros((1, 1, 16, 1), jnp.int32)
+  with pytest.raises(ValueError, match="head_dim 160 not in"):
+    dsa_triton.dsa_attention_triton(q, q, q, bits)
+  q = jnp.ones((1, 18, 1, 64), jnp.bfloat16)
+  with pytest.raises(ValueError, match="length 18 is not a multiple of the column-vector size 4"):
+    dsa_triton.dsa_attention_triton(q, q, q, bits, vector=4)
+  q = jnp.ones((1, 16, 1, 64), jnp.bfloat16)
+  with pytest.raises(ValueError, match=r"bits must be int32 \(1, 1, 16, 1\)"):
+    dsa_triton.dsa_attention_triton(q, q, q, jnp.zeros((1, 1, 16, 2), jnp.int32))
+  ops = ref.selection_operands(jnp.ones((1, 16, 1, 4)), jnp.ones((1, 16, 1, 4)))
+  for sparsity in (1.0, -0.1, 1.5):
+    with pytest.raises(ValueError, match=rf"DSA sparsity {sparsity} must be in \[0, 1\)"):
+      dsa_triton.select_bits(ops, sparsity=sparsity)
+  with pytest.raises(ValueError, match="unknown DSA selection 'random'"):
+    dsa_triton.select_bits(ops, selection="random")
+  with pytest.raises(ValueError, match="predictor rank 0 not in"):
+    ref.selection_operands(jnp.ones((1, 16, 1, 0)), jnp.ones((1, 16, 1, 0)))
+  with pytest.raises(ValueError, match="length 18 is not a multiple of the column-vector size 8"):
+    ref.selection_operands(jnp.ones((1, 18, 1, 4)), jnp.ones((1, 18, 1, 4)), vector=8)
+
+
+def test_backend_triton_without_a_gpu_is_one_clear_error():
+  if jax.default_backend() == "gpu":
+    pytest.skip("CPU only")
+  from lra_sparse.attention import AttentionDims, DSAConfig, build_attention
+  dims = AttentionDims(num_heads=2, head_dim=8, model_dim=16, length=32, dropout_rate=0.0)
+  with pytest.raises(ValueError, match="backend='triton' but"):
+    build_attention(DSAConfig(backend="triton"), dims)
+
+
+# ----------------------------------------------------------------------------- GPU: kernels
+def _kernels():
+  from lra_sparse.kernels import dsa_triton
+  if not dsa_triton.is_available():
+    pytest.skip("needs a GPU and jax_triton")
+  return dsa_triton
+
+
+def rel_err(a, b):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def tf32_exact(x):
+  """Multiples of 2^-6 in [-4, 4]: exact in TF32 (fp32 cases: only P / dS rounding remains)."""
+  return jnp.clip(jnp.round(x * 64.0) / 64.0, -4.0, 4.0).astype(x.dtype)
+
+
+TOL = {jnp.float32: 2e-3, jnp.bfloat16: 2e-2}
+
+GPU_CASES = [
+    # dtype, batch, length, heads, head_dim, vector, sparsity, rank (sigma * 256), selection
+    (jnp.bfloat16, 2, 130, 2, 64, 1, 0.75, 26, "topk"),
+    (jnp.float32, 2, 257, 2, 32, 1, 0.9, 84, "topk"),
+    (jnp.bfloat16, 2, 1000, 2, 64, 4, 0.95, 84, "topk"),
+    (jnp.bfloat16, 2, 1000, 2, 64, 8, 0.99, 26, "topk"),
+    (jnp.float32, 2, 1000, 1, 64, 8, 0.9, 26, "threshold"),
+    (jnp.bfloat16, 2, 2048, 2, 64, 1, 0.99, 84, "topk"),
+    (jnp.float32, 2, 2048, 1, 64, 4, 0.75, 26, "topk"),
+    (jnp.bfloat16, 2, 2048, 2, 128, 8, 0.95, 84, "topk"),
+    (jnp.bfloat16, 2, 257, 2, 48, 1, 0.9, 26, "threshold"),
+    (jnp.float16, 2, 1000, 2, 16, 1, 0.5, 130, "topk"),
+]
+
+
+def _case_id(c):
+  return (f"{jnp.dtype(c[0]).name}-B{c[1]}L{c[2]}H{c[3]}D{c[4]}-V{c[5]}-s{c[6]}-k{c[7]}-"
+          f"{c[8]}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ints", [False, True])
+@pytest.mark.parametrize("case", GPU_CASES, ids=_case_id)
+def test_kernels_match_reference(case, ints):
+  dt = _kernels()
+  dtype, b, l, h, d, vector, sparsity, rank, selection = case
+  seed = zlib.crc32(f"{_case_id(case)}-{ints}".encode()) % (2 ** 31)
+  qp, kp = (jnp.asarray(x) for x in _preds(seed, (b, l, h, rank), ints))
+  keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+  q, k, v, ct = (jax.random.normal(kk, (b, l, h, d), dtype) for kk in keys)
+  if dtype == jnp.float32:
+    q, k, v, ct = (tf32_exact(x) for x in (q, k, v, ct))
+  n_real = int(l * 0.7) + 3
+  mask = jnp.asarray(_mask(b, l, [n_real] * (b - 1) + [0], hole=(0, 1)))  # last: all padded
+  threshold = 0.02
+  ops = ref.selection_operands(qp, kp, mask, vector=vector, scale=d ** -0.5)
+  bits = jax.jit(lambda ops: dt.select_bits(ops, mask, sparsity=sparsity, selection=selection,
+                                            threshold=threshold, poison=True))(ops)
+  want = ref.reference_select(ops, mask, sparsity=sparsity, selection=selection,
+                              threshold=threshold)
+  w = -(-l // 32)
+  assert bits.shape == (b, h, l // vector, w)
+  got = np.asarray(ref.unpack_bits(bits, 32 * w))
+  np.testing.assert_array_equal(got[..., :l], np.asarray(want))   # the chosen set, exactly
+  assert not got[..., l:].any()                                    # no bit past the keys
+  if selection == "topk":
+    assert 0 < np.asarray(want)[0].sum(-1).min()
+
+  keep = ref.expand_groups(want, vector)
+
+  def f_ref(q, k, v):
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    from lra_sparse.attention import common
+    scores = common.attention_scores(q, k, precision=HI)
+    probs = common.masked_softmax(jnp.where(keep, scores, -jnp.inf), keep)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs, v, precision=HI)
+
+  f_tri = jax.jit(lambda q, k, v: dt.dsa_attention_triton(q, k, v, bits, vector=vector,
+                                                          poison=True))
+  out, vjp = jax.vjp(f_tri, q, k, v)
+  want_out, vjp_ref = jax.vjp(f_ref, q, k, v)
+  pairs = [("out", out, want_out)] + list(zip(("dq", "dk", "dv"), vjp(ct),
+                                              vjp_ref(ct.astype(jnp.float32))))
+  assert out.dtype == dtype and out.shape == q.shape
+  for name, a, r in pairs:
+    a = np.asarray(a.astype(jnp.float32))
+    assert not np.isnan(a).any(), f"{name}: NaN (unwritten or invalid) elements"
+    e = rel_err(a, r)
+    print(f"{_case_id(case)} ints={ints} {name} rel_err={e:.2e}")
+    assert e < TOL[dtype], (name, e)
+  np.testing.assert_array_equal(np.asarray(out[-1].astype(jnp.float32)), 0.0)  # all padded
+
+
+@pytest.mark.gpu
+def test_module_paths_agree_on_a_gpu():
+  """The Flax core on backend='triton' and 'reference': same outputs, MSE, hit rate and
+  gradients (bf16, padding, V = 4)."""
+  _kernels()
+  from lra_sparse.attention import AttentionDims, DSAConfig, build_attention
+  b, l, h, d, model = 2, 256, 2, 64, 128
+  dims = AttentionDims(num_heads=h, head_dim=d, model_dim=model, length=l, dropout_rate=0.0)
+  keys = jax.random.split(jax.random.PRNGKey(0), 5)
+  q, k, v = (jax.random.normal(kk, (b, l, h, d), jnp.bfloat16) for kk in keys[:3])
+  x = jax.random.normal(keys[3], (b, l, model), jnp.bfloat16)
+  mask = jnp.asarray(_mask(b, l, [256, 150]))
+  results = {}
+  for backend in ("triton", "reference"):
+    core = build_attention(DSAConfig(backend=backend, vector=4, sparsity=0.9), dims)
+    params = core.init(keys[4], q, k, v, mask=mask, inputs=x)["params"]
+
+    def loss(params, q, k, v, core=core):
+      out, state = core.apply({"params": params}, q, k, v, mask=mask, inputs=x,
+                              mutable=["aux_loss", "aux_metrics"])
+      return jnp.sum(out.astype(jnp.float32)) + state["aux_loss"]["dsa_mse"][0], (out, state)
+
+    (_, (out, state)), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3),
+                                                          has_aux=True))(params, q, k, v)
+    results[backend] = (out, state, grads)
+  (o1, s1, g1), (o2, s2, g2) = results["triton"], results["reference"]
+  assert rel_err(o1.astype(jnp.float32), o2.astype(jnp.float32)) < 2e-2
+  assert float(s1["aux_metrics"]["dsa_hit_rate"][0]) == float(s2["aux_metrics"]["dsa_hit_rate"][0])
+  assert float(s1["aux_metrics"]["dsa_mse"][0]) == pytest.approx(
+      float(s2["aux_metrics"]["dsa_mse"][0]), rel=1e-5)
+  for a, r in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+    assert rel_err(a.astype(jnp.float32), r.astype(jnp.float32)) < 3e-2
