@@ -43,6 +43,9 @@ def define_flags() -> None:
   flags.DEFINE_integer("rounds", 7, "Timed rounds (median).")
   flags.DEFINE_bool("skip_reference", False, "Skip the DSA pure-JAX rows.")
   flags.DEFINE_string("out", None, "Also write the table here.")
+  flags.DEFINE_list("tiles", [], "Kernel tile overrides KERNEL:OPERANDS:BM:BN:WARPS:STAGES:SKIP "
+                    "(dsa_triton.set_tiles), e.g. fwd:half:128:64:8:3:0.")
+  flags.DEFINE_bool("no_dense", False, "Skip the XLA / cuDNN / DFSS rows (tuning runs).")
 
 
 def chained(fn, steps):
@@ -100,13 +103,17 @@ def temp_mib(fn, args):
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  for entry in FLAGS.tiles:
+    kernel, operands, *nums = entry.split(":")
+    dsa_triton.set_tiles(kernel, operands, tuple(int(x) for x in nums[:4]) + (nums[4] == "1",))
   dev = jax.devices()[0]
   triton_ok = dsa_triton.is_available()
   now = datetime.datetime.now(datetime.timezone.utc)
   h, d = FLAGS.heads, FLAGS.dim
   header = (f"device: {getattr(dev, 'device_kind', dev.platform)}; jax {jax.__version__}; "
             f"bf16, heads {h}, head_dim {d}; {FLAGS.steps} calls per jit (lax.scan), median "
-            f"of {FLAGS.rounds} rounds, ms per call; {now:%Y-%m-%d %H:%M} UTC\n{gpu_state()}")
+            f"of {FLAGS.rounds} rounds, ms per call; {now:%Y-%m-%d %H:%M} UTC; tiles "
+            f"{FLAGS.tiles or 'default'}\n{gpu_state()}")
   print(header, flush=True)
   settings = []
   for s in FLAGS.settings.split(","):
@@ -121,7 +128,9 @@ def main(argv: Sequence[str]) -> None:
         "cuDNN dense": dense_fns(lambda q, k, v: jax.nn.dot_product_attention(
             q, k, v, implementation="cudnn")),
     }
-    if triton_ok:
+    if FLAGS.no_dense:
+      methods = {}
+    elif triton_ok:
       methods["DFSS 2:4 Triton"] = dense_fns(
           lambda q, k, v: dfss_triton.dfss_attention_triton(q, k, v, n=2, m=4))
     ranks = {}
@@ -166,9 +175,10 @@ def main(argv: Sequence[str]) -> None:
   cols = ["BxL", "method", "fwd ms", "fwd+bwd ms", "fwd / cuDNN", "fwd+bwd / cuDNN",
           "fwd+bwd / XLA", "temp MiB (fwd+bwd)"]
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  nan = {"fwd": float("nan"), "fwd+bwd": float("nan")}
   for shape, name, res in rows:
     ref = {n: r for s, n, r in rows if s == shape}
-    cu, xla = ref["cuDNN dense"], ref["XLA dense"]
+    cu, xla = ref.get("cuDNN dense", nan), ref.get("XLA dense", nan)
     lines.append("| " + " | ".join([
         shape, name, f"{res['fwd']:.3f}", f"{res['fwd+bwd']:.3f}",
         f"{res['fwd'] / cu['fwd']:.2f}", f"{res['fwd+bwd'] / cu['fwd+bwd']:.2f}",

@@ -53,6 +53,7 @@ LEGACY_ATTENTION_KEYS = {
 # is only filled in where its parent block exists (``attention.dsa`` only in DSA runs).
 ADDED_FIELDS = (
     ("attention.dsa.mse_normalization", "scaled_mean", None),
+    ("attention.dsa.selection_rule", "float", None),
     ("model.dual_head", "nli_one_hidden", ("retrieval",)),
     ("data.mask_black_pixels", False, ("image", "pathfinder", "pathx")),
 )

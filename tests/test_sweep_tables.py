@@ -755,18 +755,22 @@ def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
   assert json.dumps(old, sort_keys=True) == frozen          # inputs untouched
   assert new["dsa"]["attention.dsa.mse_normalization"] == "scaled_mean"
   assert new["flat_dsa"]["attention.dsa.mse_normalization"] == "scaled_mean"
+  assert new["dsa"]["attention.dsa.selection_rule"] == "float"
   assert new["flat_dsa"]["attention.dsa.sparsity"] == 0.9
   assert new["retrieval"]["model.dual_head"] == "nli_one_hidden"
   assert new["image"]["data.mask_black_pixels"] is False
   assert new["pathx"]["data.mask_black_pixels"] is False
-  added = {"attention.dsa.mse_normalization", "model.dual_head", "data.mask_black_pixels"}
+  added = {"attention.dsa.mse_normalization", "attention.dsa.selection_rule", "model.dual_head",
+           "data.mask_black_pixels"}
   for name, keys in (("listops", added), ("retrieval", added - {"model.dual_head"}),
                      ("image", added - {"data.mask_black_pixels"}),
-                     ("dsa", added - {"attention.dsa.mse_normalization"})):
+                     ("dsa", added - {"attention.dsa.mse_normalization",
+                                      "attention.dsa.selection_rule"})):
     assert not keys & set(new[name]), name
   # A config written with the fields keeps its values.
   current = {"task": "image", "data": {"mask_black_pixels": True},
-             "attention": {"kind": "dsa", "dsa": {"mse_normalization": "eq6"}}}
+             "attention": {"kind": "dsa", "dsa": {"mse_normalization": "eq6",
+                                                  "selection_rule": "int8"}}}
   assert config_lib.upgrade_legacy_config(current) == current
 
 

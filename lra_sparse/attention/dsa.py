@@ -75,6 +75,7 @@ QUANT_BITS = (0, 2, 4, 8)
 VECTORS = (1, 4, 8)
 TOPK_ALGORITHMS = dsa_reference.TOPK_ALGORITHMS
 BACKENDS = ("auto", "triton", "reference")
+SELECTION_RULES = ("int8", "float")
 MSE_NORMALIZATIONS = ("eq6", "scaled_mean")
 PROJECTION_SEED = 20220601  # fixed: P must be reproducible without being stored
 
@@ -98,6 +99,12 @@ class DSAConfig(KindConfig):
   # per train step on an H100 (experiments/train_step_h100.md). The kernels need neither.
   topk_algorithm: str = "top_k"
   backend: str = "auto"            # auto | triton | reference (see the module docstring)
+  # "int8": rank int8-rounded Q~, K~ (dsa_reference; kernels and pure JAX agree bit for bit) |
+  # "float": rank the float S~ (pure JAX only; the rule of runs made before the kernels).
+  selection_rule: str = "int8"
+  # Triton backward: False = one pass with fp32 atomics for dQ (fastest; the last bits of dQ
+  # vary run to run); True = separate dK/dV and dQ kernels (bit-reproducible).
+  deterministic_kernels: bool = False
 
   def __post_init__(self):
     self.check_float("sigma", low=0.0, high=1.0, low_open=True)
@@ -110,6 +117,8 @@ class DSAConfig(KindConfig):
     self.check_float("threshold")
     self.check_choice("topk_algorithm", TOPK_ALGORITHMS)
     self.check_choice("backend", BACKENDS)
+    self.check_bool("deterministic_kernels")
+    self.check_choice("selection_rule", SELECTION_RULES)
 
 
 def predictor_rank(sigma: float, model_dim: int) -> int:
@@ -193,6 +202,8 @@ def _kernels(config: DSAConfig, q, k, v, *, use_dropout: bool):
   if not required and jax.default_backend() != "gpu":
     return None
   reason = "it has no attention dropout" if use_dropout else None
+  if config.selection_rule != "int8":
+    reason = f"selection_rule={config.selection_rule!r} (the kernels rank int8 operands)"
   kernel = common.kernel_module("dsa_triton", "DSA", required)
   if kernel is not None and reason is None:
     reason = kernel.unsupported_reason(q, v, k=k, vector=config.vector)
@@ -242,13 +253,15 @@ class DSAAttention(nn.Module):
                                        normalization=config.mse_normalization)
     self.sow(AUX_LOSS, "dsa_mse", config.mse_weight * mse)
     self.sow(AUX_METRICS, "dsa_mse", mse)
-    if self.is_mutable_collection("intermediates"):   # analysis only: S~ is [L, L]
-      self.sow("intermediates", "predicted_scores",
-               jnp.einsum("bqhj,bkhj->bhqk", q_pred, k_pred) * jnp.float32(scale))
+    float_rule = config.selection_rule == "float"
+    if float_rule or self.is_mutable_collection("intermediates"):   # S~ is [L, L]
+      predicted = jnp.einsum("bqhj,bkhj->bhqk", q_pred.astype(q.dtype), k_pred.astype(q.dtype),
+                             preferred_element_type=jnp.float32) * jnp.float32(scale)
+      self.sow("intermediates", "predicted_scores", predicted)
 
     # M: the selection rule (dsa_reference) on the predictor's int8-rounded operands.
-    ops = dsa_reference.selection_operands(q_pred, k_pred, mask, vector=config.vector,
-                                           scale=scale)
+    ops = None if float_rule else dsa_reference.selection_operands(
+        q_pred, k_pred, mask, vector=config.vector, scale=scale)
     select = dict(sparsity=config.sparsity, selection=config.selection,
                   threshold=config.threshold)
     use_dropout = dims.dropout_rate > 0.0 and not deterministic
@@ -261,13 +274,22 @@ class DSAAttention(nn.Module):
         self.sow(AUX_METRICS, "dsa_hit_rate", hit_rate(bits, oracle, mask=mask,
                                                        vector=config.vector))
       # A = softmax(S restricted to M) with the real S; O = A V.
-      return kernel.dsa_attention_triton(q, k, v, bits, vector=config.vector)
-    keep = dsa_reference.reference_select(ops, mask, topk_algorithm=config.topk_algorithm,
-                                          **select)
+      return kernel.dsa_attention_triton(q, k, v, bits, vector=config.vector,
+                                         deterministic=config.deterministic_kernels)
+    if float_rule:
+      keep = predicted_mask(predicted, mask=mask, topk_algorithm=config.topk_algorithm,
+                            vector=config.vector, **select)[:, :, ::config.vector]
+    else:
+      keep = dsa_reference.reference_select(ops, mask, topk_algorithm=config.topk_algorithm,
+                                            **select)
     if deterministic:
-      oracle = dsa_reference.reference_select(_oracle_operands(q, k, mask), mask,
-                                              sparsity=config.sparsity,
-                                              topk_algorithm=config.topk_algorithm)
+      if float_rule:
+        oracle = oracle_topk_mask(common.attention_scores(q, k), mask=mask,
+                                  sparsity=config.sparsity)
+      else:
+        oracle = dsa_reference.reference_select(_oracle_operands(q, k, mask), mask,
+                                                sparsity=config.sparsity,
+                                                topk_algorithm=config.topk_algorithm)
       self.sow(AUX_METRICS, "dsa_hit_rate", hit_rate(
           dsa_reference.pack_bits(keep), dsa_reference.pack_bits(oracle), mask=mask,
           vector=config.vector))

@@ -7,8 +7,8 @@ Each kernel computes its QK^T tile on the tensor cores, reads the tile's keep bi
 words per row; row i reads its group i // VEC) and treats every other entry as -inf.  No
 kernel writes S or P: the forward keeps an online softmax and writes O and a per-row
 log-sum-exp; the backward recomputes the tile.  A key-tile whose bits are all zero for the
-whole query block is skipped (no products, no exponentials), so the work falls as the kept
-set thins out in blocks.
+whole query block is skipped when SKIP (no products, no exponentials), so the work falls as
+the kept set thins out in blocks.
 
 Operands are [batch, length, heads, head_dim] (row stride H*D), read in place; grid axis 1 runs
 batch*heads.  BITS int32 [batch*heads, G, W].  LSE and delta = rowsum(dO * O) are fp32
@@ -39,6 +39,16 @@ def _any(words):
 
 
 @triton.jit
+def _go(words, SKIP: tl.constexpr):
+  """Whether to compute a tile: always, or (SKIP) only when it keeps an entry."""
+  if SKIP:
+    go = _any(words)
+  else:
+    go = tl.full([], 1, tl.int1)
+  return go
+
+
+@triton.jit
 def _unpack(words, BM: tl.constexpr, BN: tl.constexpr):
   """[BM, BN / 32] words -> bool [BM, BN]."""
   bits = (words[:, :, None] >> tl.arange(0, 32)[None, None, :]) & 1
@@ -47,7 +57,7 @@ def _unpack(words, BM: tl.constexpr, BN: tl.constexpr):
 
 @triton.jit
 def dsa_fwd(Q, K, V, BITS, sm_scale, L, LP, H, G, W, O, LSE, D: tl.constexpr,
-            VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+            VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SKIP: tl.constexpr):
   """Forward: one program per BM query rows, online softmax over the kept keys."""
   pid_m = tl.program_id(0)
   bh = tl.program_id(1)
@@ -66,7 +76,7 @@ def dsa_fwd(Q, K, V, BITS, sm_scale, L, LP, H, G, W, O, LSE, D: tl.constexpr,
   acc = tl.zeros([BM, D], tl.float32)
   for start in range(0, L, BN):
     words = _tile_words(BITS, bbase, offs_m, rin, start, W, VEC, BN)
-    if _any(words):
+    if _go(words, SKIP):
       keep = _unpack(words, BM, BN)
       offs_n = start + tl.arange(0, BN)
       kin = offs_n < L
@@ -91,10 +101,12 @@ def dsa_fwd(Q, K, V, BITS, sm_scale, L, LP, H, G, W, O, LSE, D: tl.constexpr,
 
 
 @triton.jit
-def dsa_bwd_dkdv(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV,
-                 D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+def _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV, DQ,
+              D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              SKIP: tl.constexpr):
   """dV = P^T dO and dK = scale * dS^T Q for one block of BN keys, over all query blocks,
-  with dS = P * (dP - delta), dP = dO V^T (transposed tiles: keys x queries)."""
+  with dS = P * (dP - delta), dP = dO V^T (transposed tiles: keys x queries).  With DQ (not
+  None) also adds dQ / scale = dS K into the fp32 buffer DQ with atomics (one pass)."""
   pid_n = tl.program_id(0)
   bh = tl.program_id(1)
   b = bh // H
@@ -114,7 +126,7 @@ def dsa_bwd_dkdv(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV
     offs_m = start + tl.arange(0, BM)
     rin = offs_m < L
     words = _tile_words(BITS, bbase, offs_m, rin, pid_n * BN, W, VEC, BN)
-    if _any(words):
+    if _go(words, SKIP):
       keep = tl.trans(_unpack(words, BM, BN))                             # [BN, BM]
       qt = tl.load(Q + base + offs_m[None, :] * RS + offs_d[:, None], mask=rin[None, :],
                    other=0.0)
@@ -128,6 +140,10 @@ def dsa_bwd_dkdv(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV
       dp = tl.dot(v, tl.trans(do))
       ds = (p * (dp - dlt[None, :])).to(Q.dtype.element_ty)
       dk = tl.dot(ds, tl.trans(qt), dk)
+      if DQ is not None:
+        dq = tl.dot(tl.trans(ds), k)
+        tl.atomic_add(DQ + base + offs_m[:, None] * RS + offs_d[None, :], dq,
+                      mask=rin[:, None], sem="relaxed")
   tl.store(DK + base + offs_n[:, None] * RS + offs_d[None, :],
            (dk * sm_scale).to(DK.dtype.element_ty), mask=kin[:, None])
   tl.store(DV + base + offs_n[:, None] * RS + offs_d[None, :], dv.to(DV.dtype.element_ty),
@@ -135,8 +151,28 @@ def dsa_bwd_dkdv(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV
 
 
 @triton.jit
+def dsa_bwd_dkdv(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV,
+                 D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                 SKIP: tl.constexpr):
+  """Deterministic backward, first kernel: dK and dV per key block (dsa_bwd_dq: dQ)."""
+  _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV, None, D, VEC, BM,
+            BN, SKIP)
+
+
+@triton.jit
+def dsa_bwd_onepass(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV, DQ,
+                    D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                    SKIP: tl.constexpr):
+  """One-pass backward: dK, dV as dsa_bwd_dkdv, and dQ / scale added into the zeroed fp32
+  buffer DQ with atomics (each tile's products and exponentials once; dQ's summation order,
+  hence its last bits, can vary run to run)."""
+  _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV, DQ, D, VEC, BM,
+            BN, SKIP)
+
+
+@triton.jit
 def dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DQ, D: tl.constexpr,
-               VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+               VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SKIP: tl.constexpr):
   """dQ = scale * dS K for one block of BM query rows, over all key blocks."""
   pid_m = tl.program_id(0)
   bh = tl.program_id(1)
@@ -156,7 +192,7 @@ def dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DQ, D: t
   dq = tl.zeros([BM, D], tl.float32)
   for start in range(0, L, BN):
     words = _tile_words(BITS, bbase, offs_m, rin, start, W, VEC, BN)
-    if _any(words):
+    if _go(words, SKIP):
       keep = _unpack(words, BM, BN)
       offs_n = start + tl.arange(0, BN)
       kin = offs_n < L

@@ -34,6 +34,7 @@ Everything is [batch, heads, groups, ...] with groups = length / V; masks are bo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Optional
 
@@ -62,11 +63,13 @@ def static_keep(sparsity: float, length: int) -> int:
 
 
 def padded_rank(rank: int) -> int:
-  """The selection operands' last axis: the rank zero-padded to a multiple of 32 (the int8
-  tensor-core K step); zeros add nothing to s."""
-  return max(32, -(-rank // 32) * 32)
+  """The selection operands' last axis: the rank zero-padded to a power of two >= 32 (Triton
+  tiles are powers of two; 32 is the int8 tensor-core K step); zeros add nothing to s."""
+  return max(32, 1 << (rank - 1).bit_length())
 
 
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["q8", "k8", "factor"],
+                   meta_fields=[])
 @dataclasses.dataclass(frozen=True)
 class SelectionOperands:
   """q8 int8 [batch, heads, groups, KP], k8 int8 [batch, heads, length, KP] (padded keys 0),

@@ -7,7 +7,8 @@ Two steps, each one launch over batch*heads:
   ``dsa_select_kernels``.  Memory: the bits (L^2 / 8 / V bytes per example and head) and the
   int8 operands; no score is stored.
 * ``dsa_attention_triton``: softmax over the kept keys and the product with V, forward and
-  backward (custom VJP; dK/dV and dQ in two deterministic kernels), reading the bits:
+  backward (custom VJP; one pass with dQ by atomics, or dK/dV and dQ in two deterministic
+  kernels), reading the bits:
   ``dsa_attention_kernels``.  Memory: O and a per-row log-sum-exp.
 
 Nothing here imports triton or jax_triton at module import time; ``dfss_launch.launch`` imports
@@ -38,22 +39,24 @@ _SELECT = "dsa_select_kernels"
 _ATTEND = "dsa_attention_kernels"
 _POISONED = "dsa_poisoned_kernels"
 
-# kernel -> (BM or R, BN, num_warps, num_stages); "half" / "f32" operand classes.
+# kernel -> (BM or R, BN, num_warps, num_stages, skip empty tiles); "half" / "f32" operands.
 _TILES = {
-    ("select", "int8"): (64, 64, 4, 2),
-    ("fwd", "half"): (128, 64, 4, 3),
-    ("fwd", "f32"): (64, 64, 4, 2),
-    ("dkdv", "half"): (64, 64, 4, 2),
-    ("dkdv", "f32"): (32, 64, 4, 2),
-    ("dq", "half"): (64, 64, 4, 2),
-    ("dq", "f32"): (32, 64, 4, 2),
+    ("select", "int8"): (64, 64, 4, 2, False),
+    ("fwd", "half"): (128, 64, 4, 3, True),
+    ("fwd", "f32"): (64, 64, 4, 2, True),
+    ("dkdv", "half"): (64, 64, 4, 2, True),
+    ("dkdv", "f32"): (32, 64, 4, 2, True),
+    ("onepass", "half"): (64, 64, 4, 2, True),
+    ("onepass", "f32"): (32, 64, 4, 2, True),
+    ("dq", "half"): (64, 64, 4, 2, True),
+    ("dq", "f32"): (32, 64, 4, 2, True),
 }
 
 
 def set_tiles(kernel: str, operands: str, tiles: Optional[tuple] = None):
-  """Overrides (BM, BN, warps, stages) of a kernel ("select", "fwd", "dkdv", "dq") for an
-  operand class ("int8", "half", "f32"); BN must be a multiple of 32.  None restores the
-  default (tuning only)."""
+  """Overrides (BM, BN, warps, stages, skip) of a kernel ("select", "fwd", "dkdv", "dq") for
+  an operand class ("int8", "half", "f32"); BN must be a multiple of 32; skip: test each tile's
+  bits and skip the empty ones (attention kernels).  None restores the default (tuning)."""
   key = (kernel, operands)
   if key not in _DEFAULTS:
     raise ValueError(f"unknown DSA kernel tiles {key}; choose one of {sorted(_DEFAULTS)}")
@@ -123,7 +126,7 @@ def select_bits(ops: dsa_reference.SelectionOperands, mask=None, *, sparsity: fl
   mask = _check_mask(mask, (b, length))
   need = jnp.broadcast_to(dsa_reference.keep_counts(mask, sparsity, length), (b,))
   km = (jnp.zeros((1,), jnp.int32) if mask is None else mask.astype(jnp.int32))
-  r, bn, warps, stages = _TILES[("select", "int8")]
+  r, bn, warps, stages, _ = _TILES[("select", "int8")]
   w = cdiv(length, 32)
   (bits,) = launch(
       _SELECT, "dsa_select",
@@ -138,60 +141,72 @@ def select_bits(ops: dsa_reference.SelectionOperands, mask=None, *, sparsity: fl
 # ----------------------------------------------------------------------------- attention
 def _fwd(q, k, v, bits, vector, scale, poison):
   b, l, h, d = q.shape
-  bm, bn, warps, stages = _tiles("fwd", q.dtype)
+  bm, bn, warps, stages, skip = _tiles("fwd", q.dtype)
   lp = padded_rows(l)
   g, w = bits.shape[2], bits.shape[3]
   return launch(
       _ATTEND, "dsa_fwd", (q, k, v, bits, scale, l, lp, h, g, w),
       (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b * h, lp), jnp.float32)),
       (cdiv(l, bm), b * h), num_warps=warps, num_stages=stages, poison=poison,
-      poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn)
+      poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip)
 
 
-def _bwd(q, k, v, bits, o, lse, do, vector, scale, poison):
+def _bwd(q, k, v, bits, o, lse, do, vector, scale, poison, deterministic):
   b, l, h, d = q.shape
   do = do.astype(q.dtype)
   g, w = bits.shape[2], bits.shape[3]
   args = (q, k, v, bits, do, lse, row_delta(o, do), scale, l, padded_rows(l), h, g, w)
-  bm, bn, warps, stages = _tiles("dkdv", q.dtype)
+  if not deterministic:
+    bm, bn, warps, stages, skip = _tiles("onepass", q.dtype)
+    dk, dv, dq = launch(
+        _ATTEND, "dsa_bwd_onepass", args,
+        (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
+         jax.ShapeDtypeStruct(q.shape, jnp.float32)),
+        (cdiv(l, bn), b * h), num_warps=warps, num_stages=stages, zeroed=(2,), poison=poison,
+        poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip)
+    return (dq * scale).astype(q.dtype), dk, dv
+  bm, bn, warps, stages, skip = _tiles("dkdv", q.dtype)
   dk, dv = launch(
       _ATTEND, "dsa_bwd_dkdv", args,
       (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
       (cdiv(l, bn), b * h), num_warps=warps, num_stages=stages, poison=poison,
-      poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn)
-  bm, bn, warps, stages = _tiles("dq", q.dtype)
+      poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip)
+  bm, bn, warps, stages, skip = _tiles("dq", q.dtype)
   (dq,) = launch(
       _ATTEND, "dsa_bwd_dq", args, (jax.ShapeDtypeStruct(q.shape, q.dtype),),
       (cdiv(l, bm), b * h), num_warps=warps, num_stages=stages, poison=poison,
-      poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn)
+      poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip)
   return dq, dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _attn(q, k, v, bits, vector, scale, poison):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _attn(q, k, v, bits, vector, scale, poison, deterministic):
   return _fwd(q, k, v, bits, vector, scale, poison)[0]
 
 
-def _attn_fwd(q, k, v, bits, vector, scale, poison):
+def _attn_fwd(q, k, v, bits, vector, scale, poison, deterministic):
+  del deterministic  # backward only
   o, lse = _fwd(q, k, v, bits, vector, scale, poison)
   return o, (q, k, v, bits, o, lse)
 
 
-def _attn_bwd(vector, scale, poison, res, do):
+def _attn_bwd(vector, scale, poison, deterministic, res, do):
   q, k, v, bits, o, lse = res
-  dq, dk, dv = _bwd(q, k, v, bits, o, lse, do, vector, scale, poison)
+  dq, dk, dv = _bwd(q, k, v, bits, o, lse, do, vector, scale, poison, deterministic)
   return dq, dk, dv, None
 
 
 _attn.defvjp(_attn_fwd, _attn_bwd)
 
 
-def dsa_attention_triton(q, k, v, bits, *, vector: int = 1, poison: bool = False):
+def dsa_attention_triton(q, k, v, bits, *, vector: int = 1, deterministic: bool = False,
+                         poison: bool = False):
   """softmax(Q K^T / sqrt(d) over the kept keys) V.  q, k, v [batch, length, heads, head_dim]
   (fp32 / bf16 / fp16, head_dim <= 128); bits int32 [batch, heads, length / vector,
   ceil(length / 32)] from ``select_bits`` (padded keys already excluded there).  Gradients
-  flow to q, k, v; a row that keeps nothing gives zeros.  poison=True (tests) pre-fills every
-  kernel output with NaN."""
+  flow to q, k, v; a row that keeps nothing gives zeros.  deterministic: the backward as two
+  kernels without atomics (bit-reproducible dQ) instead of one pass with dQ by fp32 atomics.
+  poison=True (tests) pre-fills every kernel output with NaN."""
   reason = unsupported_reason(q, v, k=k, vector=vector)
   if reason is not None:
     raise ValueError(reason)
@@ -202,7 +217,8 @@ def dsa_attention_triton(q, k, v, bits, *, vector: int = 1, poison: bool = False
   kernel_dim = min(x for x in _HEAD_DIMS if x >= d)
   scale = 1.0 / math.sqrt(d)
   if kernel_dim == d:
-    return _attn(q, k, v, bits, vector, scale, bool(poison))
+    return _attn(q, k, v, bits, vector, scale, bool(poison), bool(deterministic))
   # Zero columns add nothing to Q K^T; the softmax keeps the true head dim's scale: exact.
   widen = lambda x: jnp.pad(x, ((0, 0),) * 3 + ((0, kernel_dim - d),))  # noqa: E731
-  return _attn(widen(q), widen(k), widen(v), bits, vector, scale, bool(poison))[..., :d]
+  return _attn(widen(q), widen(k), widen(v), bits, vector, scale, bool(poison),
+               bool(deterministic))[..., :d]
