@@ -27,7 +27,8 @@ from absl import app, flags
 import jax
 import jax.numpy as jnp
 
-from benchmarks.bench_dfss_kernels import gpu_state
+from benchmarks.ab_dfss_kernels import chained
+from benchmarks.bench_dfss_kernels import gpu_state, temp_mib
 from lra_sparse.kernels import dfss_triton, dsa_reference, dsa_triton
 
 FLAGS = flags.FLAGS
@@ -46,15 +47,6 @@ def define_flags() -> None:
   flags.DEFINE_list("tiles", [], "Kernel tile overrides KERNEL:OPERANDS:BM:BN:WARPS:STAGES:SKIP "
                     "(dsa_triton.set_tiles), e.g. fwd:half:128:64:8:3:0.")
   flags.DEFINE_bool("no_dense", False, "Skip the XLA / cuDNN / DFSS rows (tuning runs).")
-
-
-def chained(fn, steps):
-  """jit(xs -> sum of the outputs' first elements): fn on xs[i] for i < steps, in one scan."""
-  def body(carry, x):
-    outs = fn(*x)
-    first = sum(o.reshape(-1)[0].astype(jnp.float32) for o in jax.tree_util.tree_leaves(outs))
-    return carry + first, None
-  return jax.jit(lambda xs: jax.lax.scan(body, jnp.float32(0), xs, length=steps)[0])
 
 
 def dsa_fns(sparsity, vector, triton: bool):
@@ -91,13 +83,6 @@ def dense_fns(f):
     return jax.grad(lambda q, k, v: jnp.sum((f(q, k, v) * ct).astype(jnp.float32)),
                     argnums=(0, 1, 2))(q, k, v)
   return fwd, fwd_bwd
-
-
-def temp_mib(fn, args):
-  try:
-    return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes / 2**20
-  except Exception:  # noqa: BLE001  pragma: no cover
-    return float("nan")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -168,7 +153,7 @@ def main(argv: Sequence[str]) -> None:
         except Exception as e:  # noqa: BLE001  report and go on
           print(f"{shape} {name} {kind} failed: {type(e).__name__}: {str(e)[-600:]}", flush=True)
           res[kind] = float("nan")
-      res["temp"] = temp_mib(fwd_bwd, sets[0])
+      res["temp"] = temp_mib(fwd_bwd, *sets[0])
       rows.append((shape, name, res))
       print(f"{shape} {name}: fwd {res['fwd']:.3f} fwd+bwd {res['fwd+bwd']:.3f} "
             f"temp {res['temp']:.0f} MiB", flush=True)

@@ -1,6 +1,7 @@
 """Shared test setup: a synthetic task, GPU skipping, and a small ListOps dataset."""
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -73,3 +74,44 @@ def make_tiny_config(task: str = "synthetic", **overrides):
   config.optim.warmup_steps = 10
   config.update_from_flattened_dict(overrides)
   return config
+
+
+def np_select(q_pred, k_pred, mask, *, vector: int, sparsity: float, selection: str = "topk",
+              threshold: float = 0.0, scale: float = 1.0) -> np.ndarray:
+  """DSA's selection rule (lra_sparse.kernels.dsa_reference) written again in float64 numpy
+  with explicit loops over rows: bool [batch, heads, groups, length]."""
+  q_pred = np.asarray(q_pred, np.float64)
+  k_pred = np.asarray(k_pred, np.float64)
+  b, l, h, _ = q_pred.shape
+  mask = np.ones((b, l), bool) if mask is None else np.asarray(mask, bool)
+  g = l // vector
+  out = np.zeros((b, h, g, l), bool)
+  for bi in range(b):
+    real = np.flatnonzero(mask[bi])
+    need = max(1, math.ceil((1 - sparsity) * len(real) - 1e-6))
+    for hi in range(h):
+      kk = k_pred[bi, :, hi]
+      kmax = np.max(np.abs(kk[real])) if len(real) else 0.0
+      k8 = np.clip(np.round(kk / (kmax if kmax > 0 else 1.0) * 127), -127, 127)
+      for gi in range(g):
+        rows = np.arange(gi * vector, (gi + 1) * vector)
+        real_rows = rows[mask[bi, rows]]
+        qg = q_pred[bi, real_rows if len(real_rows) else rows, hi].mean(axis=0)
+        qmax = np.max(np.abs(qg))
+        q8 = np.clip(np.round(qg / (qmax if qmax > 0 else 1.0) * 127), -127, 127)
+        s = (k8[real] @ q8).astype(np.int64)
+        if not len(real):
+          continue
+        if selection == "threshold":
+          factor = np.float32(np.float32(qmax) * np.float32(kmax) * np.float32(scale / 127**2))
+          chosen = real[s.astype(np.float32) * factor >= np.float32(threshold)]
+        else:
+          span = s.max() - s.min()
+          shift = 0
+          while (span >> shift) >= 256:
+            shift += 1
+          code = (s - s.min()) >> shift
+          order = sorted(range(len(real)), key=lambda j: (-code[j], real[j]))
+          chosen = real[order[:need]]
+        out[bi, hi, gi, chosen] = True
+  return out

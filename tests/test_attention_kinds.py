@@ -13,7 +13,8 @@ from lra_sparse.config import get_base_config
 from lra_sparse.attention import (AttentionDims, DFSSConfig, build_attention, dense_attention,
                                   dfss_attention, nm_mask, nystrom_attention)
 from lra_sparse.attention import dsa as dsa_lib
-from lra_sparse.kernels import dsa_reference
+
+from conftest import np_select  # the rule again, in float64 numpy
 
 # Jitted entry points: one compilation per shape instead of one per primitive (eager mode).
 dfss_attention = jax.jit(dfss_attention, static_argnames=("n", "m", "backend", "dropout_rate"))
@@ -393,7 +394,7 @@ def test_dsa_exact_predictor_is_oracle_topk(sparsity):
   q32, k32 = q.astype(np.float32), k.astype(np.float32)
   out, state = _apply(core, {"params": params}, q32, k32, v,
                           mask=jnp.asarray(mask), inputs=x, mutable=["aux_loss", "aux_metrics"])
-  keep = dsa_reference.np_select(q32, k32, mask, vector=1, sparsity=sparsity)
+  keep = np_select(q32, k32, mask, vector=1, sparsity=sparsity)
   want = np_dsa_attention(q32, k32, v, keep, 1)
   np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
   assert float(state["aux_metrics"]["dsa_hit_rate"][0]) == pytest.approx(1.0)

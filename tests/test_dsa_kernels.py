@@ -1,7 +1,7 @@
 """Tests of DSA's selection rule, its L_MSE and its kernels.
 
 CPU: ``dsa_reference`` (the pure-JAX path) against the rule written again in float64 numpy with
-loops (``dsa_reference.np_select``), ties, padding, bit packing, the Gram-matrix L_MSE against
+loops (``conftest.np_select``), ties, padding, bit packing, the Gram-matrix L_MSE against
 the direct [L, L] form (values and gradients), and bad inputs.
 GPU (marked ``gpu``): ``dsa_triton`` against the reference: the kernel's chosen set equal bit
 for bit, outputs and gradients close, every kernel output poisoned (NaN) before the call.
@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from lra_sparse.kernels import dsa_reference as ref
+
+from conftest import np_select  # the rule again, in float64 numpy
 
 HI = jax.lax.Precision.HIGHEST
 
@@ -52,7 +54,7 @@ def test_reference_select_matches_numpy(vector, sparsity, selection, ints):
   assert ops.q8.shape == (b, h, l // vector, 32) and ops.k8.shape == (b, h, l, 32)
   got = np.asarray(jax.jit(lambda ops: ref.reference_select(   # operands are a pytree
       ops, jnp.asarray(mask), sparsity=sparsity, selection=selection, threshold=0.05))(ops))
-  want = ref.np_select(qp, kp, mask, vector=vector, sparsity=sparsity, selection=selection,
+  want = np_select(qp, kp, mask, vector=vector, sparsity=sparsity, selection=selection,
                        threshold=0.05, scale=scale)
   np.testing.assert_array_equal(got, want)
   assert not got[2].any()                             # no real key: nothing kept

@@ -8,9 +8,35 @@ kernel source modules on first use.
 from __future__ import annotations
 
 import importlib
+from typing import Optional
 
 import jax.numpy as jnp
 import numpy as np
+
+
+SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+MAX_HEAD_DIM = 128  # the attention kernels' widest tile; smaller head dims are zero-padded
+
+
+def operand_reason(q, v, k, who: str) -> Optional[str]:
+  """None when q, v (and k) suit the attention kernels, else a short reason: q [batch, length,
+  heads, head_dim], k / v of q's shape and dtype, float32 / bfloat16 / float16, head_dim in
+  [1, 128].  ``who`` names the kernels in the messages.  Only shapes and dtypes are read."""
+  if len(q.shape) != 4:
+    return f"q must be [batch, length, heads, head_dim], got shape {tuple(q.shape)}"
+  for name, x in (("k", k), ("v", v)):
+    if x is None:
+      continue
+    if tuple(x.shape) != tuple(q.shape):
+      return (f"{who} needs {name}.shape == q.shape, got {tuple(x.shape)} vs "
+              f"{tuple(q.shape)}")
+    if jnp.dtype(x.dtype) != jnp.dtype(q.dtype):
+      return f"{who} needs {name}.dtype == q.dtype, got {x.dtype} vs {q.dtype}"
+  if jnp.dtype(q.dtype) not in SUPPORTED_DTYPES:
+    return f"dtype {q.dtype} not in (float32, bfloat16, float16)"
+  if not 0 < q.shape[-1] <= MAX_HEAD_DIM:
+    return f"head_dim {q.shape[-1]} not in [1, {MAX_HEAD_DIM}]"
+  return None
 
 
 def cdiv(a: int, b: int) -> int:

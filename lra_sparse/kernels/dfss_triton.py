@@ -39,7 +39,8 @@ from lra_sparse.attention.nm import check_nm
 from lra_sparse.kernels import dfss_compressed
 from lra_sparse.kernels import dfss_tiles
 from lra_sparse.kernels.dfss_compressed import compressed_softmax, sddmm_prune, spmm
-from lra_sparse.kernels.dfss_launch import cdiv, key_mask, launch, padded_rows, row_delta
+from lra_sparse.kernels.dfss_launch import (cdiv, key_mask, launch, operand_reason, padded_rows,
+                                            row_delta)
 
 __all__ = [
     "is_available",
@@ -51,7 +52,6 @@ __all__ = [
     "set_config",
 ]
 
-_SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 _MAX_M = 32  # one keep bit per key in int32 metadata words: a group never straddles two words
 _KERNELS = "dfss_fused_kernels"
@@ -89,22 +89,7 @@ def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
     return f"the Triton kernel needs n < m, got n={n}, m={m}"
   if m & (m - 1) or m > _MAX_M:
     return f"the Triton kernel needs m a power of two <= {_MAX_M}, got m={m}"
-  if len(q.shape) != 4:
-    return f"q must be [batch, length, heads, head_dim], got shape {tuple(q.shape)}"
-  for name, x in (("k", k), ("v", v)):
-    if x is None:
-      continue
-    if tuple(x.shape) != tuple(q.shape):
-      return (f"the Triton kernel needs {name}.shape == q.shape, "
-              f"got {tuple(x.shape)} vs {tuple(q.shape)}")
-    if jnp.dtype(x.dtype) != jnp.dtype(q.dtype):
-      return f"the Triton kernel needs {name}.dtype == q.dtype, got {x.dtype} vs {q.dtype}"
-  if jnp.dtype(q.dtype) not in _SUPPORTED_DTYPES:
-    return f"dtype {q.dtype} not in (float32, bfloat16, float16)"
-  if not 0 < q.shape[-1] <= _SUPPORTED_HEAD_DIMS[-1]:
-    return f"head_dim {q.shape[-1]} not in [1, {_SUPPORTED_HEAD_DIMS[-1]}]"
-  return None
-
+  return operand_reason(q, v, k, "the Triton kernel")
 
 
 def set_config(kind: str, dtype, head_dim: int, tiles: Optional[dfss_tiles.Tiles] = None):

@@ -25,6 +25,19 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
+def _program(L, H, G, W, D: tl.constexpr):
+  """(block index, batch*head index, operand base offset, bits base offset) of this program:
+  grid axis 0 runs the row (or key) blocks, axis 1 batch*heads."""
+  pid = tl.program_id(0)
+  bh = tl.program_id(1)
+  b = bh // H
+  h = bh % H
+  RS = H * D
+  base = b.to(tl.int64) * L * RS + h * D
+  return pid, bh, base, bh.to(tl.int64) * G * W
+
+
+@triton.jit
 def _tile_words(BITS, bbase, offs_m, rin, start, W, VEC: tl.constexpr, BN: tl.constexpr):
   """The keep words [BM, BN / 32] of query rows offs_m for the keys start .. start + BN."""
   offs_w = start // 32 + tl.arange(0, BN // 32)
@@ -59,13 +72,8 @@ def _unpack(words, BM: tl.constexpr, BN: tl.constexpr):
 def dsa_fwd(Q, K, V, BITS, sm_scale, L, LP, H, G, W, O, LSE, D: tl.constexpr,
             VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SKIP: tl.constexpr):
   """Forward: one program per BM query rows, online softmax over the kept keys."""
-  pid_m = tl.program_id(0)
-  bh = tl.program_id(1)
-  b = bh // H
-  h = bh % H
+  pid_m, bh, base, bbase = _program(L, H, G, W, D)
   RS = H * D
-  base = b.to(tl.int64) * L * RS + h * D
-  bbase = bh.to(tl.int64) * G * W
   offs_m = pid_m * BM + tl.arange(0, BM)
   offs_d = tl.arange(0, D)
   rin = offs_m < L
@@ -107,13 +115,8 @@ def _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV, D
   """dV = P^T dO and dK = scale * dS^T Q for one block of BN keys, over all query blocks,
   with dS = P * (dP - delta), dP = dO V^T (transposed tiles: keys x queries).  With DQ (not
   None) also adds dQ / scale = dS K into the fp32 buffer DQ with atomics (one pass)."""
-  pid_n = tl.program_id(0)
-  bh = tl.program_id(1)
-  b = bh // H
-  h = bh % H
+  pid_n, bh, base, bbase = _program(L, H, G, W, D)
   RS = H * D
-  base = b.to(tl.int64) * L * RS + h * D
-  bbase = bh.to(tl.int64) * G * W
   offs_n = pid_n * BN + tl.arange(0, BN)
   offs_d = tl.arange(0, D)
   kin = offs_n < L
@@ -174,13 +177,8 @@ def dsa_bwd_onepass(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK,
 def dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DQ, D: tl.constexpr,
                VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SKIP: tl.constexpr):
   """dQ = scale * dS K for one block of BM query rows, over all key blocks."""
-  pid_m = tl.program_id(0)
-  bh = tl.program_id(1)
-  b = bh // H
-  h = bh % H
+  pid_m, bh, base, bbase = _program(L, H, G, W, D)
   RS = H * D
-  base = b.to(tl.int64) * L * RS + h * D
-  bbase = bh.to(tl.int64) * G * W
   offs_m = pid_m * BM + tl.arange(0, BM)
   offs_d = tl.arange(0, D)
   rin = offs_m < L

@@ -40,7 +40,6 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 QMAX = 127            # int8 range of the selection operands
 CODE_LEVELS = 256     # top-k ranks an 8-bit code of each row's scores
@@ -323,44 +322,3 @@ def unpack_bits(words, length: int):
   u = jax.lax.bitcast_convert_type(words, jnp.uint32)
   bits = (u[..., None] >> jnp.arange(32, dtype=jnp.uint32)) & 1
   return bits.reshape(words.shape[:-1] + (-1,))[..., :length].astype(bool)
-
-
-def np_select(q_pred, k_pred, mask, *, vector: int, sparsity: float, selection: str = "topk",
-              threshold: float = 0.0, scale: float = 1.0) -> np.ndarray:
-  """The selection rule written again in float64 numpy with explicit loops over rows (tests'
-  independent reference); bool [batch, heads, groups, length]."""
-  q_pred = np.asarray(q_pred, np.float64)
-  k_pred = np.asarray(k_pred, np.float64)
-  b, l, h, _ = q_pred.shape
-  mask = np.ones((b, l), bool) if mask is None else np.asarray(mask, bool)
-  g = l // vector
-  out = np.zeros((b, h, g, l), bool)
-  for bi in range(b):
-    real = np.flatnonzero(mask[bi])
-    need = max(1, math.ceil((1 - sparsity) * len(real) - 1e-6))
-    for hi in range(h):
-      kk = k_pred[bi, :, hi]
-      kmax = np.max(np.abs(kk[real])) if len(real) else 0.0
-      k8 = np.clip(np.round(kk / (kmax if kmax > 0 else 1.0) * QMAX), -QMAX, QMAX)
-      for gi in range(g):
-        rows = np.arange(gi * vector, (gi + 1) * vector)
-        real_rows = rows[mask[bi, rows]]
-        qg = q_pred[bi, real_rows if len(real_rows) else rows, hi].mean(axis=0)
-        qmax = np.max(np.abs(qg))
-        q8 = np.clip(np.round(qg / (qmax if qmax > 0 else 1.0) * QMAX), -QMAX, QMAX)
-        s = (k8[real] @ q8).astype(np.int64)
-        if not len(real):
-          continue
-        if selection == "threshold":
-          factor = np.float32(np.float32(qmax) * np.float32(kmax) * np.float32(scale / QMAX**2))
-          chosen = real[s.astype(np.float32) * factor >= np.float32(threshold)]
-        else:
-          span = s.max() - s.min()
-          shift = 0
-          while (span >> shift) >= CODE_LEVELS:
-            shift += 1
-          code = (s - s.min()) >> shift
-          order = sorted(range(len(real)), key=lambda j: (-code[j], real[j]))
-          chosen = real[order[:need]]
-        out[bi, hi, gi, chosen] = True
-  return out

@@ -26,13 +26,12 @@ import jax
 import jax.numpy as jnp
 
 from lra_sparse.kernels import dsa_reference
-from lra_sparse.kernels.dfss_launch import cdiv, launch, padded_rows, row_delta
+from lra_sparse.kernels.dfss_launch import cdiv, launch, operand_reason, padded_rows, row_delta
 from lra_sparse.kernels.dfss_triton import is_available  # noqa: F401  (same requirements)
 
 __all__ = ["is_available", "unsupported_reason", "select_bits", "dsa_attention_triton",
            "set_tiles"]
 
-_SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _HEAD_DIMS = (16, 32, 64, 128)
 _VECTORS = (1, 4, 8)
 _SELECT = "dsa_select_kernels"
@@ -80,20 +79,9 @@ def unsupported_reason(q, v, *, k=None, vector: int = 1) -> Optional[str]:
   float16), head_dim <= 128 (16, 32, 64, 128 natively, others zero-padded exactly), vector in
   (1, 4, 8) dividing the length.  Only shapes and dtypes are read.
   """
-  if len(q.shape) != 4:
-    return f"q must be [batch, length, heads, head_dim], got shape {tuple(q.shape)}"
-  for name, x in (("k", k), ("v", v)):
-    if x is None:
-      continue
-    if tuple(x.shape) != tuple(q.shape):
-      return (f"the DSA kernels need {name}.shape == q.shape, got {tuple(x.shape)} vs "
-              f"{tuple(q.shape)}")
-    if jnp.dtype(x.dtype) != jnp.dtype(q.dtype):
-      return f"the DSA kernels need {name}.dtype == q.dtype, got {x.dtype} vs {q.dtype}"
-  if jnp.dtype(q.dtype) not in _SUPPORTED_DTYPES:
-    return f"dtype {q.dtype} not in (float32, bfloat16, float16)"
-  if not 0 < q.shape[-1] <= _HEAD_DIMS[-1]:
-    return f"head_dim {q.shape[-1]} not in [1, {_HEAD_DIMS[-1]}]"
+  reason = operand_reason(q, v, k, "the DSA kernels")
+  if reason is not None:
+    return reason
   if vector not in _VECTORS:
     return f"vector {vector} not in {_VECTORS}"
   if q.shape[1] % vector:
