@@ -125,10 +125,69 @@ def test_gram_mse_matches_the_direct_form_and_its_gradients(normalization):
                     jax.grad(direct, argnums=(0, 1, 2, 3))(*args)):
     np.testing.assert_allclose(np.asarray(g1), np.asarray(g2), rtol=1e-4,
                                atol=1e-4 * float(jnp.max(jnp.abs(g2))))
+  # Factored predictors (Q~_h = x w_h, as DSA's (X P) W~): the same value and gradients,
+  # also w.r.t. the factors.
+  x = jnp.asarray(rng.normal(size=(b, l, 7)), jnp.float32)
+  wq, wk = (jnp.asarray(rng.normal(size=(h, 7, r)), jnp.float32) for _ in range(2))
+  expand = lambda x, w: jnp.einsum("blr,hrk->blhk", x, w, precision=HI)      # noqa: E731
+  low = lambda q, k, x, wq, wk: gram(q, k, ref.LowRank(x, wq), ref.LowRank(x, wk))  # noqa: E731
+  full = lambda q, k, x, wq, wk: direct(q, k, expand(x, wq), expand(x, wk))  # noqa: E731
+  fargs = (q, k, x, wq, wk)
+  assert float(low(*fargs)) == pytest.approx(float(full(*fargs)), rel=1e-5)
+  for g1, g2 in zip(jax.grad(low, argnums=range(5))(*fargs),
+                    jax.grad(full, argnums=range(5))(*fargs)):
+    np.testing.assert_allclose(np.asarray(g1), np.asarray(g2), rtol=1e-4,
+                               atol=1e-4 * float(jnp.max(jnp.abs(g2))))
   # bf16 operands (the model's compute dtype) give the same value as their fp32 copies.
   half = [x.astype(jnp.bfloat16) for x in args]
   assert float(gram(*half)) == pytest.approx(
       float(direct(*[x.astype(jnp.float32) for x in half])), rel=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("near", [False, True])
+def test_gram_mse_on_a_gpu_matches_float64(near):
+  """The GPU's three-pass bf16 Gram matmuls against float64 numpy, also when S~ ~ S (the
+  terms cancel).  H100: the value is off by 1.4e-5 of sum_ij a_ij^2 with every matmul
+  algorithm, fp32 included (the fp32 sums of the Frobenius products cancel); the gradients
+  by 5e-4 (S~ ~ S) and 6e-6 (random) relative to float64."""
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs a GPU")
+  rng = np.random.default_rng(11 + near)
+  b, l, h, d, r = 2, 300, 2, 64, 96
+  q, k = (rng.normal(size=(b, l, h, d)).astype(np.float32) for _ in range(2))
+  if near:   # Q~ K~^T = Q K^T + a small perturbation
+    rot = np.linalg.qr(rng.normal(size=(d, d)))[0]
+    qp = np.concatenate([q @ rot, 0.05 * rng.normal(size=(b, l, h, r - d))], -1)
+    kp = np.concatenate([k @ rot, rng.normal(size=(b, l, h, r - d))], -1)
+  else:
+    qp, kp = (rng.normal(size=(b, l, h, r)) for _ in range(2))
+  qp, kp = qp.astype(np.float32), kp.astype(np.float32)
+  mask = _mask(b, l, [300, 211], hole=(0, slice(5, 9)))
+  pairs = mask[:, None, :, None] & mask[:, None, None, :]
+  a = np.einsum("bqhd,bkhd->bhqk", q.astype(np.float64), k.astype(np.float64))
+  c = np.einsum("bqhd,bkhd->bhqk", qp.astype(np.float64), kp.astype(np.float64))
+  want = np.sum(np.where(pairs, (a - c) ** 2, 0.0)) / b
+  scale = np.sum(np.where(pairs, a ** 2, 0.0)) / b
+  got = float(ref.prediction_mse(*(jnp.asarray(x) for x in (q, k, qp, kp)), jnp.asarray(mask)))
+  assert abs(got - want) < 5e-5 * scale, (got, want, scale)
+  grads = jax.grad(lambda *x: ref.prediction_mse(*x, jnp.asarray(mask)), argnums=(0, 2))(
+      *(jnp.asarray(x) for x in (q, k, qp, kp)))
+  diff = np.where(pairs, a - c, 0.0)                        # d/dq_i = 2 sum_j diff_ij k_j / b
+  want_dq = 2 * np.einsum("bhqk,bkhd->bqhd", diff, k.astype(np.float64)) / b
+  want_dqp = -2 * np.einsum("bhqk,bkhd->bqhd", diff, kp.astype(np.float64)) / b
+  assert rel_err(grads[0], want_dq) < 2e-3, rel_err(grads[0], want_dq)
+  assert rel_err(grads[1], want_dqp) < 2e-3, rel_err(grads[1], want_dqp)
+  if not near:   # factored Q~_h = x w_h (the module's form)
+    x = rng.normal(size=(b, l, 40)).astype(np.float32)
+    wq, wk = (rng.normal(size=(h, 40, r)).astype(np.float32) for _ in range(2))
+    c = np.einsum("bqr,hrk,bsp,hpk->bhqs", *(y.astype(np.float64) for y in (x, wq, x, wk)))
+    want = np.sum(np.where(pairs, (a - c) ** 2, 0.0)) / b
+    got = float(ref.prediction_mse(jnp.asarray(q), jnp.asarray(k),
+                                   ref.LowRank(jnp.asarray(x), jnp.asarray(wq)),
+                                   ref.LowRank(jnp.asarray(x), jnp.asarray(wk)),
+                                   jnp.asarray(mask)))
+    assert abs(got - want) < 5e-5 * max(scale, np.sum(np.where(pairs, c ** 2, 0.0)) / b)
 
 
 def test_bad_inputs_give_one_clear_error():

@@ -31,7 +31,7 @@ Choices (the papers leave these open):
   padding, and weight each example by its padded length. Gradients reach both the predictor
   (W~) and the main q/k projections through S, as the paper's joint update intends.
 - L_MSE is computed from d x d, d x k and k x k Gram matrices (no [L, L] array, forward or
-  backward; ``dsa_reference.prediction_mse``).
+  backward; ``dsa_reference.prediction_mse``), with Q~, K~ in factored form (XP) W~.
 - top-k keeps ceil((1 - sparsity) * n_real) keys of each row, where n_real is the number of real
   keys of that example (sparsity 0 is dense). Padded keys are never selected. The ranking is
   exact on integers: Q~ rounded to int8 per row, K~ per (example, head), their int32 dot
@@ -244,13 +244,17 @@ class DSAAttention(nn.Module):
     real_tokens = None if mask is None else mask[..., None]
     x = fake_quantize(inputs.astype(jnp.float32), config.quant_bits, real_tokens)
     xp = jnp.einsum("bld,dk->blk", x, self.projection())
-    q_pred = jnp.einsum("blk,hkj->blhj", xp, fake_quantize(w_query, config.quant_bits))
-    k_pred = jnp.einsum("blk,hkj->blhj", xp, fake_quantize(w_key, config.quant_bits))
+    w_query = fake_quantize(w_query, config.quant_bits)
+    w_key = fake_quantize(w_key, config.quant_bits)
+    q_pred = jnp.einsum("blk,hkj->blhj", xp, w_query)
+    k_pred = jnp.einsum("blk,hkj->blhj", xp, w_key)
     scale = q.shape[-1] ** -0.5
 
-    # lambda * L_MSE(S, S~), from Gram matrices: no [L, L] array (dsa_reference).
-    mse = dsa_reference.prediction_mse(q, k, q_pred, k_pred, mask,
-                                       normalization=config.mse_normalization)
+    # lambda * L_MSE(S, S~), from Gram matrices of Q, K and the factors XP, W~: no [L, L]
+    # array, and Q~, K~ themselves are not read (dsa_reference.prediction_mse).
+    mse = dsa_reference.prediction_mse(
+        q, k, dsa_reference.LowRank(xp, w_query), dsa_reference.LowRank(xp, w_key), mask,
+        normalization=config.mse_normalization)
     self.sow(AUX_LOSS, "dsa_mse", config.mse_weight * mse)
     self.sow(AUX_METRICS, "dsa_mse", mse)
     float_rule = config.selection_rule == "float"
