@@ -6,9 +6,10 @@ Rows per shape (bf16, every method on the same random inputs, in one process):
   * "DSA pure-JAX": the reference path (int scores, top-k, masked softmax; [L, L] arrays);
   * "DSA Triton": selection kernel (bits) + attention kernels.
 "fwd" is the attention output (DSA: the selection from Q~, K~ and the attention over it);
-"fwd+bwd" adds the gradient of sum(out * ct) + L_MSE(S, S~) w.r.t. q, k, v, Q~, K~ (the MSE
-from Gram matrices, as in training).  Timing: --steps calls chained in one jit (lax.scan over
-stacked inputs, 3 random sets), median of --rounds; ms per call.  "temp MiB" is XLA's compiled
+"fwd+bwd" adds the gradient of sum(out * ct) + L_MSE(S, S~) w.r.t. q, k, v, Q~, K~ and the
+predictor weights (the MSE from Gram matrices of the factors (XP) W~, as in training).
+Timing: --steps calls chained in one jit (lax.scan over stacked inputs, 3 random sets),
+median of --rounds; ms per call.  "temp MiB" is XLA's compiled
 temp-buffer size of one fwd+bwd call (memory_analysis).
 
   python -m benchmarks.bench_dsa [--shapes=32x1024,16x2048,8x4096] [--heads=4] [--dim=64]
@@ -65,11 +66,15 @@ def dsa_fns(sparsity, vector, triton: bool):
     return attend(q, k, v, qp, kp)
 
   def fwd_bwd(q, k, v, qp, kp, ct):
-    def loss(q, k, v, qp, kp):
+    # L_MSE as training computes it: from the factors of Q~ = (XP) W~, here X P = the first
+    # head's Q~ and W~ the identity (same shapes and cost as the model's).
+    eye = jnp.broadcast_to(jnp.eye(qp.shape[-1], dtype=jnp.float32),
+                           (qp.shape[2],) + (qp.shape[-1],) * 2)
+    def loss(q, k, v, qp, kp, wq, wk):
       out = attend(q, k, v, qp, kp)
-      return (jnp.sum((out * ct).astype(jnp.float32))
-              + 1e-6 * dsa_reference.prediction_mse(q, k, qp, kp))
-    return jax.grad(loss, argnums=(0, 1, 2, 3, 4))(q, k, v, qp, kp)
+      return (jnp.sum((out * ct).astype(jnp.float32)) + 1e-6 * dsa_reference.prediction_mse(
+          q, k, dsa_reference.LowRank(qp[:, :, 0], wq), dsa_reference.LowRank(qp[:, :, 0], wk)))
+    return jax.grad(loss, argnums=(0, 1, 2, 3, 4, 5, 6))(q, k, v, qp, kp, eye, eye)
   return fwd, fwd_bwd
 
 
