@@ -1,32 +1,56 @@
 # Two entry points (README): `make demo` and `make test`. Both create the venv when needed.
+# On a machine with an NVIDIA GPU (nvidia-smi works; or GPU=1) the venv gets
+# requirements-gpu.txt (jax with CUDA, jax-triton, triton) and `make demo` trains through the
+# Triton kernels; GPU=0 forces the CPU install.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_DATA := data/listops_tiny
 DEMO_RUN := runs/listops_tiny_demo
+GPU ?= auto
+ifeq ($(GPU),auto)
+  override GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1 || echo 0)
+endif
+ifeq ($(GPU),1)
+  REQUIREMENTS := requirements-gpu.txt
+  # the tiny preset with DFSS 2:4 attention on the fused Triton kernels, in bf16
+  DEMO_FLAGS := --config.attention.kind=dfss --config.attention.dfss.backend=triton \
+    --config.model.dtype=bfloat16
+else
+  REQUIREMENTS := requirements.txt
+  DEMO_FLAGS :=
+endif
+INSTALLED := $(VENV)/.installed-$(basename $(REQUIREMENTS))
 
-.PHONY: demo test venv clean
+.PHONY: demo test venv gpu-check clean
 
-venv: $(VENV)/.installed
+venv: $(INSTALLED)
 
-$(VENV)/.installed: requirements.txt pyproject.toml
+$(INSTALLED): $(REQUIREMENTS) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q -r $(REQUIREMENTS)
 	$(PY) -m pip install -q --no-deps -e .
+	rm -f $(VENV)/.installed-*
 	touch $@
 
-# Generate a small ListOps set (short sequences), train the tiny preset on CPU, print test
-# accuracy next to the majority-class accuracy.
+# Generate a small ListOps set (short sequences), train the tiny preset (CPU: dense attention;
+# GPU: DFSS on the Triton kernels), print test accuracy next to the majority-class accuracy.
 demo: venv
 	$(PY) -m lra_sparse.generators.listops \
 	  --output_dir=$(DEMO_DATA) --num_train=5000 --num_val=500 --num_test=500 --seed=0 \
 	  --min_length=20 --max_length=100
 	rm -rf $(DEMO_RUN)
-	$(PY) -m lra_sparse.main --config=configs/listops.py:tiny --workdir=$(DEMO_RUN)
+	$(PY) -m lra_sparse.main --config=configs/listops.py:tiny --workdir=$(DEMO_RUN) $(DEMO_FLAGS)
 
 test: venv
 	$(PY) -m pytest -q
+
+# On a GPU: the GPU tests (kernels against their references) and the kernel benchmarks.
+gpu-check: venv
+	$(PY) -m pytest -q -m gpu tests/
+	$(PY) -m benchmarks.bench_dfss_kernels --shapes=16x2048
+	$(PY) -m benchmarks.bench_dsa --skip_reference --shapes=16x2048
 
 clean:
 	rm -rf $(VENV) runs data/listops_tiny lra_sparse.egg-info
