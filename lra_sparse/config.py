@@ -13,6 +13,7 @@ another kind is an error, and so is a key of the old flat layout (``attention.sp
 """
 from __future__ import annotations
 
+import copy
 import difflib
 import importlib.util
 import inspect
@@ -50,12 +51,17 @@ LEGACY_ATTENTION_KEYS = {
 # ran with ``value`` (the behaviour before the field existed, not today's default), so reading
 # it fills ``value`` in: tables then tell old runs from new ones, and a resume under the new
 # default is refused instead of silently changing the run. ``tasks`` None = every task; a key
-# is only filled in where its parent block exists (``attention.dsa`` only in DSA runs).
+# is only filled in where its parent block exists (``attention.dsa`` only in DSA runs); a whole
+# block (``wandb``) is filled in as one value. The fields of what a run records besides its
+# metrics (``profile_steps``, ``wandb``) are filled in "off": old runs compare equal to new ones
+# that record nothing more, and a resume may change them (train.RESUMABLE_FIELDS).
 ADDED_FIELDS = (
     ("attention.dsa.mse_normalization", "scaled_mean", None),
     ("attention.dsa.selection_rule", "float", None),
     ("model.dual_head", "nli_one_hidden", ("retrieval",)),
     ("data.mask_black_pixels", False, ("image", "pathfinder", "pathx")),
+    ("profile_steps", "", None),
+    ("wandb", {"project": "", "entity": ""}, None),
 )
 
 
@@ -113,6 +119,15 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.log_every_steps = 50
   config.init_from = ""             # workdir of a finished run: load its params, then train
   config.eval_dtype = ""            # "" = as trained; "bfloat16" casts params for evaluation
+
+  # What a run records besides metrics.jsonl and its TensorBoard copy (lra_sparse.metric_writers);
+  # a resumed run may change these. profile_steps "START:STOP": a jax.profiler trace of train
+  # steps START..STOP-1 (0-based) in <workdir>/profile/ (TensorBoard's profile plugin or xprof
+  # opens it); "" = off.
+  config.profile_steps = ""
+  config.wandb = ml_collections.ConfigDict()
+  config.wandb.project = ""         # "" = off; set: also log to W&B (needs `pip install wandb`)
+  config.wandb.entity = ""          # W&B user or team; "" = wandb's default entity
   return config
 
 
@@ -255,7 +270,7 @@ def upgrade_legacy_config(tree: Mapping[str, Any]) -> dict[str, Any]:
       node[section] = child
       node = child
     if node is not None and field not in node:
-      node[field] = value
+      node[field] = copy.deepcopy(value)   # a block value is the caller's own
   return tree
 
 

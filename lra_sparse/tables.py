@@ -253,9 +253,9 @@ def _accepts_missing(expected: Any) -> bool:
                               and any(option is None for option in expected))
 
 
-# Keys expected to differ between the runs of one cell: the seed, and the pretrain a fine-tune
-# starts from (one per seed).
-POOLABLE_KEYS = ("seed", "init_from")
+# Keys expected to differ between the runs of one cell: the seed, the pretrain a fine-tune
+# starts from (one per seed), and what a run records besides its metrics (a profile, W&B).
+POOLABLE_KEYS = ("seed", "init_from", "profile_steps", "wandb.project", "wandb.entity")
 
 
 def _selectors(table: Table, with_plot: bool = False) -> list[Selector]:
@@ -272,7 +272,7 @@ def _axis_keys(table: Table) -> set[str]:
 
 def check_pooling(cell: CellStats, axis_keys: set[str]) -> list[str]:
   """Why the cell's finished runs should not be averaged: repeated seeds, or configs that
-  differ in a key that is not a table axis (nor seed / init_from)."""
+  differ in a key that is not a table axis (nor one of ``POOLABLE_KEYS``)."""
   problems = []
   seeds = [run.config.get("seed") for run in cell.runs]
   repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1}, key=str)

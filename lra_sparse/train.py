@@ -1,14 +1,17 @@
 """One trainer for every LRA task: ``train_and_evaluate(config, workdir)``.
 
 The workdir's files (``config.json``, ``metrics.jsonl``, ``result.json``, ``checkpoints/``)
-are defined in ``lra_sparse.workdir``. Starting again on the same workdir resumes from the last
-checkpoint and ends at the same total step count.
+are defined in ``lra_sparse.workdir``; every metrics record also goes to TensorBoard (and W&B)
+through ``lra_sparse.metric_writers``, and ``config.profile_steps`` traces steps into
+``profile/``. Starting again on the same workdir resumes from the last checkpoint and ends at
+the same total step count.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import time
 from typing import Any, Optional
 
@@ -25,6 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from lra_sparse import config as config_lib
+from lra_sparse import metric_writers
 from lra_sparse import workdir as workdir_lib
 from lra_sparse.attention import AUX_LOSS, AUX_METRICS
 from lra_sparse.data import get_task
@@ -35,10 +39,11 @@ from lra_sparse.models import build_model
 
 AUX_COLLECTIONS = (AUX_LOSS, AUX_METRICS)
 # Fields a resumed run may change: they decide how long, how often and in how many pieces a
-# batch is processed, not what the weights mean. Any other difference from the workdir's
-# config.json is refused.
+# batch is processed, or what is recorded besides the metrics (a profile trace, W&B), not what
+# the weights mean. Any other difference from the workdir's config.json is refused.
 RESUMABLE_FIELDS = ("num_train_steps", "eval_every_steps", "log_every_steps",
-                    "checkpoint_every_steps", "num_eval_batches", "optim.grad_accum_steps")
+                    "checkpoint_every_steps", "num_eval_batches", "optim.grad_accum_steps",
+                    "profile_steps", "wandb.project", "wandb.entity")
 CORRUPT_DIR = "corrupt_checkpoints"
 # result.json / metrics.jsonl: the test metrics at the periodic evaluation with the best
 # validation accuracy so far (the first such step on ties), next to the last step's "test".
@@ -318,6 +323,69 @@ def make_model(config, spec: TaskSpec) -> nn.Module:
                      padding_at_end=spec.padding_at_end)
 
 
+def parse_profile_steps(text: str) -> Optional[tuple[int, int]]:
+  """``config.profile_steps`` ``"START:STOP"`` -> (START, STOP); ``""`` -> None (no trace)."""
+  if text == "":
+    return None
+  match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text) if isinstance(text, str) else None
+  if match is None:
+    problem = "it is not two integers separated by ':'"
+  elif int(match.group(1)) >= int(match.group(2)):
+    problem = f"START={int(match.group(1))} is not below STOP={int(match.group(2))}"
+  else:
+    return int(match.group(1)), int(match.group(2))
+  raise ValueError(f"config.profile_steps={text!r}: {problem}; use 'START:STOP' with integers "
+                   "0 <= START < STOP (train steps START..STOP-1 are traced), or '' (no trace)")
+
+
+class ProfileWindow:
+  """A ``jax.profiler`` trace of train steps [start, stop) (0-based update indices) in
+  ``log_dir`` (``plugins/profile/<time>/``, as TensorBoard's profile plugin reads it).
+
+  The trainer calls ``before_step`` and ``after_step`` around each train step: the device work
+  before the window is finished before the trace starts, and the outputs of its last step
+  before it stops. A run resumed inside the window traces the rest of it. ``stop`` ends a trace
+  still running (given outputs, it waits for them first): the trainer calls it when a step
+  failed inside the window.
+  """
+
+  def __init__(self, steps: Optional[tuple[int, int]], log_dir: str):
+    self.steps = steps
+    self.log_dir = log_dir
+    self._first: Optional[int] = None      # the first traced step while a trace runs
+    self._last: Optional[int] = None
+
+  def before_step(self, step: int, state) -> None:
+    if self.steps is None or self._first is not None:
+      return
+    start, stop = self.steps
+    if start <= step < stop:
+      jax.block_until_ready(state)
+      jax.profiler.start_trace(self.log_dir)
+      self._first = step
+      tqdm.write(f"profile: tracing train steps {step}..{stop - 1} into {self.log_dir}")
+
+  def after_step(self, step: int, outputs) -> None:
+    if self._first is None:
+      return
+    self._last = step
+    if step + 1 >= self.steps[1]:
+      self.stop(outputs)
+
+  def stop(self, outputs=None) -> None:
+    if self._first is None:
+      return
+    try:
+      if outputs is not None:
+        jax.block_until_ready(outputs)
+    finally:
+      jax.profiler.stop_trace()
+      traced = (f"steps {self._first}..{self._last}" if self._last is not None
+                else "no complete step")
+      self._first = self._last = None
+      tqdm.write(f"profile: trace of train {traced} written to {self.log_dir}")
+
+
 def validate_config(config) -> None:
   """Checks of the run-level fields, before any data is read or anything compiles."""
   flat = config_lib.flatten_config(config.to_dict())
@@ -334,6 +402,12 @@ def validate_config(config) -> None:
                      "'bfloat16'")
   if config.init_from and not os.path.isdir(config.init_from):
     raise FileNotFoundError(f"config.init_from={config.init_from!r} is not a directory")
+  profile_steps = parse_profile_steps(config.profile_steps)
+  if profile_steps is not None and profile_steps[0] >= config.num_train_steps:
+    raise ValueError(f"config.profile_steps={config.profile_steps!r} starts at or after "
+                     f"config.num_train_steps={config.num_train_steps}: nothing would be "
+                     "traced")
+  metric_writers.check_config(config)
 
 
 def _load_splits(config, spec) -> dict[str, dict[str, np.ndarray]]:
@@ -464,22 +538,33 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     tqdm.write(f"resumed from {workdir} at step {start_step}")
   state = jax.device_put(state, replicated)
 
-  # The run is accepted: record its config, and its changes if it resumes.
-  workdir_lib.write_json(os.path.join(workdir, workdir_lib.CONFIG_FILE),
-                         json.loads(config.to_json_best_effort()))
-  writer = workdir_lib.MetricsWriter(workdir)
-  for change in changes:
-    tqdm.write(f"resume: {change}")
-  if changes:
-    writer.write(start_step, "resume", {"changed_fields": len(changes)})
-  if init_from_record is not None:
-    writer.write(0, "init_from", init_from_record)
-  result_path = os.path.join(workdir, workdir_lib.RESULT_FILE)
-  if os.path.exists(result_path) and start_step < config.num_train_steps:
-    os.remove(result_path)       # the run trains on: its old result no longer describes it
-    tqdm.write(f"resume: training on from step {start_step} to {config.num_train_steps}; "
-               "removed the earlier result.json")
+  # The run is accepted: open its writers (W&B, the one that can refuse, first), record its
+  # config, and its changes if it resumes.
+  with metric_writers.RunWriter(workdir, config, start_step) as writer:
+    workdir_lib.write_json(os.path.join(workdir, workdir_lib.CONFIG_FILE),
+                           json.loads(config.to_json_best_effort()))
+    for change in changes:
+      tqdm.write(f"resume: {change}")
+    if changes:
+      writer.write(start_step, "resume", {"changed_fields": len(changes)})
+    if init_from_record is not None:
+      writer.write(0, "init_from", init_from_record)
+    result_path = os.path.join(workdir, workdir_lib.RESULT_FILE)
+    if os.path.exists(result_path) and start_step < config.num_train_steps:
+      os.remove(result_path)       # the run trains on: its old result no longer describes it
+      tqdm.write(f"resume: training on from step {start_step} to {config.num_train_steps}; "
+                 "removed the earlier result.json")
+    return _train_accepted_run(
+        config, workdir, writer, state=state, start_step=start_step,
+        resumed=restored is not None, manager=manager, model=model, eval_model=eval_model,
+        splits=splits, batch_sharding=batch_sharding, dropout_rng=dropout_rng,
+        num_params=num_params)
 
+
+def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, manager, model,
+                        eval_model, splits, batch_sharding, dropout_rng,
+                        num_params) -> dict[str, Any]:
+  """The training loop and the final evaluation of ``_train_locked``'s accepted run."""
   train_step = jax.jit(make_train_step(model, config.optim.grad_accum_steps),
                        donate_argnums=(0,))
   eval_step = jax.jit(make_eval_step(eval_model))
@@ -488,12 +573,19 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   run_eval = lambda split, max_batches: evaluate(
       eval_step, eval_cast(state.params), state.model_state, splits[split], config.batch_size,
       batch_sharding, max_batches)
+  learning_rate = make_schedule(config.optim, config.num_train_steps)
+  profile_steps = parse_profile_steps(config.profile_steps)
+  if profile_steps is not None:     # a window past the run's end stops after its last step
+    profile_steps = (profile_steps[0], min(profile_steps[1], config.num_train_steps))
+  profile = ProfileWindow(profile_steps, os.path.join(workdir, workdir_lib.PROFILE_DIR))
 
   batches = train_dataset(splits["train"], config.batch_size, config.seed)
   best = _best_so_far(workdir, start_step)
   window: list[dict] = []
-  last_saved = start_step if restored is not None else None
+  last_saved = start_step if resumed else None
   finite = jnp.array(True)       # every loss and grad norm since the last save was finite
+  # Training seconds of the log window (for steps_per_sec): evaluation and saving excluded.
+  window_started = time.perf_counter()
 
   def diverged(first_step: int, done: int) -> TrainingDiverged:
     kept = (f"the last finite checkpoint is step {last_saved}" if last_saved is not None
@@ -509,31 +601,43 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   done = start_step
   try:
     for step in progress:
+      profile.before_step(step, state)
       batch = jax.device_put(batches[step], batch_sharding)
       state, metrics = train_step(state, batch, dropout_rng)
+      profile.after_step(step, (state, metrics))
       finite = finite & jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
       window.append(metrics)
       done = step + 1
       if done % config.log_every_steps == 0 or done == config.num_train_steps:
         means = {k: float(np.mean([float(m[k]) for m in jax.device_get(window)]))
                  for k in window[0]}
-        window = []
+        now = time.perf_counter()
+        means["steps_per_sec"] = len(window) / max(now - window_started, 1e-9)
+        means["learning_rate"] = float(learning_rate(done - 1))   # of the window's last update
+        window, window_started = [], now
         if not (math.isfinite(means["loss"]) and math.isfinite(means["grad_norm"])):
           raise diverged((last_saved or 0) + 1, done)
         writer.write(done, "train", means)
         progress.set_postfix(loss=f"{means['loss']:.4f}", acc=f"{means['accuracy']:.3f}")
-      if done % config.eval_every_steps == 0 or done == config.num_train_steps:
+      evaluates = done % config.eval_every_steps == 0 or done == config.num_train_steps
+      saves = done % config.checkpoint_every_steps == 0 or done == config.num_train_steps
+      if evaluates or saves:
+        jax.block_until_ready(metrics)       # the window's training time ends here
+        paused = time.perf_counter()
+      if evaluates:
         val = run_eval("val", config.num_eval_batches)
         writer.write(done, "val", val)
         progress.write(f"step {done}: val " + " ".join(f"{k}={v:.4f}" for k, v in val.items()))
         if best is None or val["accuracy"] > best["val_accuracy"]:
           best = {"step": done, "val_accuracy": val["accuracy"], **run_eval("test", 0)}
           writer.write(done, BEST_SPLIT, {k: v for k, v in best.items() if k != "step"})
-      if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps:
+      if saves:
         if not (bool(finite) and bool(_all_finite(state.params))):
           raise diverged((last_saved or 0) + 1, done)
         manager.save(done, args=ocp.args.StandardSave(state))
         last_saved, finite = done, jnp.array(True)
+      if evaluates or saves:
+        window_started += time.perf_counter() - paused
   except KeyboardInterrupt:
     progress.close()
     manager.wait_until_finished()      # a save in flight completes (or fails) before exit
@@ -547,6 +651,8 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     manager.wait_until_finished()
     manager.close()
     raise
+  finally:
+    profile.stop()            # a trace left running by a failed step ends here
   manager.wait_until_finished()
 
   final_step = int(state.step)

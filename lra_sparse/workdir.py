@@ -6,8 +6,13 @@ A run's workdir holds (WORKSPACE.md, section 1):
   (re)start;
 - ``metrics.jsonl``: one JSON object per line with ``step``, ``split``, ``time`` and the
   metrics (non-finite values written as strings such as ``"nan"``);
+- ``events.out.tfevents.*``: TensorBoard event files, one per (re)start, holding the records
+  of ``metrics.jsonl`` as scalars (``lra_sparse.metric_writers``);
 - ``result.json``: written once, when the run finished (a run is finished iff it exists);
 - ``checkpoints/``: orbax checkpoints;
+- ``profile/``: only with ``config.profile_steps``, the ``jax.profiler`` trace of those steps;
+- ``wandb_run.json`` and ``wandb/``: only with ``config.wandb.project``, the W&B run id (a
+  resumed run logs on into that run) and wandb's local files;
 - ``run.lock``: held (``flock``) by the process training in the workdir, with its pid, host,
   start time and command; the kernel releases it when that process dies, so a stale lock is
   simply taken over.
@@ -36,6 +41,8 @@ CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.json"
 CHECKPOINT_DIR = "checkpoints"
+PROFILE_DIR = "profile"
+WANDB_RUN_FILE = "wandb_run.json"
 LOCK_FILE = "run.lock"
 SWEEP_LOCK_FILE = "sweep.lock"    # in the sweep root, held by the sweep runner
 # Written by the sweep runner (lra_sparse.sweep).
@@ -158,13 +165,15 @@ class MetricsWriter:
     except FileNotFoundError:
       pass
 
-  def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
+  def write(self, step: int, split: str, metrics: dict[str, float]) -> dict[str, Any]:
+    """Appends the record and returns it."""
     record = {"step": int(step), "split": split, "time": time.time()}
     for key, value in metrics.items():
       value = float(value)
       record[key] = value if math.isfinite(value) else str(value)
     with open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
+    return record
 
 
 def read_metrics(workdir: str, report: Optional[Callable[[str], None]] = None

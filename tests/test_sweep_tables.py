@@ -165,11 +165,12 @@ def test_cells_that_pool_unlike_runs_are_marked(tmp_path):
             extra={"num_train_steps": 100})
   write_run(root, "d", task="text", kind="dense", seed=1, accuracy=0.62,
             extra={"num_train_steps": 300})
-  # Differences in seed and init_from (one pretrain per seed) are expected and not marked.
+  # Differences in seed, init_from (one pretrain per seed) and what a run records besides its
+  # metrics (a profile trace, W&B) are expected and not marked.
   write_run(root, "e", task="listops", kind="dfss", seed=0, accuracy=0.31,
             extra={"init_from": "/runs/pre0"})
   write_run(root, "f", task="listops", kind="dfss", seed=1, accuracy=0.33,
-            extra={"init_from": "/runs/pre1"})
+            extra={"init_from": "/runs/pre1", "profile_steps": "10:20", "wandb.project": "lra"})
   spec = tmp_path / "spec.py"
   spec.write_text(TABLE_SPEC)
   report = tables.Reporter(echo=False)
@@ -770,7 +771,8 @@ def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
   # A config written with the fields keeps its values.
   current = {"task": "image", "data": {"mask_black_pixels": True},
              "attention": {"kind": "dsa", "dsa": {"mse_normalization": "eq6",
-                                                  "selection_rule": "int8"}}}
+                                                  "selection_rule": "int8"}},
+             "profile_steps": "3:5", "wandb": {"project": "p", "entity": ""}}
   assert config_lib.upgrade_legacy_config(current) == current
 
 
