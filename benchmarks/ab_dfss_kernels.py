@@ -59,6 +59,20 @@ def chained(fn, steps):
   return jax.jit(lambda xs: jax.lax.scan(body, jnp.float32(0), xs, length=steps)[0])
 
 
+def chained_ms(fn, xs, steps: int, rounds: int, warmup: int = 2) -> float:
+  """Median ms per call of ``fn`` over ``rounds`` timed runs of ``chained(fn, steps)`` on the
+  stacked inputs ``xs`` (after ``warmup`` untimed runs, the first of which compiles)."""
+  run = chained(fn, steps)
+  for _ in range(warmup):
+    run(xs).block_until_ready()
+  times = []
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    run(xs).block_until_ready()
+    times.append((time.perf_counter() - t0) / steps * 1e3)
+  return statistics.median(times)
+
+
 def attention_fns(mod, n, m, kw):
   def fwd(q, k, v, ct):
     del ct

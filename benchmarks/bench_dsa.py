@@ -20,15 +20,13 @@ temp-buffer size of one fwd+bwd call (memory_analysis).
 from __future__ import annotations
 
 import datetime
-import statistics
-import time
 from typing import Sequence
 
 from absl import app, flags
 import jax
 import jax.numpy as jnp
 
-from benchmarks.ab_dfss_kernels import chained
+from benchmarks.ab_dfss_kernels import chained_ms
 from benchmarks.bench_dfss_kernels import gpu_state, temp_mib
 from lra_sparse.kernels import dfss_triton, dsa_reference, dsa_triton
 
@@ -146,15 +144,7 @@ def main(argv: Sequence[str]) -> None:
       res = {}
       for kind, f in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
         try:
-          run = chained(f, FLAGS.steps)
-          run(xs).block_until_ready()
-          run(xs).block_until_ready()
-          times = []
-          for _ in range(FLAGS.rounds):
-            t0 = time.perf_counter()
-            run(xs).block_until_ready()
-            times.append((time.perf_counter() - t0) / FLAGS.steps * 1e3)
-          res[kind] = statistics.median(times)
+          res[kind] = chained_ms(f, xs, FLAGS.steps, FLAGS.rounds)
         except Exception as e:  # noqa: BLE001  report and go on
           print(f"{shape} {name} {kind} failed: {type(e).__name__}: {str(e)[-600:]}", flush=True)
           res[kind] = float("nan")

@@ -16,16 +16,14 @@ for each DSA setting the parts of the Triton path timed alone:
 from __future__ import annotations
 
 import importlib.util
-import statistics
 import sys
-import time
 from typing import Sequence
 
 from absl import app, flags
 import jax
 import jax.numpy as jnp
 
-from benchmarks.ab_dfss_kernels import chained
+from benchmarks.ab_dfss_kernels import chained_ms
 from benchmarks.bench_dfss_kernels import gpu_state
 from lra_sparse.kernels import dsa_reference, dsa_triton
 
@@ -38,14 +36,7 @@ flags.DEFINE_integer("rounds", 5, "Timed rounds (median).")
 
 
 def timeit(fn, xs):
-  run = chained(fn, FLAGS.steps)
-  run(xs).block_until_ready()
-  times = []
-  for _ in range(FLAGS.rounds):
-    t0 = time.perf_counter()
-    run(xs).block_until_ready()
-    times.append((time.perf_counter() - t0) / FLAGS.steps * 1e3)
-  return statistics.median(times)
+  return chained_ms(fn, xs, FLAGS.steps, FLAGS.rounds, warmup=1)
 
 
 def stack(sets):

@@ -9,8 +9,6 @@ at the ListOps shape (batch 32, length 2000, 8 heads of 64, rank 128), 10 calls 
 """
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Sequence
 
 from absl import app
@@ -18,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.ab_dfss_kernels import chained
+from benchmarks.ab_dfss_kernels import chained_ms
 from lra_sparse.kernels import dsa_reference as ref
 
 PRESET = jax.lax.DotAlgorithmPreset
@@ -71,13 +69,7 @@ def main(argv: Sequence[str]) -> None:
   print("|---|---|---|---|---|---|---|")
   for name, algorithm in ALGORITHMS.items():
     ref._gram_precision = lambda algorithm=algorithm: algorithm  # pylint: disable=protected-access
-    run = chained(factored, steps)
-    run(big).block_until_ready()
-    times = []
-    for _ in range(5):
-      t0 = time.perf_counter()
-      run(big).block_until_ready()
-      times.append((time.perf_counter() - t0) / steps * 1e3)
+    ms = chained_ms(factored, big, steps, rounds=5, warmup=1)
     for near, (args, want, scale) in cases.items():
       args = [jnp.asarray(x) for x in args]
       got = float(jax.jit(ref.prediction_mse)(*args))
@@ -85,7 +77,7 @@ def main(argv: Sequence[str]) -> None:
       err = abs(got - want["value"])
       print(f"| {name} | {'S~ ~ S' if near else 'random'} | {err / scale:.2e} | "
             f"{err / want['value']:.2e} | {rel(dq, want['dq']):.2e} | "
-            f"{rel(dqp, want['dqp']):.2e} | {statistics.median(times):.3f} |", flush=True)
+            f"{rel(dqp, want['dqp']):.2e} | {ms:.3f} |", flush=True)
 
 
 if __name__ == "__main__":
