@@ -3,6 +3,10 @@
   python -m lra_sparse.main --config=configs/listops.py:tiny --workdir=runs/listops_tiny \
       [--config.attention.kind=dfss --config.attention.dfss.nm=1:2 ...]
 
+Several processes train one run together when ``--coordinator_address``, ``--num_processes``
+and ``--process_id`` are given (all three, on every process), or under ``srun`` with more than
+one task (``lra_sparse.distributed``); process 0 writes the logs.
+
 User errors (config, data, workdir) print one line ``error: ...`` and exit 1; Ctrl-C lets an
 in-flight checkpoint save finish and exits 130 (``lra_sparse.cli``).
 """
@@ -28,6 +32,7 @@ from ml_collections import config_flags
 
 from lra_sparse import cli
 from lra_sparse import config as config_lib
+from lra_sparse import distributed
 from lra_sparse import train
 
 FLAGS = flags.FLAGS
@@ -35,6 +40,13 @@ config_flags.DEFINE_config_file("config", None, "Config file (path[:preset]).",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Run directory: config, logs, checkpoints, result.")
 flags.mark_flags_as_required(["config", "workdir"])
+flags.DEFINE_string("coordinator_address", None,
+                    "Multi-process run: HOST:PORT of process 0's coordinator (with "
+                    "--num_processes and --process_id; none of them under srun or for one "
+                    "process).")
+flags.DEFINE_integer("num_processes", None, "Multi-process run: the number of processes.")
+flags.DEFINE_integer("process_id", None, "Multi-process run: this process's index, "
+                     "0..num_processes-1 (process 0 writes the logs).")
 
 
 def _config_args(argv) -> tuple[str, dict[str, str]]:
@@ -84,12 +96,17 @@ def parse_flags(argv):
 def main(argv):
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
-  signal.signal(signal.SIGINT, signal.default_int_handler)
   if not FLAGS["verbosity"].present:
     # Library INFO chatter (orbax, absl) drowns the progress bar; --verbosity=0 brings it back.
     logging.set_verbosity(logging.WARNING)
+  # Before any other use of JAX: join the run's other processes, if there are any.
+  distributed.initialize(distributed.decide(FLAGS.coordinator_address, FLAGS.num_processes,
+                                            FLAGS.process_id))
+  signal.signal(signal.SIGINT, signal.default_int_handler)
   result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   logging.info("result: %s", result)
+  if not train.is_primary():
+    return
   print(f"test accuracy {result['test']['accuracy']:.4f} | majority-class accuracy "
         f"{result['majority_class_accuracy']:.4f} | test loss {result['test']['loss']:.4f} | "
         f"{result['step']} steps | workdir {FLAGS.workdir}")

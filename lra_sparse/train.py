@@ -5,9 +5,16 @@ are defined in ``lra_sparse.workdir``; every metrics record also goes to TensorB
 through ``lra_sparse.metric_writers``, and ``config.profile_steps`` traces steps into
 ``profile/``. Starting again on the same workdir resumes from the last checkpoint and ends at
 the same total step count.
+
+A run may span several processes (``lra_sparse.distributed`` joins them first): the mesh covers
+every process's devices, each process puts only its rows of every global batch on its devices
+(every process reads the same deterministic batch), all of them save and restore the orbax
+checkpoints together, and process 0 alone takes the workdir's lock and writes config.json,
+metrics.jsonl, TensorBoard, W&B, result.json and the progress bar.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -24,6 +31,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from flax.training import train_state
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
@@ -34,7 +42,7 @@ from lra_sparse.attention import AUX_LOSS, AUX_METRICS
 from lra_sparse.data import get_task
 from lra_sparse.data.pipeline import eval_batches, train_dataset
 from lra_sparse.data.registry import PAD_ID, SPLITS, TaskSpec, check_split_arrays
-from lra_sparse.errors import TrainingDiverged, TrainingInterrupted
+from lra_sparse.errors import TrainingDiverged, TrainingInterrupted, WorkdirBusy
 from lra_sparse.models import build_model
 
 AUX_COLLECTIONS = (AUX_LOSS, AUX_METRICS)
@@ -215,15 +223,110 @@ def make_eval_step(model: nn.Module):
 
 def evaluate(eval_step, params, model_state, arrays, batch_size, batch_sharding,
              max_batches: int = 0) -> dict[str, float]:
+  """Metric means over ``arrays`` (the first ``max_batches`` batches; 0 = all). With several
+  processes each puts its rows of every batch on its devices; the sums are global."""
   totals: dict[str, float] = {}
   for batch, weights in eval_batches(arrays, batch_size, max_batches):
-    batch = jax.device_put(batch, batch_sharding)
-    weights = jax.device_put(weights, batch_sharding)
+    batch = put_global_batch(batch, batch_sharding)
+    weights = put_global_batch(weights, batch_sharding)
     sums = jax.device_get(eval_step(params, model_state, batch, weights))
     for key, value in sums.items():
       totals[key] = totals.get(key, 0.0) + float(value)
   count = totals.pop("count")
   return {key: value / count for key, value in totals.items()}
+
+
+# ----------------------------------------------------------------------------- processes
+def is_primary() -> bool:
+  """Whether this is the process that writes the run's files and prints (process 0)."""
+  return jax.process_index() == 0
+
+
+def say(message: str) -> None:
+  """A line for the user, printed by process 0 only (above a progress bar)."""
+  if is_primary():
+    tqdm.write(message)
+
+
+def sync_processes(name: str) -> None:
+  """A barrier of all processes (nothing with one process)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+def process_rows(sharding: NamedSharding, batch_size: int) -> slice:
+  """The rows of a global batch that live on this process's devices under ``sharding``
+  (contiguous: the mesh lists each process's devices together)."""
+  indices = sharding.addressable_devices_indices_map((batch_size,)).values()
+  rows = sorted({(index[0].start or 0, batch_size if index[0].stop is None else index[0].stop)
+                 for index in indices})
+  for (_, stop), (start, _) in zip(rows, rows[1:]):
+    if stop != start:
+      raise ValueError(f"this process's rows of the batch are not contiguous: {rows}")
+  return slice(rows[0][0], rows[-1][1])
+
+
+def put_global_batch(tree, sharding: NamedSharding):
+  """Numpy arrays of one global batch (the same on every process) as global arrays sharded by
+  ``sharding`` along their first axis: each process transfers only its own rows."""
+  if jax.process_count() == 1:
+    return jax.device_put(tree, sharding)
+  leaves = jax.tree.leaves(tree)
+  rows = process_rows(sharding, len(leaves[0]))
+  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
+      sharding, np.asarray(x[rows]), x.shape), tree)
+
+
+def replicate(tree, sharding: NamedSharding):
+  """``tree`` (the same values on every process) as global arrays replicated by ``sharding``."""
+  if jax.process_count() == 1:
+    return jax.device_put(tree, sharding)
+
+  def put(x):
+    if isinstance(x, jax.Array) and x.sharding == sharding:
+      return x
+    value = np.asarray(x)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+  return jax.tree.map(put, tree)
+
+
+@contextlib.contextmanager
+def _run_lock(workdir: str):
+  """The workdir's lock (``workdir.locked``) for the run's body. With several processes only
+  process 0 takes it (every run has exactly one process 0, so a second run on the workdir is
+  refused there, whatever its number of processes) and tells the others, which then refuse
+  too, before any of them has written anything."""
+  if jax.process_count() == 1:
+    with workdir_lib.locked(workdir):
+      yield
+    return
+  with contextlib.ExitStack() as stack:
+    busy = None
+    if is_primary():
+      try:
+        stack.enter_context(workdir_lib.locked(workdir))
+      except WorkdirBusy as error:
+        busy = error
+    refused = int(multihost_utils.broadcast_one_to_all(np.int32(busy is not None)))
+    if busy is not None:
+      raise busy
+    if refused:
+      raise WorkdirBusy(f"workdir {workdir} is in use by another run (process 0 could not take "
+                        f"its {workdir_lib.LOCK_FILE}); wait for it or use another directory")
+    yield
+
+
+class _NoWriter:
+  """``metric_writers.RunWriter``'s stand-in on processes other than 0: writes nothing."""
+
+  def write(self, step, split, metrics) -> None:
+    del step, split, metrics
+
+  def __enter__(self) -> "_NoWriter":
+    return self
+
+  def __exit__(self, exc_type, exc, traceback) -> None:
+    pass
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -260,17 +363,19 @@ def restore_newest_readable(manager: ocp.CheckpointManager, args_fn, where: str,
       if not fall_back:
         raise ValueError(f"the newest checkpoint (step {step}) in {where} is unusable "
                          f"({_first_line(error)})") from None
-      tqdm.write(f"warning: checkpoint step {step} in {where} is unusable "
-                 f"({_first_line(error)}); trying an older one")
+      say(f"warning: checkpoint step {step} in {where} is unusable "
+          f"({_first_line(error)}); trying an older one")
       unusable.append(step)
       continue
     if quarantine and unusable:
-      corrupt = os.path.join(os.path.dirname(str(manager.directory)), CORRUPT_DIR)
-      os.makedirs(corrupt, exist_ok=True)
-      for bad in unusable:
-        source = os.path.join(str(manager.directory), str(bad))
-        if os.path.exists(source):
-          os.replace(source, os.path.join(corrupt, f"{bad}.{int(time.time())}"))
+      if is_primary():
+        corrupt = os.path.join(os.path.dirname(str(manager.directory)), CORRUPT_DIR)
+        os.makedirs(corrupt, exist_ok=True)
+        for bad in unusable:
+          source = os.path.join(str(manager.directory), str(bad))
+          if os.path.exists(source):
+            os.replace(source, os.path.join(corrupt, f"{bad}.{int(time.time())}"))
+      sync_processes("lra_sparse: corrupt checkpoints moved")
       manager.reload()
     return restored, step
   if steps:
@@ -363,7 +468,7 @@ class ProfileWindow:
       jax.block_until_ready(state)
       jax.profiler.start_trace(self.log_dir)
       self._first = step
-      tqdm.write(f"profile: tracing train steps {step}..{stop - 1} into {self.log_dir}")
+      say(f"profile: tracing train steps {step}..{stop - 1} into {self.log_dir}")
 
   def after_step(self, step: int, outputs) -> None:
     if self._first is None:
@@ -383,7 +488,7 @@ class ProfileWindow:
       traced = (f"steps {self._first}..{self._last}" if self._last is not None
                 else "no complete step")
       self._first = self._last = None
-      tqdm.write(f"profile: trace of train {traced} written to {self.log_dir}")
+      say(f"profile: trace of train {traced} written to {self.log_dir}")
 
 
 def validate_config(config) -> None:
@@ -472,7 +577,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   validate_config(config)
   config = config_lib.run_config(config)
   workdir = os.path.abspath(workdir)
-  with workdir_lib.locked(workdir):
+  with _run_lock(workdir):
     return _train_locked(config, workdir)
 
 
@@ -492,11 +597,13 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   model = make_model(config, spec)
   eval_model = make_model(_eval_config(config), spec)
 
-  devices = jax.local_devices()
+  devices = jax.devices()          # every process's: the data axis spans all of them
   accum = config.optim.grad_accum_steps
   if config.batch_size % (len(devices) * accum):
+    processes = f"{jax.process_count()} processes x " if jax.process_count() > 1 else ""
     raise ValueError(f"config.batch_size={config.batch_size} must be divisible by the "
-                     f"{len(devices)} local devices x config.optim.grad_accum_steps={accum}")
+                     f"{processes}{jax.local_device_count()} local devices x "
+                     f"config.optim.grad_accum_steps={accum}")
   mesh = Mesh(np.array(devices), ("data",))
   batch_sharding = NamedSharding(mesh, PartitionSpec("data"))
   replicated = NamedSharding(mesh, PartitionSpec())
@@ -512,18 +619,21 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   init_from_record = None
   if config.init_from:
     params, fresh, unused = load_params_from(config.init_from, params)
-    tqdm.write(f"init_from {config.init_from}: {len(fresh)} new parameters freshly "
-               f"initialised {fresh}; {len(unused)} unused {unused}")
+    say(f"init_from {config.init_from}: {len(fresh)} new parameters freshly "
+        f"initialised {fresh}; {len(unused)} unused {unused}")
     init_from_record = {"fresh_params": len(fresh), "unused_params": len(unused)}
   state = TrainState.create(apply_fn=model.apply, params=params, tx=make_optimizer(config),
                             model_state=variables or None)
   num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
-  tqdm.write(f"model: {num_params:,} parameters; {len(devices)} device(s): "
-             f"{devices[0].platform}")
+  processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
+  say(f"model: {num_params:,} parameters; {len(devices)} device(s){processes}: "
+      f"{devices[0].platform}")
 
   manager = ocp.CheckpointManager(
       os.path.join(workdir, workdir_lib.CHECKPOINT_DIR),
       options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
+  if jax.process_count() > 1:     # every process restores its part of the global arrays
+    state = replicate(state, replicated)
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
   restored, start_step = restore_newest_readable(
       manager, lambda: ocp.args.StandardRestore(abstract), f"workdir {workdir}", quarantine=True)
@@ -535,25 +645,30 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
       raise ValueError(f"workdir {workdir} holds a checkpoint at step {start_step}, beyond "
                        f"config.num_train_steps={config.num_train_steps}: a run cannot be "
                        "shortened after the fact; use another --workdir")
-    tqdm.write(f"resumed from {workdir} at step {start_step}")
-  state = jax.device_put(state, replicated)
+    say(f"resumed from {workdir} at step {start_step}")
+  state = replicate(state, replicated)
 
   # The run is accepted: open its writers (W&B, the one that can refuse, first), record its
-  # config, and its changes if it resumes.
-  with metric_writers.RunWriter(workdir, config, start_step) as writer:
-    workdir_lib.write_json(os.path.join(workdir, workdir_lib.CONFIG_FILE),
-                           json.loads(config.to_json_best_effort()))
+  # config, and its changes if it resumes. Only process 0 writes files; the others wait until
+  # every process has read the workdir's config.json.
+  sync_processes("lra_sparse: run accepted")
+  primary = is_primary()
+  with (metric_writers.RunWriter(workdir, config, start_step) if primary
+        else _NoWriter()) as writer:
+    if primary:
+      workdir_lib.write_json(os.path.join(workdir, workdir_lib.CONFIG_FILE),
+                             json.loads(config.to_json_best_effort()))
     for change in changes:
-      tqdm.write(f"resume: {change}")
+      say(f"resume: {change}")
     if changes:
       writer.write(start_step, "resume", {"changed_fields": len(changes)})
     if init_from_record is not None:
       writer.write(0, "init_from", init_from_record)
     result_path = os.path.join(workdir, workdir_lib.RESULT_FILE)
-    if os.path.exists(result_path) and start_step < config.num_train_steps:
+    if primary and os.path.exists(result_path) and start_step < config.num_train_steps:
       os.remove(result_path)       # the run trains on: its old result no longer describes it
-      tqdm.write(f"resume: training on from step {start_step} to {config.num_train_steps}; "
-                 "removed the earlier result.json")
+      say(f"resume: training on from step {start_step} to {config.num_train_steps}; "
+          "removed the earlier result.json")
     return _train_accepted_run(
         config, workdir, writer, state=state, start_step=start_step,
         resumed=restored is not None, manager=manager, model=model, eval_model=eval_model,
@@ -577,7 +692,9 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
   profile_steps = parse_profile_steps(config.profile_steps)
   if profile_steps is not None:     # a window past the run's end stops after its last step
     profile_steps = (profile_steps[0], min(profile_steps[1], config.num_train_steps))
-  profile = ProfileWindow(profile_steps, os.path.join(workdir, workdir_lib.PROFILE_DIR))
+  # Process 0 traces its devices (processes on one host would write the same trace files).
+  profile = ProfileWindow(profile_steps if is_primary() else None,
+                          os.path.join(workdir, workdir_lib.PROFILE_DIR))
 
   batches = train_dataset(splits["train"], config.batch_size, config.seed)
   best = _best_so_far(workdir, start_step)
@@ -597,12 +714,12 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
 
   progress = tqdm(range(start_step, config.num_train_steps), initial=start_step,
                   total=config.num_train_steps, desc=f"{config.task}/{config.attention.kind}",
-                  dynamic_ncols=True, mininterval=2.0)
+                  dynamic_ncols=True, mininterval=2.0, disable=not is_primary())
   done = start_step
   try:
     for step in progress:
       profile.before_step(step, state)
-      batch = jax.device_put(batches[step], batch_sharding)
+      batch = put_global_batch(batches[step], batch_sharding)
       state, metrics = train_step(state, batch, dropout_rng)
       profile.after_step(step, (state, metrics))
       finite = finite & jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
@@ -627,7 +744,7 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
       if evaluates:
         val = run_eval("val", config.num_eval_batches)
         writer.write(done, "val", val)
-        progress.write(f"step {done}: val " + " ".join(f"{k}={v:.4f}" for k, v in val.items()))
+        say(f"step {done}: val " + " ".join(f"{k}={v:.4f}" for k, v in val.items()))
         if best is None or val["accuracy"] > best["val_accuracy"]:
           best = {"step": done, "val_accuracy": val["accuracy"], **run_eval("test", 0)}
           writer.write(done, BEST_SPLIT, {k: v for k, v in best.items() if k != "step"})
@@ -663,6 +780,7 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
                            np.bincount(splits["train"]["targets"]).argmax()))
   result = {"step": final_step, "val": val, "test": test, BEST_SPLIT: best,
             "majority_class_accuracy": majority, "num_params": num_params}
-  workdir_lib.write_json(os.path.join(workdir, workdir_lib.RESULT_FILE), result)
+  if is_primary():
+    workdir_lib.write_json(os.path.join(workdir, workdir_lib.RESULT_FILE), result)
   manager.close()
   return result
