@@ -496,3 +496,224 @@ def test_triton_grad_through_model_jit():
       a.astype(jnp.float32), b.astype(jnp.float32), c.astype(jnp.float32), n=2, m=4,
       precision=HI)))(w)
   assert rel_err(g.astype(jnp.float32), g_ref.astype(jnp.float32)) < 3e-2
+
+
+# ----------------------------------------------------------------------------- attention dropout
+def np_philox4x32(c, key, rounds):
+  """Philox-4x32 in numpy uint64 (exact 32x32 -> 64-bit products): counters c (4 arrays),
+  key (2 ints); the independent check of dfss_dropout.philox4x32."""
+  mask = np.uint64(0xFFFFFFFF)
+  c = [np.asarray(x, np.uint64) & mask for x in np.broadcast_arrays(*c)]
+  k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+  for _ in range(rounds):
+    p0 = np.uint64(0xD2511F53) * c[0]
+    p1 = np.uint64(0xCD9E8D57) * c[2]
+    c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & mask, (p0 >> np.uint64(32)) ^ c[3] ^ k1,
+         p0 & mask]
+    k0 = (k0 + np.uint64(0x9E3779B9)) & mask
+    k1 = (k1 + np.uint64(0xBB67AE85)) & mask
+  return c
+
+
+def np_dropout_multiplier(seed, keep, n, m, rate):
+  """The dfss_dropout rule written out per (row, group) with numpy: word t of group g of row r
+  (batch*heads index bh) is output g % 4 of Philox((g // 4, r, bh, t), seed); the kept member
+  of rank j reads 16-bit half j % 2 of word j // 2; dropped when that half < round(rate 2^16)."""
+  t_drop = int(round(rate * 65536))
+  b, h, rows, keys = keep.shape
+  key = [int(x) & 0xFFFFFFFF for x in np.asarray(seed)]
+  out = np.zeros(keep.shape, np.float64)
+  bh, r, g = np.meshgrid(np.arange(b * h), np.arange(rows), np.arange(keys // m), indexing="ij")
+  words = [np.choose(g % 4, np_philox4x32((g // 4, r, bh, t), key, 7))
+           for t in range((n + 1) // 2)]
+  kept = keep.reshape(b * h, rows, keys // m, m)
+  rank = np.zeros(kept.shape[:-1], np.int64)
+  for i in range(m):
+    word = np.choose(np.minimum(rank // 2, len(words) - 1), words)
+    half = np.where(rank % 2 == 0, word & np.uint64(0xFFFF), word >> np.uint64(16))
+    survive = kept[..., i] & (half >= t_drop)
+    out.reshape(b * h, rows, keys // m, m)[..., i] = np.where(survive,
+                                                               65536 / (65536 - t_drop), 0.0)
+    rank += kept[..., i]
+  return out
+
+
+def test_philox_known_answers_and_numpy():
+  """Philox-4x32-10 known-answer vectors (Random123's kat_vectors), and the 7-round generator
+  the kernels use against a numpy uint64 implementation on random counters and keys."""
+  from lra_sparse.kernels import dfss_dropout as dd
+  kat = [((0, 0, 0, 0), (0, 0), "6627e8d5 e169c58d bc57ac4c 9b00dbd8"),
+         ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, "408f276d 41c83b0e a20bc7c6 6d5451fd"),
+         ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+          "d16cfe09 94fdcceb 5001e420 24126ea1")]
+  for c, key, want in kat:
+    got = dd.philox4x32(*(jnp.uint32(x) for x in c), jnp.uint32(key[0]), jnp.uint32(key[1]),
+                        rounds=10)
+    assert " ".join(f"{int(x):08x}" for x in got) == want
+  rng = np.random.default_rng(0)
+  c = [rng.integers(0, 2**32, 1000, dtype=np.uint64) for _ in range(4)]
+  key = [int(x) for x in rng.integers(0, 2**32, 2, dtype=np.uint64)]
+  got = dd.philox4x32(*(jnp.asarray(x, jnp.uint32) for x in c), jnp.uint32(key[0]),
+                      jnp.uint32(key[1]))
+  for a, b in zip(got, np_philox4x32(c, key, dd.ROUNDS)):
+    np.testing.assert_array_equal(np.asarray(a, np.uint64), b)
+
+
+@pytest.mark.parametrize("n,m", [(2, 4), (1, 2), (3, 4), (5, 8), (2, 8)])
+def test_dropout_multiplier_matches_numpy_rule(n, m):
+  """dfss_dropout.dropout_multiplier (what both backends apply) against the rule written out
+  in numpy, on N:M keep masks of random scores with padded keys and ties."""
+  from lra_sparse.kernels import dfss_dropout as dd
+  rng = np.random.default_rng(n * 10 + m)
+  b, h, rows, keys = 2, 3, 9, 16 * m
+  scores = rng.integers(-2, 3, (b, h, rows, keys)).astype(np.float32)
+  scores[0, :, :, keys - 3:] = -np.inf
+  keep = np_keep(scores, n, m)
+  seed = np.array([rng.integers(-2**31, 2**31), rng.integers(-2**31, 2**31)], np.int32)
+  got = np.asarray(dd.dropout_multiplier(jnp.asarray(seed), jnp.asarray(keep), n, m, 0.3))
+  np.testing.assert_allclose(got, np_dropout_multiplier(seed, keep, n, m, 0.3), rtol=1e-7)
+  assert not got[~keep].any()
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.3])
+def test_dropout_rate_unbiased_and_uncorrelated(rate):
+  """Over ~0.5M kept entries: the drop fraction is rate (to 16-bit resolution) for the first
+  and the second kept member of a group alike, the kept factor averages 1 (unbiased), and
+  neighbouring decisions are uncorrelated; all within 5 standard errors."""
+  from lra_sparse.kernels import dfss_dropout as dd
+  scores = jax.random.normal(jax.random.PRNGKey(3), (2, 4, 256, 512))
+  keep = nm_mask(scores, 2, 4)
+  mult = np.asarray(dd.dropout_multiplier(dd.seed_words(jax.random.PRNGKey(4)), keep, 2, 4,
+                                          rate))
+  keep = np.asarray(keep)
+  p = dd.threshold(rate) / 65536
+  assert abs(p - rate) < 1e-5
+  kept = mult[keep]
+  se = math.sqrt(p * (1 - p) / kept.size)
+  assert abs(np.mean(kept == 0) - p) < 5 * se
+  assert abs(np.mean(kept) - 1.0) < 5 * se / (1 - p)
+  kg = keep.reshape(-1, 4)
+  first = kg & (np.cumsum(kg, -1) == 1)
+  second = kg & ~first
+  for member in (first, second):
+    dropped = (mult.reshape(-1, 4) == 0)[member]
+    assert abs(dropped.mean() - p) < 5 * math.sqrt(p * (1 - p) / dropped.size)
+  d = (mult == 0).astype(np.float64)
+  pairs = [(d[..., :-1, :][keep[..., :-1, :] & keep[..., 1:, :]],
+            d[..., 1:, :][keep[..., :-1, :] & keep[..., 1:, :]]),          # adjacent rows
+           (d.reshape(-1, 4)[:, :][first], d.reshape(-1, 4)[second])]     # same group
+  for a, b in pairs:
+    assert abs(np.corrcoef(a, b)[0, 1]) < 5 / math.sqrt(a.size)
+
+
+def test_dfss_dropout_reference_matches_numpy_values_and_gradients():
+  """The pure-JAX path with dropout equals float64 numpy attention with the same mask Z:
+  O = (A * Zs) V, and its gradients dV = (A Zs)^T dO, dS = A * (Zs * dO V^T - rowsum),
+  dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d)."""
+  from lra_sparse.attention.dfss import dfss_attention
+  from lra_sparse.kernels import dfss_dropout as dd
+  b, l, h, d, n, m, rate = 2, 24, 2, 8, 2, 4, 0.25
+  q, k, v = rand_qkv(jax.random.PRNGKey(7), (b, l, h, d))
+  ct = jax.random.normal(jax.random.PRNGKey(8), q.shape)
+  mask = make_mask(jax.random.PRNGKey(9), b, l, full_pad_row=False)
+  rng = jax.random.PRNGKey(10)
+  f = lambda q, k, v: dfss_attention(q, k, v, n=n, m=m, mask=mask, backend="reference",
+                                     dropout_rate=rate, dropout_rng=rng)
+  out, vjp = jax.vjp(f, q, k, v)
+  gq, gk, gv = vjp(ct)
+  q64, k64, v64, ct64 = (np.asarray(x, np.float64) for x in (q, k, v, ct))
+  s = np.einsum("blhd,bkhd->bhlk", q64, k64) / math.sqrt(d)
+  s = np.where(np.asarray(mask)[:, None, None, :], s, -np.inf)
+  keep = np_keep(s, n, m)
+  zs = np_dropout_multiplier(np.asarray(dd.seed_words(rng)), keep, n, m, rate)
+  t = np.where(keep, s, -np.inf)
+  e = np.exp(t - t.max(-1, keepdims=True))
+  a = e / e.sum(-1, keepdims=True)
+  np.testing.assert_allclose(out, np.einsum("bhlk,bkhd->blhd", a * zs, v64), atol=2e-5)
+  dv = np.einsum("bhlk,blhd->bkhd", a * zs, ct64)
+  da = zs * np.einsum("blhd,bkhd->bhlk", ct64, v64)
+  ds = a * (da - np.sum(a * da, -1, keepdims=True))
+  dq = np.einsum("bhlk,bkhd->blhd", ds, k64) / math.sqrt(d)
+  dk = np.einsum("bhlk,blhd->bkhd", ds, q64) / math.sqrt(d)
+  for got, want in ((gq, dq), (gk, dk), (gv, dv)):
+    np.testing.assert_allclose(got, want, atol=5e-5)
+
+
+def test_dfss_dropout_is_unbiased_and_seeded():
+  """E[O] over seeds is the no-dropout output; one rng gives one output, another a different
+  one; rate 0 (or no rng) is no dropout; a rate outside [0, 1) is one clear error."""
+  from lra_sparse.attention.dfss import dfss_attention
+  q, k, v = rand_qkv(jax.random.PRNGKey(11), (1, 32, 1, 8))
+  plain = dfss_attention(q, k, v, n=2, m=4, backend="reference")
+  run = jax.jit(jax.vmap(lambda r: dfss_attention(q, k, v, n=2, m=4, backend="reference",
+                                                  dropout_rate=0.3, dropout_rng=r)))
+  outs = np.asarray(run(jax.random.split(jax.random.PRNGKey(12), 2000)))
+  err = np.abs(outs.mean(0) - np.asarray(plain))
+  assert np.all(err < 5 * outs.std(0) / math.sqrt(len(outs)) + 1e-6)
+  assert not np.allclose(outs[0], outs[1])
+  again = dfss_attention(q, k, v, n=2, m=4, backend="reference", dropout_rate=0.3,
+                         dropout_rng=jax.random.split(jax.random.PRNGKey(12), 2000)[0])
+  np.testing.assert_allclose(np.asarray(again), outs[0], atol=1e-6)  # vmapped: same draws
+  for kw in (dict(dropout_rate=0.0, dropout_rng=jax.random.PRNGKey(1)),
+             dict(dropout_rate=0.3, dropout_rng=None)):
+    np.testing.assert_array_equal(
+        np.asarray(dfss_attention(q, k, v, n=2, m=4, backend="reference", **kw)),
+        np.asarray(plain))
+  with pytest.raises(ValueError, match=r"dropout rate 1.0 must be in \[0, 1\)"):
+    dfss_attention(q, k, v, n=2, m=4, backend="reference", dropout_rate=1.0,
+                   dropout_rng=jax.random.PRNGKey(1))
+
+
+DROPOUT_GPU_CASES = [
+    # dtype, n, m, batch, length, heads, head_dim, masked, rate
+    (jnp.bfloat16, 2, 4, 2, 1000, 2, 64, True, 0.1),
+    (jnp.bfloat16, 1, 2, 2, 130, 2, 32, False, 0.2),
+    (jnp.bfloat16, 3, 4, 1, 257, 2, 64, True, 0.3),   # two words per group, padded keys
+    (jnp.bfloat16, 2, 4, 2, 257, 2, 4, True, 0.1),    # Pathfinder head dim, zero-padded
+    (jnp.float32, 1, 2, 2, 1000, 2, 64, True, 0.1),
+    (jnp.float32, 2, 8, 1, 300, 2, 128, True, 0.5),   # G % 4 != 0 at the fp32 tiles
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("case", DROPOUT_GPU_CASES,
+                         ids=lambda c: _case_id(c[:8]) + f"-p{c[8]}")
+def test_triton_dropout_matches_reference_with_the_same_mask(case, deterministic):
+  """Attention dropout inside the fused kernels: outputs and gradients (outputs poisoned)
+  equal the reference that applies dfss_dropout's mask for the same seed; the same seed gives
+  the same output, bit for bit, and another seed a different one."""
+  from lra_sparse.kernels import dfss_dropout as dd
+  dt = _need_triton()
+  dtype, n, m, b, l, h, d, masked, rate = case
+  key = zlib.crc32(repr(case).encode()) % (2**31)
+  q, k, v = rand_qkv(jax.random.PRNGKey(key), (b, l, h, d), dtype)
+  mask = make_mask(jax.random.PRNGKey(key + 1), b, l) if masked else None
+  ct = jax.random.normal(jax.random.PRNGKey(key + 2), q.shape, dtype)
+  if dtype == jnp.float32:
+    q, k, v, ct = (tf32_exact(x) for x in (q, k, v, ct))
+  seed = dd.seed_words(jax.random.PRNGKey(key + 3))
+
+  def f_tri(q, k, v, seed):
+    return dt._attention(q, k, v, n=n, m=m, mask=mask, deterministic=deterministic,
+                         poison=True, dropout_rate=rate, dropout_seed=seed)
+
+  def f_ref(q, k, v):
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    return ref.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask, precision=HI,
+                                        dropout_rate=rate, dropout_seed=seed)
+
+  run = jax.jit(f_tri)
+  out, vjp = jax.vjp(lambda q, k, v: run(q, k, v, seed), q, k, v)
+  want, vjp_ref = jax.vjp(f_ref, q, k, v)
+  named = [("out", out, want)] + list(zip(("dq", "dk", "dv"), vjp(ct),
+                                          vjp_ref(ct.astype(jnp.float32))))
+  for name, a, r in named:
+    a = np.asarray(a.astype(jnp.float32))
+    assert not np.isnan(a).any(), f"{name}: NaN (unwritten or invalid) elements"
+    e = rel_err(a, r)
+    print(f"dropout {case} det={deterministic} {name} rel_err={e:.2e}")
+    assert e < TOL[dtype], (name, e)
+  np.testing.assert_array_equal(np.asarray(run(q, k, v, seed)), np.asarray(out))
+  other = np.asarray(run(q, k, v, dd.seed_words(jax.random.PRNGKey(key + 4))))
+  assert not np.array_equal(other, np.asarray(out))

@@ -13,6 +13,11 @@ Backends: "reference" is pure JAX and runs everywhere; "triton" calls the fused 
 jax_triton/triton); "auto" picks Triton on a GPU when that module reports itself available
 and able to run the shape.
 
+Attention dropout (training, rate > 0) acts on the kept probabilities, A <- A * Z / (1 - rate).
+Both backends draw Z by the counter-based rule of ``lra_sparse/kernels/dfss_dropout.py`` from
+one seed per call, so the fused kernels (which never store A and redraw Z in the backward) and
+the pure-JAX path drop exactly the same entries.
+
 The pure-JAX path is one dense score pass: S is computed once, the N:M keep mask comes from m
 elementwise comparisons per entry that XLA fuses into the softmax passes (no sort, no gather,
 no [.., L, L, m] tensor), and a custom VJP reuses the stored probabilities so the backward
@@ -31,6 +36,7 @@ import flax.linen as nn
 from lra_sparse.attention import common
 from lra_sparse.attention.nm import check_nm, nm_mask, parse_nm
 from lra_sparse.attention.registry import AttentionDims, KindConfig, register_attention
+from lra_sparse.kernels import dfss_dropout, dfss_reference
 
 BACKENDS = ("auto", "triton", "reference")
 
@@ -94,21 +100,15 @@ def _dfss_reference_bwd(n, m, residuals, d_out):
 _dfss_reference.defvjp(_dfss_reference_fwd, _dfss_reference_bwd)
 
 
-def _dfss_reference_dropout(q, k, v, mask, n, m, dropout_rate, dropout_rng):
-  """Plain (autodiff) formulation with dropout on the kept probabilities."""
-  probs = dfss_probabilities(q, k, n=n, m=m, mask=mask)
-  probs = common.dropout_probabilities(probs, dropout_rate, dropout_rng)
-  return common.attend(probs, v, q.dtype)
-
-
 def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str = "auto",
                    dropout_rate: float = 0.0, dropout_rng=None,
                    deterministic_kernels: bool = False):
   """DFSS N:M attention. q, k, v: [batch, length, heads, head_dim]; mask: bool [batch, length]
   key padding (True = real token). Requires 0 < n <= m (n == m keeps every key: dense
-  attention) and length % m == 0. Attention dropout (rate > 0 with an rng) always runs the
-  pure-JAX path. deterministic_kernels: the Triton backward without atomics (bit-reproducible
-  gradients); the pure-JAX path is deterministic either way.
+  attention) and length % m == 0. Attention dropout (rate > 0 with an rng): both backends
+  drop the same entries for the same rng (``dfss_dropout``). deterministic_kernels: the Triton
+  backward without atomics (bit-reproducible gradients); the pure-JAX path is deterministic
+  either way.
   """
   check_nm(n, m, what="dfss_attention")
   if backend not in BACKENDS:
@@ -127,10 +127,8 @@ def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str =
     mask = mask.astype(bool)
   use_dropout = dropout_rate > 0.0 and dropout_rng is not None
   if use_dropout:
-    if backend == "triton":
-      raise ValueError("dfss_attention: the Triton kernel has no attention dropout; use "
-                       "backend='reference' or 'auto', or dropout_rate=0")
-    return _dfss_reference_dropout(q, k, v, mask, n, m, dropout_rate, dropout_rng)
+    dfss_dropout.threshold(dropout_rate)  # one clear error for a rate outside [0, 1)
+  seed = dfss_dropout.seed_words(dropout_rng) if use_dropout else None
   kernel = None
   if backend == "triton":
     kernel = _triton_module(required=True)
@@ -148,7 +146,12 @@ def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str =
       kernel = None
   if kernel is not None:
     return kernel.dfss_attention_triton(q, k, v, n=n, m=m, mask=mask,
-                                        deterministic=deterministic_kernels)
+                                        deterministic=deterministic_kernels,
+                                        dropout_rate=dropout_rate if use_dropout else 0.0,
+                                        dropout_seed=seed)
+  if use_dropout:  # plain autodiff through the kernels' reference, with their mask
+    return dfss_reference.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask,
+                                                   dropout_rate=dropout_rate, dropout_seed=seed)
   if mask is None:
     mask = jnp.ones(k.shape[:2], bool)
   return _dfss_reference(q, k, v, mask, n, m)
@@ -163,11 +166,10 @@ class DFSSAttention(nn.Module):
   def __call__(self, q, k, v, *, mask, inputs=None, deterministic=True):
     del inputs
     n, m = self.config.n_m
-    if self.dims.dropout_rate > 0.0 and not deterministic:
-      return dfss_attention(q, k, v, n=n, m=m, mask=mask, backend=self.config.backend,
-                            dropout_rate=self.dims.dropout_rate,
-                            dropout_rng=self.make_rng("dropout"))
+    use_dropout = self.dims.dropout_rate > 0.0 and not deterministic
     return dfss_attention(q, k, v, n=n, m=m, mask=mask, backend=self.config.backend,
+                          dropout_rate=self.dims.dropout_rate if use_dropout else 0.0,
+                          dropout_rng=self.make_rng("dropout") if use_dropout else None,
                           deterministic_kernels=self.config.deterministic_kernels)
 
 
@@ -181,7 +183,4 @@ def _build_dfss(config: DFSSConfig, dims: AttentionDims) -> nn.Module:
                      f"config.model.pad_multiple to a multiple of {m}")
   if config.backend == "triton":
     _triton_module(required=True)
-    if dims.dropout_rate > 0.0:
-      raise ValueError("config.attention.dfss.backend='triton' has no attention dropout; set "
-                       "config.model.attention_dropout_rate=0 or backend='auto'")
   return DFSSAttention(dims=dims, config=config)

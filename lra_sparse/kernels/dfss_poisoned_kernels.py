@@ -17,35 +17,39 @@ from lra_sparse.kernels import dfss_fused_kernels as fk
 
 
 @triton.jit
-def dfss_fwd_poisoned(Q, K, V, KM, sm_scale, L, LP, H, O_NAN, LSE_NAN, O, LSE,
+def dfss_fwd_poisoned(Q, K, V, KM, SEED, sm_scale, L, LP, H, O_NAN, LSE_NAN, O, LSE,
                       D: tl.constexpr, M: tl.constexpr, NKEEP: tl.constexpr,
-                      HAS_MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-  fk.dfss_fwd(Q, K, V, KM, sm_scale, L, LP, H, O, LSE, D, M, NKEEP, HAS_MASK, BM, BN)
+                      HAS_MASK: tl.constexpr, DROP_T: tl.constexpr, BM: tl.constexpr,
+                      BN: tl.constexpr):
+  fk.dfss_fwd(Q, K, V, KM, SEED, sm_scale, L, LP, H, O, LSE, D, M, NKEEP, HAS_MASK, DROP_T, BM,
+              BN)
 
 
 @triton.jit
-def dfss_bwd_dkdv_poisoned(Q, K, V, KM, DO, LSE, DELTA, sm_scale, L, LP, H, DK_NAN, DV_NAN, DK,
-                           DV, D: tl.constexpr, M: tl.constexpr, NKEEP: tl.constexpr,
-                           HAS_MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-  fk.dfss_bwd_dkdv(Q, K, V, KM, DO, LSE, DELTA, sm_scale, L, LP, H, DK, DV, D, M, NKEEP,
-                   HAS_MASK, BM, BN)
+def dfss_bwd_dkdv_poisoned(Q, K, V, KM, SEED, DO, LSE, DELTA, sm_scale, L, LP, H, DK_NAN,
+                           DV_NAN, DK, DV, D: tl.constexpr, M: tl.constexpr,
+                           NKEEP: tl.constexpr, HAS_MASK: tl.constexpr, DROP_T: tl.constexpr,
+                           BM: tl.constexpr, BN: tl.constexpr):
+  fk.dfss_bwd_dkdv(Q, K, V, KM, SEED, DO, LSE, DELTA, sm_scale, L, LP, H, DK, DV, D, M, NKEEP,
+                   HAS_MASK, DROP_T, BM, BN)
 
 
 @triton.jit
-def dfss_bwd_onepass_poisoned(Q, K, V, KM, DO, LSE, DELTA, sm_scale, L, LP, H, DK_NAN, DV_NAN,
-                              DK, DV, DQ, D: tl.constexpr, M: tl.constexpr,
-                              NKEEP: tl.constexpr, HAS_MASK: tl.constexpr, BM: tl.constexpr,
-                              BN: tl.constexpr):
-  fk.dfss_bwd_onepass(Q, K, V, KM, DO, LSE, DELTA, sm_scale, L, LP, H, DK, DV, DQ, D, M, NKEEP,
-                      HAS_MASK, BM, BN)
+def dfss_bwd_onepass_poisoned(Q, K, V, KM, SEED, DO, LSE, DELTA, sm_scale, L, LP, H, DK_NAN,
+                              DV_NAN, DK, DV, DQ, D: tl.constexpr, M: tl.constexpr,
+                              NKEEP: tl.constexpr, HAS_MASK: tl.constexpr,
+                              DROP_T: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+  fk.dfss_bwd_onepass(Q, K, V, KM, SEED, DO, LSE, DELTA, sm_scale, L, LP, H, DK, DV, DQ, D, M,
+                      NKEEP, HAS_MASK, DROP_T, BM, BN)
 
 
 @triton.jit
-def dfss_bwd_dq_poisoned(Q, K, V, KM, DO, LSE, DELTA, sm_scale, L, LP, H, DQ_NAN, DQ,
+def dfss_bwd_dq_poisoned(Q, K, V, KM, SEED, DO, LSE, DELTA, sm_scale, L, LP, H, DQ_NAN, DQ,
                          D: tl.constexpr, M: tl.constexpr, NKEEP: tl.constexpr,
-                         HAS_MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-  fk.dfss_bwd_dq(Q, K, V, KM, DO, LSE, DELTA, sm_scale, L, LP, H, DQ, D, M, NKEEP, HAS_MASK, BM,
-                 BN)
+                         HAS_MASK: tl.constexpr, DROP_T: tl.constexpr, BM: tl.constexpr,
+                         BN: tl.constexpr):
+  fk.dfss_bwd_dq(Q, K, V, KM, SEED, DO, LSE, DELTA, sm_scale, L, LP, H, DQ, D, M, NKEEP,
+                 HAS_MASK, DROP_T, BM, BN)
 
 
 @triton.jit

@@ -32,6 +32,7 @@ from jax import lax
 
 from lra_sparse.attention.common import attention_scores, masked_softmax
 from lra_sparse.attention.nm import check_nm, nm_mask
+from lra_sparse.kernels import dfss_dropout
 
 __all__ = [
     "nm_prune_compress",
@@ -135,14 +136,22 @@ def dfss_scores(q, k, *, mask=None, m: int = 1, precision=None):
   return s
 
 
-def dfss_attention_reference(q, k, v, *, n: int, m: int, mask=None, precision=None):
+def dfss_attention_reference(q, k, v, *, n: int, m: int, mask=None, precision=None,
+                             dropout_rate: float = 0.0, dropout_seed=None):
   """DFSS attention, q/k/v [batch, length, heads, head_dim], mask bool [batch, length]
-  (True = real key).  Returns [batch, length, heads, head_dim] in q's dtype."""
+  (True = real key).  Returns [batch, length, heads, head_dim] in q's dtype.
+  dropout_rate > 0 with dropout_seed (int32 [2]): attention dropout on the kept probabilities
+  with the kernels' mask (``dfss_dropout.dropout_multiplier``)."""
   check_nm(n, m, what="dfss_attention_reference")
   lk = k.shape[1]
   s = dfss_scores(q, k, mask=mask, m=m, precision=precision)
   keep = nm_mask(lax.stop_gradient(s), n, m)
-  p = masked_softmax(s, keep)[..., :lk]
+  p = masked_softmax(s, keep)
+  if dropout_rate > 0.0:
+    if dropout_seed is None:
+      raise ValueError("dropout_rate > 0 needs dropout_seed (dfss_dropout.seed_words(rng))")
+    p = p * dfss_dropout.dropout_multiplier(dropout_seed, keep, n, m, dropout_rate)
+  p = p[..., :lk]
   out = jnp.einsum("bhlk,bkhd->blhd", p.astype(v.dtype), v,
                    preferred_element_type=p.dtype, precision=precision)
   return out.astype(q.dtype)

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 
 from lra_sparse.attention.nm import check_nm
 from lra_sparse.kernels import dfss_compressed
+from lra_sparse.kernels import dfss_dropout
 from lra_sparse.kernels import dfss_tiles
 from lra_sparse.kernels.dfss_compressed import compressed_softmax, sddmm_prune, spmm
 from lra_sparse.kernels.dfss_launch import (cdiv, key_mask, launch, operand_reason, padded_rows,
@@ -99,23 +100,29 @@ def set_config(kind: str, dtype, head_dim: int, tiles: Optional[dfss_tiles.Tiles
 
 
 # ----------------------------------------------------------------------------- fused path
-def _fused_fwd(q, k, v, mask, n, m, poison=False, scale=None):
+def _seed_operand(seed):
+  """The kernels' SEED operand: int32 [2] (``dfss_dropout.seed_words``), or a dummy."""
+  return jnp.zeros((2,), jnp.int32) if seed is None else seed
+
+
+def _fused_fwd(q, k, v, mask, n, m, poison=False, scale=None, seed=None, drop_t=0):
   """(O, LSE): the fused forward; LSE is fp32 [batch*heads, LP] (base 2). ``scale``: the
-  softmax scale, 1/sqrt(head_dim) unless the head dim was zero-padded (``_attention``)."""
+  softmax scale, 1/sqrt(head_dim) unless the head dim was zero-padded (``_attention``).
+  drop_t > 0: attention dropout with threshold drop_t (``dfss_dropout``) and key ``seed``."""
   b, l, h, d = q.shape
   scale = 1.0 / math.sqrt(d) if scale is None else scale
   t = dfss_tiles.tiles("fwd", jnp.dtype(q.dtype).name, d, m)
   lp = padded_rows(l)
   km, has_mask = key_mask(mask, b)
   return launch(
-      _KERNELS, "dfss_fwd", (q, k, v, km, scale, l, lp, h),
+      _KERNELS, "dfss_fwd", (q, k, v, km, _seed_operand(seed), scale, l, lp, h),
       (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b * h, lp), jnp.float32)),
       (cdiv(l, t.bm), b * h), num_warps=t.num_warps, num_stages=t.num_stages, poison=poison,
-      D=d, M=m, NKEEP=n, HAS_MASK=has_mask, BM=t.bm, BN=t.bn)
+      D=d, M=m, NKEEP=n, HAS_MASK=has_mask, DROP_T=drop_t, BM=t.bm, BN=t.bn)
 
 
 def _fused_bwd(q, k, v, mask, o, lse, do, n, m, deterministic=False, poison=False,
-               scale=None):
+               scale=None, seed=None, drop_t=0):
   """(dQ, dK, dV) of the fused path: one pass (dQ by atomics) unless deterministic."""
   b, l, h, d = q.shape
   dtype_name = jnp.dtype(q.dtype).name
@@ -123,8 +130,9 @@ def _fused_bwd(q, k, v, mask, o, lse, do, n, m, deterministic=False, poison=Fals
   km, has_mask = key_mask(mask, b)
   do = do.astype(q.dtype)
   scale = 1.0 / math.sqrt(d) if scale is None else scale
-  args = (q, k, v, km, do, lse, row_delta(o, do), scale, l, padded_rows(l), h)
-  meta = dict(D=d, M=m, NKEEP=n, HAS_MASK=has_mask)
+  args = (q, k, v, km, _seed_operand(seed), do, lse, row_delta(o, do), scale, l,
+          padded_rows(l), h)
+  meta = dict(D=d, M=m, NKEEP=n, HAS_MASK=has_mask, DROP_T=drop_t)
   grid = (cdiv(l, t.bn), b * h)
   if t.onepass and not deterministic:
     dk, dv, dq = launch(
@@ -148,37 +156,39 @@ def _fused_bwd(q, k, v, mask, o, lse, do, n, m, deterministic=False, poison=Fals
 
 
 # ----------------------------------------------------------------------------- custom_vjp
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8, 9))
-def _attn(q, k, v, mask, n, m, impl, deterministic, poison, scale):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9, 10, 11))
+def _attn(q, k, v, mask, seed, n, m, impl, deterministic, poison, scale, drop_t):
   if impl == "fused":
-    return _fused_fwd(q, k, v, mask, n, m, poison, scale)[0]
+    return _fused_fwd(q, k, v, mask, n, m, poison, scale, seed, drop_t)[0]
   return dfss_compressed.forward(q, k, v, mask, n, m, poison)[0]
 
 
-def _attn_fwd(q, k, v, mask, n, m, impl, deterministic, poison, scale):
+def _attn_fwd(q, k, v, mask, seed, n, m, impl, deterministic, poison, scale, drop_t):
   del deterministic  # backward only
   if impl == "fused":
-    o, lse = _fused_fwd(q, k, v, mask, n, m, poison, scale)
-    return o, (q, k, v, mask, o, lse)
+    o, lse = _fused_fwd(q, k, v, mask, n, m, poison, scale, seed, drop_t)
+    return o, (q, k, v, mask, seed, o, lse)
   o, a, meta = dfss_compressed.forward(q, k, v, mask, n, m, poison)
-  return o, (q, k, v, mask, o, (a, meta))
+  return o, (q, k, v, mask, seed, o, (a, meta))
 
 
-def _attn_bwd(n, m, impl, deterministic, poison, scale, res, do):
-  q, k, v, mask, o, extra = res
+def _attn_bwd(n, m, impl, deterministic, poison, scale, drop_t, res, do):
+  q, k, v, mask, seed, o, extra = res
   if impl == "fused":
-    dq, dk, dv = _fused_bwd(q, k, v, mask, o, extra, do, n, m, deterministic, poison, scale)
+    dq, dk, dv = _fused_bwd(q, k, v, mask, o, extra, do, n, m, deterministic, poison, scale,
+                            seed, drop_t)
   else:
     a, meta = extra  # the key mask is already encoded in A and meta
     dq, dk, dv = dfss_compressed.backward(q, k, v, o, a, meta, do, n, m, poison)
-  return dq, dk, dv, None
+  return dq, dk, dv, None, None
 
 
 _attn.defvjp(_attn_fwd, _attn_bwd)
 
 
 def dfss_attention_triton(q, k, v, *, n: int, m: int, mask=None, impl: str = "fused",
-                          deterministic: bool = False):
+                          deterministic: bool = False, dropout_rate: float = 0.0,
+                          dropout_seed=None):
   """DFSS attention on the GPU.  q, k, v: [batch, length, heads, head_dim] (fp32 / bf16 /
   fp16, head_dim <= 128: 16, 32, 64 and 128 run as they are, other head dims zero-padded to
   the next of those on the fused path, exactly; 0 < n < m, m a power of two <= 32), mask: bool
@@ -188,12 +198,17 @@ def dfss_attention_triton(q, k, v, *, n: int, m: int, mask=None, impl: str = "fu
   deterministic: the fused backward accumulates dQ with fp32 atomics by default (one pass,
   fastest; the summation order, hence the last bits of dQ, can vary run to run); True uses
   the separate dK/dV and dQ kernels, bit-reproducible and slower.
+  dropout_rate > 0 with dropout_seed (int32 [2], ``dfss_dropout.seed_words``): attention
+  dropout on the kept probabilities, drawn inside the fused kernels (``dfss_dropout`` states
+  the rule; its ``dropout_multiplier`` gives the same mask in JAX).
   Raises ValueError(``unsupported_reason(q, v, n, m, k=k)``) for operands the kernels do not
   handle."""
-  return _attention(q, k, v, n=n, m=m, mask=mask, impl=impl, deterministic=deterministic)
+  return _attention(q, k, v, n=n, m=m, mask=mask, impl=impl, deterministic=deterministic,
+                    dropout_rate=dropout_rate, dropout_seed=dropout_seed)
 
 
-def _attention(q, k, v, *, n, m, mask=None, impl="fused", deterministic=False, poison=False):
+def _attention(q, k, v, *, n, m, mask=None, impl="fused", deterministic=False, poison=False,
+               dropout_rate=0.0, dropout_seed=None):
   """dfss_attention_triton; poison=True (tests) pre-fills every kernel output with NaN so that
   an element a kernel does not write shows up (``dfss_launch.launch``)."""
   reason = unsupported_reason(q, v, n, m, k=k)
@@ -206,16 +221,27 @@ def _attention(q, k, v, *, n, m, mask=None, impl="fused", deterministic=False, p
     if mask.shape != q.shape[:2]:
       raise ValueError(f"mask must be [batch, length] = {q.shape[:2]}, got {mask.shape}")
     mask = mask.astype(bool)
+  drop_t = dfss_dropout.threshold(dropout_rate)
+  seed = None
+  if drop_t:
+    if impl != "fused":
+      raise ValueError("attention dropout runs on impl='fused' only")
+    if dropout_seed is None:
+      raise ValueError("dropout_rate > 0 needs dropout_seed (dfss_dropout.seed_words(rng))")
+    seed = jnp.asarray(dropout_seed)
+    if seed.shape != (2,) or seed.dtype != jnp.int32:
+      raise ValueError(f"dropout_seed must be int32 [2], got {seed.dtype}{list(seed.shape)}")
   head_dim = q.shape[-1]
   kernel_dim = min(d for d in _SUPPORTED_HEAD_DIMS if d >= head_dim)
   if kernel_dim == head_dim:
-    return _attn(q, k, v, mask, n, m, impl, bool(deterministic), bool(poison), None)
+    return _attn(q, k, v, mask, seed, n, m, impl, bool(deterministic), bool(poison), None,
+                 drop_t)
   if impl != "fused":
     raise ValueError(f"impl='compressed' needs head_dim in {_SUPPORTED_HEAD_DIMS}, got "
                      f"{head_dim} (impl='fused' zero-pads it)")
   # Zero columns add nothing to Q K^T; the softmax keeps the scale of the true head dim; the
   # padded columns of O (and of dQ, dK, dV) are zero and sliced off: exact.
   widen = lambda x: jnp.pad(x, ((0, 0),) * 3 + ((0, kernel_dim - head_dim),))  # noqa: E731
-  out = _attn(widen(q), widen(k), widen(v), mask, n, m, impl, bool(deterministic),
-              bool(poison), 1.0 / math.sqrt(head_dim))
+  out = _attn(widen(q), widen(k), widen(v), mask, seed, n, m, impl, bool(deterministic),
+              bool(poison), 1.0 / math.sqrt(head_dim), drop_t)
   return out[..., :head_dim]

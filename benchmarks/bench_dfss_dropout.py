@@ -1,0 +1,131 @@
+"""Cost of attention dropout inside the fused DFSS kernels, against dense attention, on one GPU.
+
+One process, one table: per shape, forward and forward+backward (jax.grad of <out, cotangent>
+w.r.t. q, k, v) of
+  * cuDNN dense (bf16; the dense model people run; jax.nn.dot_product_attention has no dropout)
+  * XLA dense, and XLA dense with attention dropout (the explicit formulation ``dense`` trains
+    with when attention_dropout_rate > 0)
+  * DFSS Triton fused, without and with attention dropout (``dfss_dropout``'s counter-based
+    mask drawn inside the kernels),
+and the ratio with/without dropout.  Each timed call is one jit chaining ``--steps`` calls with
+lax.scan over 3 stacked random input sets (no dispatch cost; every step's output is used);
+median of ``--rounds`` after warm-up.
+
+Usage, from the repository root:
+
+  python -m benchmarks.bench_dfss_dropout [--rate=0.1] [--dtypes=bf16,fp32]
+      [--shapes=32x1024,16x2048,8x4096] [--heads=4] [--dim=64] [--steps=20] [--rounds=7]
+      [--out=FILE]
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from typing import Sequence
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+
+from benchmarks.ab_dfss_kernels import chained_ms
+from benchmarks.bench_dfss_kernels import gpu_state
+from lra_sparse.attention.dense import dense_attention_reference
+from lra_sparse.kernels import dfss_dropout, dfss_triton
+
+FLAGS = flags.FLAGS
+DTYPES = {"bf16": (jnp.bfloat16, 2, 4), "fp32": (jnp.float32, 1, 2)}  # paper defaults
+
+
+def methods(dtype, n, m, rate):
+  """name -> attention(q, k, v); the dropout ones draw from a fixed seed (same work)."""
+  rng = jax.random.PRNGKey(0)
+  seed = dfss_dropout.seed_words(rng)
+  out = {}
+  if dtype != jnp.float32:
+    out["cuDNN dense"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v,
+                                                                      implementation="cudnn")
+  out["XLA dense"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla")
+  out[f"XLA dense, dropout {rate}"] = lambda q, k, v: dense_attention_reference(
+      q, k, v, dropout_rate=rate, dropout_rng=rng)
+  out["DFSS Triton"] = lambda q, k, v: dfss_triton.dfss_attention_triton(q, k, v, n=n, m=m)
+  out[f"DFSS Triton, dropout {rate}"] = lambda q, k, v: dfss_triton.dfss_attention_triton(
+      q, k, v, n=n, m=m, dropout_rate=rate, dropout_seed=seed)
+  return out
+
+
+def passes(attn):
+  def fwd(q, k, v, ct):
+    del ct
+    return attn(q, k, v)
+
+  def fwd_bwd(q, k, v, ct):
+    return jax.grad(lambda q, k, v: jnp.sum((attn(q, k, v) * ct).astype(jnp.float32)),
+                    argnums=(0, 1, 2))(q, k, v)
+
+  return {"fwd": fwd, "fwd+bwd": fwd_bwd}
+
+
+def define_flags() -> None:
+  flags.DEFINE_float("rate", 0.1, "Attention dropout rate.")
+  flags.DEFINE_string("dtypes", "bf16", f"Subset of {sorted(DTYPES)} (bf16 2:4, fp32 1:2).")
+  flags.DEFINE_string("shapes", "32x1024,16x2048,8x4096", "Comma-separated BATCHxLENGTH list.")
+  flags.DEFINE_integer("heads", 4, "Attention heads.")
+  flags.DEFINE_integer("dim", 64, "Head dimension.")
+  flags.DEFINE_integer("steps", 20, "Attention calls chained in one jit (lax.scan).")
+  flags.DEFINE_integer("rounds", 7, "Timed runs per cell (median).")
+  flags.DEFINE_string("out", None, "Also write the table (markdown) here.")
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not dfss_triton.is_available():
+    sys.exit("bench_dfss_dropout needs a GPU with triton and jax-triton")
+  dev = jax.devices()[0]
+  now = datetime.datetime.now(datetime.timezone.utc)
+  header = (f"device: {getattr(dev, 'device_kind', dev.platform)}; jax {jax.__version__}; "
+            f"heads {FLAGS.heads}, head_dim {FLAGS.dim}; attention dropout {FLAGS.rate}; "
+            f"{FLAGS.steps} calls per jit (lax.scan), median of {FLAGS.rounds}; "
+            f"{now:%Y-%m-%d %H:%M} UTC\n{gpu_state()}")
+  print(header, flush=True)
+  rows = []
+  h, d = FLAGS.heads, FLAGS.dim
+  for dname in FLAGS.dtypes.split(","):
+    dtype, n, m = DTYPES[dname]
+    for shape in FLAGS.shapes.split(","):
+      b, l = map(int, shape.split("x"))
+      key = jax.random.PRNGKey(b * l)
+      sets = [tuple(jax.random.normal(kk, (b, l, h, d), dtype)
+                    for kk in jax.random.split(jax.random.fold_in(key, i), 4)) for i in range(3)]
+      xs = tuple(jnp.stack([sets[i % 3][j] for i in range(FLAGS.steps)]) for j in range(4))
+      for kind in ("fwd", "fwd+bwd"):
+        times = {}
+        for name, attn in methods(dtype, n, m, FLAGS.rate).items():
+          try:
+            times[name] = chained_ms(passes(attn)[kind], xs, FLAGS.steps, FLAGS.rounds)
+          except Exception as e:  # pylint: disable=broad-except  (e.g. out of memory)
+            print(f"{dname} {shape} {kind} {name}: failed: {type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:100]}", flush=True)
+            times[name] = float("nan")
+        dfss, drop = times["DFSS Triton"], times[f"DFSS Triton, dropout {FLAGS.rate}"]
+        xla, xla_drop = times["XLA dense"], times[f"XLA dense, dropout {FLAGS.rate}"]
+        row = [dname, f"{n}:{m}", shape, kind, f"{times.get('cuDNN dense', float('nan')):.3f}",
+               f"{xla:.3f}", f"{xla_drop:.3f}", f"{dfss:.3f}", f"{drop:.3f}",
+               f"{drop / dfss:.3f}", f"{xla_drop / xla:.3f}"]
+        rows.append(row)
+        print(" | ".join(row), flush=True)
+  cols = ["dtype", "N:M", "BxL", "pass", "cuDNN ms", "XLA ms", "XLA+drop ms", "DFSS ms",
+          "DFSS+drop ms", "DFSS drop/no", "XLA drop/no"]
+  table = "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+                    + ["| " + " | ".join(r) + " |" for r in rows])
+  text = header + "\nend of run, " + gpu_state() + "\n\n" + table + "\n"
+  print("\n" + text)
+  if FLAGS.out:
+    with open(FLAGS.out, "w") as f:
+      f.write(text)
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

@@ -1,0 +1,124 @@
+"""Attention dropout for DFSS: one counter-based mask shared by the Triton kernels and JAX.
+
+Dropout acts on the kept probabilities after the softmax, A <- A * Z / (1 - rate) with Z a
+Bernoulli(1 - rate) mask, as the pure-JAX path of every kind does.  The fused kernels never
+store A, so the forward and the backward must draw the same Z from scratch: Z is a function of
+(seed, batch*head, query row, key) only, never of tile sizes or launch order, and this module
+computes exactly the Z the kernels compute (``dfss_dropout_kernels``), so the pure-JAX path and
+the kernels drop the same entries for the same seed.
+
+The generator is Philox-4x32 (Salmon et al., SC'11; Triton's ``tl.philox_impl``) with
+``ROUNDS`` = 7 rounds, the fewest its authors found free of statistical failures (BigCrush);
+the default 10 adds margin we pay for in every tile.  One call gives four 32-bit words; only
+the N kept members of a group need a draw, so:
+
+* counter (c0, c1, c2, c3) = (group // 4, query row, batch*heads + head, t), key = the seed's
+  two words; output word ``group % 4`` of the call with c3 = t is word t of that (row, group);
+* a group needs W = ceil(N / 2) words: the kept member of rank j (j kept members of the group
+  have a lower key index) takes the 16-bit half j % 2 (low half first) of word j // 2;
+* it is dropped when that half is < T = round(rate * 2^16), kept ones are scaled by
+  2^16 / (2^16 - T): the effective rate is T / 2^16 (0.1 -> 0.100006), and the scale makes
+  the expectation exact for it (unbiased).
+
+For 2:4 one call covers four groups (16 keys): 2 draws of 16 bits per group, nothing wasted.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROUNDS = 7
+HALF_BITS = 16
+_HALF = 1 << HALF_BITS
+_MUL_A = 0xD2511F53   # Philox-4x32 multipliers and key increments (Random123, Triton)
+_MUL_B = 0xCD9E8D57
+_KEY_A = 0x9E3779B9
+_KEY_B = 0xBB67AE85
+
+
+def threshold(rate: float) -> int:
+  """T of a dropout rate: a 16-bit draw below T drops the entry (0: no dropout)."""
+  if not 0.0 <= rate < 1.0:
+    raise ValueError(f"attention dropout rate {rate} must be in [0, 1)")
+  t = int(round(rate * _HALF))
+  if t >= _HALF:
+    raise ValueError(f"attention dropout rate {rate} rounds to 1 at 16-bit resolution")
+  return t
+
+
+def keep_scale(t: int) -> float:
+  """The factor of a kept probability: 1 / (1 - T / 2^16)."""
+  return _HALF / (_HALF - t)
+
+
+def words_per_group(n: int) -> int:
+  """W: 32-bit words of randomness per (row, group), 16 bits per kept member."""
+  return (n + 1) // 2
+
+
+def seed_words(rng) -> jax.Array:
+  """The Philox key of one call: two 32-bit words from a JAX PRNG key, as int32 [2] (the
+  kernels read it from memory, so a new seed every step needs no recompilation)."""
+  return jax.lax.bitcast_convert_type(jax.random.bits(rng, (2,), jnp.uint32), jnp.int32)
+
+
+def _mulhilo(a: int, b):
+  """(high, low) 32-bit halves of the 64-bit product a * b, a a constant, b uint32: from 16-bit
+  limbs, so that no 64-bit integers are needed (JAX runs without x64 by default)."""
+  a_hi, a_lo = jnp.uint32(a >> 16), jnp.uint32(a & 0xFFFF)
+  b_hi, b_lo = b >> 16, b & 0xFFFF
+  lo_lo = a_lo * b_lo
+  mid = a_hi * b_lo + (lo_lo >> 16)
+  mid2 = a_lo * b_hi + (mid & 0xFFFF)
+  hi = a_hi * b_hi + (mid >> 16) + (mid2 >> 16)
+  return hi, jnp.uint32(a) * b
+
+
+def philox4x32(c0, c1, c2, c3, k0, k1, rounds: int = ROUNDS):
+  """Philox-4x32 on uint32 arrays (broadcast together): the four output words."""
+  c0, c1, c2, c3 = jnp.broadcast_arrays(*(jnp.asarray(c, jnp.uint32) for c in (c0, c1, c2, c3)))
+  k0 = jnp.asarray(k0, jnp.uint32)
+  k1 = jnp.asarray(k1, jnp.uint32)
+  for _ in range(rounds):
+    hi_b, lo_b = _mulhilo(_MUL_B, c2)
+    hi_a, lo_a = _mulhilo(_MUL_A, c0)
+    c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+    k0 = k0 + jnp.uint32(_KEY_A)
+    k1 = k1 + jnp.uint32(_KEY_B)
+  return c0, c1, c2, c3
+
+
+def group_words(seed, batch_heads: int, rows: int, groups: int, n: int) -> jax.Array:
+  """uint32 [batch*heads, rows, groups, W]: word t of every (row, group), as the kernels draw
+  them (module docstring)."""
+  seed = jax.lax.bitcast_convert_type(jnp.asarray(seed, jnp.int32), jnp.uint32)
+  quads = -(-groups // 4)
+  w = words_per_group(n)
+  out = philox4x32(jnp.arange(quads, dtype=jnp.uint32)[None, None, :, None],
+                   jnp.arange(rows, dtype=jnp.uint32)[None, :, None, None],
+                   jnp.arange(batch_heads, dtype=jnp.uint32)[:, None, None, None],
+                   jnp.arange(w, dtype=jnp.uint32)[None, None, None, :], seed[0], seed[1])
+  out = jnp.stack(out, axis=3)                            # [BH, rows, quads, 4, W]
+  return out.reshape(batch_heads, rows, quads * 4, w)[:, :, :groups]
+
+
+def dropout_multiplier(seed, keep, n: int, m: int, rate: float) -> jax.Array:
+  """float32 [batch, heads, q_len, k_len]: Z / (1 - rate) on the kept entries, 0 elsewhere.
+
+  seed: int32 [2] (``seed_words``); keep: bool [batch, heads, q_len, k_len], the N:M keep mask
+  (at most n kept per group of m keys; k_len % m == 0).
+  """
+  t = threshold(rate)
+  b, h, rows, keys = keep.shape
+  if keys % m:
+    raise ValueError(f"key length {keys} is not a multiple of m={m}")
+  groups = keys // m
+  words = group_words(seed, b * h, rows, groups, n).reshape(b, h, rows, groups, -1)
+  kept = keep.reshape(b, h, rows, groups, m)
+  rank = jnp.cumsum(kept, axis=-1, dtype=jnp.int32) - kept.astype(jnp.int32)
+  word = jnp.take_along_axis(words, jnp.minimum(rank // 2, words.shape[-1] - 1), axis=-1)
+  draw = jnp.where(rank % 2 == 0, word & 0xFFFF, word >> HALF_BITS)
+  survive = kept & (draw >= t)
+  return jnp.where(survive, np.float32(keep_scale(t)), np.float32(0.0)).reshape(keep.shape)
