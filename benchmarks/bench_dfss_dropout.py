@@ -37,17 +37,18 @@ FLAGS = flags.FLAGS
 DTYPES = {"bf16": (jnp.bfloat16, 2, 4), "fp32": (jnp.float32, 1, 2)}  # paper defaults
 
 
-def methods(dtype, n, m, rate):
+def methods(dtype, n, m, rate, dense=True):
   """name -> attention(q, k, v); the dropout ones draw from a fixed seed (same work)."""
   rng = jax.random.PRNGKey(0)
   seed = dfss_dropout.seed_words(rng)
   out = {}
-  if dtype != jnp.float32:
-    out["cuDNN dense"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v,
-                                                                      implementation="cudnn")
-  out["XLA dense"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla")
-  out[f"XLA dense, dropout {rate}"] = lambda q, k, v: dense_attention_reference(
-      q, k, v, dropout_rate=rate, dropout_rng=rng)
+  if dense:
+    if dtype != jnp.float32:
+      out["cuDNN dense"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v,
+                                                                        implementation="cudnn")
+    out["XLA dense"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla")
+    out[f"XLA dense, dropout {rate}"] = lambda q, k, v: dense_attention_reference(
+        q, k, v, dropout_rate=rate, dropout_rng=rng)
   out["DFSS Triton"] = lambda q, k, v: dfss_triton.dfss_attention_triton(q, k, v, n=n, m=m)
   out[f"DFSS Triton, dropout {rate}"] = lambda q, k, v: dfss_triton.dfss_attention_triton(
       q, k, v, n=n, m=m, dropout_rate=rate, dropout_seed=seed)
@@ -74,6 +75,7 @@ def define_flags() -> None:
   flags.DEFINE_integer("dim", 64, "Head dimension.")
   flags.DEFINE_integer("steps", 20, "Attention calls chained in one jit (lax.scan).")
   flags.DEFINE_integer("rounds", 7, "Timed runs per cell (median).")
+  flags.DEFINE_bool("dense", True, "Also time the dense rows (cuDNN, XLA with/without dropout).")
   flags.DEFINE_string("out", None, "Also write the table (markdown) here.")
 
 
@@ -101,7 +103,7 @@ def main(argv: Sequence[str]) -> None:
       xs = tuple(jnp.stack([sets[i % 3][j] for i in range(FLAGS.steps)]) for j in range(4))
       for kind in ("fwd", "fwd+bwd"):
         times = {}
-        for name, attn in methods(dtype, n, m, FLAGS.rate).items():
+        for name, attn in methods(dtype, n, m, FLAGS.rate, FLAGS.dense).items():
           try:
             times[name] = chained_ms(passes(attn)[kind], xs, FLAGS.steps, FLAGS.rounds)
           except Exception as e:  # pylint: disable=broad-except  (e.g. out of memory)
@@ -109,7 +111,8 @@ def main(argv: Sequence[str]) -> None:
                   f"{str(e).splitlines()[0][:100]}", flush=True)
             times[name] = float("nan")
         dfss, drop = times["DFSS Triton"], times[f"DFSS Triton, dropout {FLAGS.rate}"]
-        xla, xla_drop = times["XLA dense"], times[f"XLA dense, dropout {FLAGS.rate}"]
+        xla = times.get("XLA dense", float("nan"))
+        xla_drop = times.get(f"XLA dense, dropout {FLAGS.rate}", float("nan"))
         row = [dname, f"{n}:{m}", shape, kind, f"{times.get('cuDNN dense', float('nan')):.3f}",
                f"{xla:.3f}", f"{xla_drop:.3f}", f"{dfss:.3f}", f"{drop:.3f}",
                f"{drop / dfss:.3f}", f"{xla_drop / xla:.3f}"]

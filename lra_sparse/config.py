@@ -82,8 +82,8 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.model.qkv_dim = 512
   config.model.mlp_dim = 1024
   config.model.dropout_rate = 0.1
-  # LRA used 0.1; fused kernels (cuDNN, DFSS Triton) have no dropout on probabilities, so 0 keeps
-  # them usable. Every kind honours a value > 0 through its reference path.
+  # LRA used 0.1; cuDNN (dense) has no dropout on probabilities, so 0 keeps dense on it. The DFSS
+  # Triton kernels draw their own; the other kinds apply it through their reference paths.
   config.model.attention_dropout_rate = 0.0
   config.model.pooling = "cls"      # "cls" | "mean"
   # Position embeddings as LRA's AddPositionEmbs: fixed "sinusoidal", or "learned" (only LRA's

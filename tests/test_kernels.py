@@ -517,15 +517,14 @@ def np_philox4x32(c, key, rounds):
 
 def np_dropout_multiplier(seed, keep, n, m, rate):
   """The dfss_dropout rule written out per (row, group) with numpy: word t of group g of row r
-  (batch*heads index bh) is output g % 4 of Philox((g // 4, r, bh, t), seed); the kept member
+  (batch*heads index bh) is output t % 4 of Philox((g, r, bh, t // 4), seed); the kept member
   of rank j reads 16-bit half j % 2 of word j // 2; dropped when that half < round(rate 2^16)."""
   t_drop = int(round(rate * 65536))
   b, h, rows, keys = keep.shape
   key = [int(x) & 0xFFFFFFFF for x in np.asarray(seed)]
   out = np.zeros(keep.shape, np.float64)
   bh, r, g = np.meshgrid(np.arange(b * h), np.arange(rows), np.arange(keys // m), indexing="ij")
-  words = [np.choose(g % 4, np_philox4x32((g // 4, r, bh, t), key, 7))
-           for t in range((n + 1) // 2)]
+  words = [np_philox4x32((g, r, bh, t // 4), key, 7)[t % 4] for t in range((n + 1) // 2)]
   kept = keep.reshape(b * h, rows, keys // m, m)
   rank = np.zeros(kept.shape[:-1], np.int64)
   for i in range(m):
@@ -559,7 +558,7 @@ def test_philox_known_answers_and_numpy():
     np.testing.assert_array_equal(np.asarray(a, np.uint64), b)
 
 
-@pytest.mark.parametrize("n,m", [(2, 4), (1, 2), (3, 4), (5, 8), (2, 8)])
+@pytest.mark.parametrize("n,m", [(2, 4), (1, 2), (3, 4), (5, 8), (2, 8), (9, 16)])
 def test_dropout_multiplier_matches_numpy_rule(n, m):
   """dfss_dropout.dropout_multiplier (what both backends apply) against the rule written out
   in numpy, on N:M keep masks of random scores with padded keys and ties."""
@@ -671,7 +670,8 @@ DROPOUT_GPU_CASES = [
     (jnp.bfloat16, 3, 4, 1, 257, 2, 64, True, 0.3),   # two words per group, padded keys
     (jnp.bfloat16, 2, 4, 2, 257, 2, 4, True, 0.1),    # Pathfinder head dim, zero-padded
     (jnp.float32, 1, 2, 2, 1000, 2, 64, True, 0.1),
-    (jnp.float32, 2, 8, 1, 300, 2, 128, True, 0.5),   # G % 4 != 0 at the fp32 tiles
+    (jnp.float32, 2, 8, 1, 300, 2, 128, True, 0.5),
+    (jnp.bfloat16, 9, 16, 1, 130, 1, 64, True, 0.2),  # five words: two Philox calls a group
 ]
 
 

@@ -1,10 +1,10 @@
 """Triton device functions of DFSS attention dropout: the draws of ``dfss_dropout``.
 
 The mask Z is the one ``dfss_dropout.dropout_multiplier`` computes in JAX (its docstring states
-the rule): Philox-4x32 with counter (group // 4, query row, batch*heads + head, word t) and the
-seed as key; the kept member of rank j in its group reads 16-bit half j % 2 of word j // 2 and
-survives when that half is >= T.  Tiles here are [rows, groups] of one key block (the layout of
-the forward and dQ kernels); the key-block backward transposes them.
+the rule): Philox-4x32 with counter (group, query row, batch*heads + head, t // 4) and the seed
+as key gives word t of a (row, group); the kept member of rank j in its group reads 16-bit half
+j % 2 of word j // 2 and survives when that half is >= T.  Tiles are [rows, groups] of one key
+block (forward and dQ kernels) or [groups, rows] (key-block backward).
 
 This module imports triton: only the kernel launchers import it, on first use.
 """
@@ -29,39 +29,28 @@ def kept_scale(T: tl.constexpr):
 
 
 @triton.jit
-def group_words(k0, k1, bh, rows, start, t, M: tl.constexpr, G: tl.constexpr):
-  """uint32 [BM, G]: word t of each (row, group) of the key block at ``start`` (G groups of M
-  keys; ``rows`` [BM] the query rows).  With G % 4 == 0 one Philox call covers four groups and
-  its words are interleaved into place (column 4x + k = word k of quad x)."""
-  BM: tl.constexpr = rows.shape[0]
-  g0 = start // M
-  zero = tl.zeros([BM, G // 4 if G % 4 == 0 else G], tl.uint32)
-  c1 = rows.to(tl.uint32)[:, None] + zero
-  c2 = zero + bh.to(tl.uint32)
-  c3 = zero + t
-  if G % 4 == 0:  # block starts are multiples of BN = G*M, so g0 % 4 == 0 here
-    c0 = (g0 // 4 + tl.arange(0, G // 4)).to(tl.uint32)[None, :] + zero
-    o0, o1, o2, o3 = tl.philox_impl(c0, c1, c2, c3, k0, k1, ROUNDS)
-    words = tl.interleave(tl.interleave(o0, o2), tl.interleave(o1, o3))
-  else:
-    g = g0 + tl.arange(0, G)
-    c0 = (g // 4).to(tl.uint32)[None, :] + zero
-    o0, o1, o2, o3 = tl.philox_impl(c0, c1, c2, c3, k0, k1, ROUNDS)
-    k = (g % 4)[None, :]
-    words = tl.where(k == 0, o0, tl.where(k == 1, o1, tl.where(k == 2, o2, o3)))
-  return words
-
-
-@triton.jit
 def block_words(k0, k1, bh, rows, start, M: tl.constexpr, G: tl.constexpr,
                 NKEEP: tl.constexpr, TRANSPOSE: tl.constexpr):
-  """The W = ceil(NKEEP / 2) word tiles of a key block: [BM, G], or [G, BM] with TRANSPOSE."""
+  """The W = ceil(NKEEP / 2) word tiles of the key block at ``start`` (G groups of M keys;
+  ``rows`` [BM] the query rows): [BM, G], or [G, BM] with TRANSPOSE (the key-block backward),
+  each drawn in its own layout: word t is output t % 4 of Philox((group, row, bh, t // 4))."""
+  g = (start // M + tl.arange(0, G)).to(tl.uint32)
+  r = rows.to(tl.uint32)
+  if TRANSPOSE:
+    zero = tl.zeros([G, rows.shape[0]], tl.uint32)
+    c0 = g[:, None] + zero
+    c1 = r[None, :] + zero
+  else:
+    zero = tl.zeros([rows.shape[0], G], tl.uint32)
+    c0 = g[None, :] + zero
+    c1 = r[:, None] + zero
+  c2 = zero + bh.to(tl.uint32)
+  W: tl.constexpr = (NKEEP + 1) // 2
   words = ()
-  for t in tl.static_range((NKEEP + 1) // 2):
-    w = group_words(k0, k1, bh, rows, start, t, M, G)
-    if TRANSPOSE:
-      w = tl.trans(w)
-    words = words + (w,)
+  for call in tl.static_range((W + 3) // 4):
+    o = tl.philox_impl(c0, c1, c2, zero + call, k0, k1, ROUNDS)
+    for t in tl.static_range(min(4, W - 4 * call)):
+      words = words + (o[t],)
   return words
 
 
