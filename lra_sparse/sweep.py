@@ -6,6 +6,7 @@ Usage (from the repository root)::
   python -m lra_sparse.sweep --sweep=experiments/dfss_table4.py:tiny --root=runs/t4 --dry_run
   python -m lra_sparse.sweep --sweep=experiments/dfss_table4.py --root=runs/dfss_table4 --status
   python -m lra_sparse.sweep ... --parallel=gpus     # one run per local GPU at a time
+  python -m lra_sparse.sweep ... --executor=slurm --slurm_partition=gpu   # one SLURM job per run
 
 A sweep spec is a python file whose ``get_sweep(preset="")`` returns a :class:`Sweep`; the
 optional ``:preset`` after the path (``experiments/x.py:tiny``) is passed to it, like the
@@ -24,6 +25,12 @@ sweep skips finished runs and launches the others with the same workdir (the tra
 from its last checkpoint). A run that exits non-zero (or exits without result.json) gets
 ``<workdir>/sweep_error.txt`` (return code, command, the tail of its log) and the sweep moves on.
 See WORKSPACE.md for the layout of the sweep root.
+
+``--executor=slurm`` hands each run to SLURM as one job through submitit (the engine queues and
+places them; this runner only decides which runs to submit, keeps at most ``--slurm_max_jobs``
+in the queue, waits for them and records outcomes as above). The job runs the same command, its
+output appended to the run's log, so skip-finished, resume, dependencies and ``--status`` are
+the local executor's.
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -404,10 +412,110 @@ class Launcher:
 
   def __init__(self, main_command: Sequence[str] = DEFAULT_MAIN):
     self.main_command = list(main_command)
+    # Where the process runs, for the running marker: a marker of this host is checked by pid.
+    self.marker_host = socket.gethostname()
 
   def start(self, run: RunPlan, env: Mapping[str, str], log_file) -> subprocess.Popen:
     return subprocess.Popen(run.command(self.main_command), stdout=log_file,
                             stderr=subprocess.STDOUT, env=dict(env))
+
+
+class _JobCommand:
+  """The body of a submitit job (pickled): runs the trainer command with its output appended
+  to the run's log, and returns the exit code."""
+
+  def __init__(self, command: Sequence[str], log_path: str):
+    self.command = list(command)
+    self.log_path = log_path
+
+  def __call__(self) -> int:
+    with open(self.log_path, "a") as log:
+      return subprocess.run(self.command, stdout=log, stderr=subprocess.STDOUT,
+                            check=False).returncode
+
+
+class _JobProcess:
+  """A submitit job seen through the part of ``subprocess.Popen`` the scheduler uses."""
+
+  def __init__(self, job):
+    self.job = job
+    self.pid = job.job_id
+
+  def poll(self) -> int | None:
+    if not self.job.done():
+      return None
+    try:
+      return int(self.job.result())
+    except Exception as error:  # pylint: disable=broad-except  (cancelled, node failure, ...)
+      print(f"sweep: job {self.job.job_id} failed: {cli.one_line(error)}", file=sys.stderr)
+      return 1
+
+  def send_signal(self, sig) -> None:
+    del sig  # SLURM cancels with its own signals; the trainer's checkpoints make it resumable
+    self.job.cancel(check=False)
+
+  def wait(self, timeout: float | None = None) -> int:
+    deadline = None if timeout is None else time.time() + timeout
+    while (code := self.poll()) is None:
+      if deadline is not None and time.time() > deadline:
+        raise subprocess.TimeoutExpired(str(self.job.job_id), timeout)
+      time.sleep(1.0)
+    return code
+
+  def kill(self) -> None:
+    self.job.cancel(check=False)
+
+
+class SubmititLauncher(Launcher):
+  """Submits each run as one job of a submitit executor (SLURM, or submitit's LocalExecutor
+  in tests) instead of starting a subprocess."""
+
+  def __init__(self, executor, main_command: Sequence[str] = DEFAULT_MAIN):
+    super().__init__(main_command)
+    self.executor = executor
+    import submitit  # pylint: disable=import-outside-toplevel
+    if not isinstance(executor, (submitit.LocalExecutor, submitit.DebugExecutor)):
+      self.marker_host = "slurm"   # not this host: --status trusts the marker until it goes
+
+  def start(self, run: RunPlan, env: Mapping[str, str], log_file) -> _JobProcess:
+    del env  # the job gets the cluster's environment (and its GPUs)
+    log_file.flush()
+    return _JobProcess(self.executor.submit(_JobCommand(run.command(self.main_command),
+                                                        log_file.name)))
+
+
+def slurm_executor(root: str, *, partition: str = "", time_min: int = 240,
+                   gpus_per_node: int = 1, cpus_per_task: int = 0, mem_gb: int = 0,
+                   extra: str = ""):
+  """submitit's SLURM executor for one job per run (one task, one node), its files under
+  ``<root>/_submitit``. ``extra``: more sbatch options as ``key=value,key=value``."""
+  if time_min <= 0:
+    raise ValueError(f"--slurm_time_min must be > 0, got {time_min}")
+  if gpus_per_node < 0 or cpus_per_task < 0 or mem_gb < 0:
+    raise ValueError("--slurm_gpus_per_node, --slurm_cpus_per_task and --slurm_mem_gb must be "
+                     ">= 0")
+  additional = {}
+  for item in filter(None, (part.strip() for part in extra.split(","))):
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+      raise ValueError(f"--slurm_extra: expected key=value items, got {item!r}")
+    additional[key.strip()] = value.strip()
+  if shutil.which("sbatch") is None:
+    raise ValueError("--executor=slurm needs SLURM (no sbatch on PATH); run on a login node")
+  import submitit  # pylint: disable=import-outside-toplevel
+  executor = submitit.AutoExecutor(folder=os.path.join(root, "_submitit"), cluster="slurm")
+  params: dict[str, Any] = dict(timeout_min=time_min, gpus_per_node=gpus_per_node, nodes=1,
+                                tasks_per_node=1, name="lra_sparse")
+  if partition:
+    params["slurm_partition"] = partition
+  if cpus_per_task:
+    params["cpus_per_task"] = cpus_per_task
+  if mem_gb:
+    params["mem_gb"] = mem_gb
+  if additional:
+    params["slurm_additional_parameters"] = additional
+  executor.update_parameters(**params)
+  return executor
 
 
 def detect_gpus() -> list[str]:
@@ -503,23 +611,30 @@ class _Active:
 
 def run_sweep(spec_arg: str, root: str, *, parallel: str = "none",
               launcher: Launcher | None = None, run_filter: str = "",
-              poll_seconds: float = 0.5, show_progress: bool = True) -> dict[str, str]:
-  """Launches every unfinished run of the sweep; returns the final state of each run."""
+              poll_seconds: float = 0.5, show_progress: bool = True,
+              max_jobs: int = 0) -> dict[str, str]:
+  """Launches every unfinished run of the sweep; returns the final state of each run.
+  max_jobs > 0 (job executors): at most that many runs submitted at once."""
   sweep = load_sweep(spec_arg)
   runs = expand_sweep(sweep, root)        # a bad spec fails before the root is created
   with workdir_lib.locked(root, workdir_lib.SWEEP_LOCK_FILE):
     return _run_sweep_locked(sweep, spec_arg, root, runs, parallel=parallel, launcher=launcher,
                              run_filter=run_filter, poll_seconds=poll_seconds,
-                             show_progress=show_progress)
+                             show_progress=show_progress, max_jobs=max_jobs)
 
 
 def _run_sweep_locked(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[RunPlan], *,
                       parallel: str, launcher: Launcher | None, run_filter: str,
-                      poll_seconds: float, show_progress: bool) -> dict[str, str]:
+                      poll_seconds: float, show_progress: bool, max_jobs: int) -> dict[str, str]:
   previous_outcomes = read_manifest_outcomes(root, sweep.name)
   launcher = launcher or Launcher()
-  if parallel == "gpus":
-    slots: list[str | None] = list(detect_gpus()) or [None]
+  if max_jobs > 0:
+    if parallel != "none":
+      raise ValueError("--parallel=gpus places runs on local GPUs; with --executor=slurm "
+                       "SLURM places them (use --slurm_max_jobs)")
+    slots: list[str | None] = [None] * max_jobs
+  elif parallel == "gpus":
+    slots = list(detect_gpus()) or [None]
     if slots == [None]:
       print("sweep: no GPU found, running one run at a time", file=sys.stderr)
   elif parallel == "none":
@@ -656,7 +771,7 @@ def _start(run: RunPlan, slot: str | None, launcher: Launcher) -> _Active:
     log_file.close()
     raise
   write_json(os.path.join(run.workdir, RUNNING_FILE),
-             {"pid": process.pid, "host": socket.gethostname(), "started": _now(),
+             {"pid": process.pid, "host": launcher.marker_host, "started": _now(),
               "slot": slot}, sort_keys=False, trailing_newline=True)
   return _Active(run=run, process=process, log_file=log_file, slot=slot, started=time.time())
 
@@ -732,6 +847,18 @@ def define_flags() -> None:
                     "none: one run at a time; gpus: one run per local GPU "
                     "(CUDA_VISIBLE_DEVICES).")
   flags.DEFINE_string("runs", "", "Only launch runs whose name matches this regular expression.")
+  flags.DEFINE_enum("executor", "local", ["local", "slurm"],
+                    "local: subprocesses on this machine; slurm: one SLURM job per run "
+                    "(submitit), this process waits for them.")
+  flags.DEFINE_string("slurm_partition", "", "SLURM partition (default: the cluster's).")
+  flags.DEFINE_integer("slurm_time_min", 240, "Time limit per job, minutes (a run that hits it "
+                       "resumes from its checkpoint when the sweep is run again).")
+  flags.DEFINE_integer("slurm_gpus_per_node", 1, "GPUs per job.")
+  flags.DEFINE_integer("slurm_cpus_per_task", 0, "CPUs per job (0: the cluster's default).")
+  flags.DEFINE_integer("slurm_mem_gb", 0, "Memory per job, GB (0: the cluster's default).")
+  flags.DEFINE_integer("slurm_max_jobs", 16, "Runs submitted (queued or running) at once.")
+  flags.DEFINE_string("slurm_extra", "", "More sbatch options, key=value,... "
+                      "(e.g. account=lab,qos=normal).")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -745,7 +872,20 @@ def main(argv: Sequence[str]) -> None:
     print(f"sweep {sweep.name} ({FLAGS.sweep}) under {os.path.abspath(FLAGS.root)}")
     print(describe_runs(runs, show_overrides=FLAGS.dry_run))
     return
-  states = run_sweep(FLAGS.sweep, FLAGS.root, parallel=FLAGS.parallel, run_filter=FLAGS.runs)
+  launcher, max_jobs = None, 0
+  if FLAGS.executor == "slurm":
+    if FLAGS.slurm_max_jobs < 1:
+      raise app.UsageError(f"--slurm_max_jobs must be >= 1, got {FLAGS.slurm_max_jobs}")
+    if FLAGS.parallel != "none":
+      raise app.UsageError("--parallel=gpus places runs on local GPUs; with --executor=slurm "
+                           "SLURM places them (use --slurm_max_jobs)")
+    launcher = SubmititLauncher(slurm_executor(
+        FLAGS.root, partition=FLAGS.slurm_partition, time_min=FLAGS.slurm_time_min,
+        gpus_per_node=FLAGS.slurm_gpus_per_node, cpus_per_task=FLAGS.slurm_cpus_per_task,
+        mem_gb=FLAGS.slurm_mem_gb, extra=FLAGS.slurm_extra))
+    max_jobs = FLAGS.slurm_max_jobs
+  states = run_sweep(FLAGS.sweep, FLAGS.root, parallel=FLAGS.parallel, run_filter=FLAGS.runs,
+                     launcher=launcher, max_jobs=max_jobs)
   counts = {s: sum(1 for v in states.values() if v == s)
             for s in (FINISHED, RUNNING, FAILED, BLOCKED, PENDING)}
   print("sweep done: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
