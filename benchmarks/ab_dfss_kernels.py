@@ -73,6 +73,27 @@ def chained_ms(fn, xs, steps: int, rounds: int, warmup: int = 2) -> float:
   return statistics.median(times)
 
 
+def input_sets(b: int, l: int, h: int, d: int, dtype, steps: int):
+  """(sets, xs): 3 random (q, k, v, cotangent) sets of [b, l, h, d], and ``steps`` of them
+  stacked (tiled) for ``chained``."""
+  key = jax.random.PRNGKey(b * l)
+  sets = [tuple(jax.random.normal(kk, (b, l, h, d), dtype)
+                for kk in jax.random.split(jax.random.fold_in(key, i), 4)) for i in range(3)]
+  return sets, tuple(jnp.stack([sets[i % 3][j] for i in range(steps)]) for j in range(4))
+
+
+def emit_table(header: str, cols: Sequence[str], rows: Sequence[Sequence[str]],
+               out: str | None) -> None:
+  """Prints the header, the GPU state at the end and the markdown table; also to ``out``."""
+  table = "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+                    + ["| " + " | ".join(r) + " |" for r in rows])
+  text = header + "\nend of run, " + gpu_state() + "\n\n" + table + "\n"
+  print("\n" + text)
+  if out:
+    with open(out, "w") as f:
+      f.write(text)
+
+
 def attention_fns(mod, n, m, kw):
   def fwd(q, k, v, ct):
     del ct
@@ -123,10 +144,7 @@ def main(argv: Sequence[str]) -> None:
     dtype, n, m = DTYPES[dname]
     for shape in FLAGS.shapes.split(","):
       b, l = map(int, shape.split("x"))
-      key = jax.random.PRNGKey(b * l)
-      sets = [tuple(jax.random.normal(kk, (b, l, h, d), dtype)
-                    for kk in jax.random.split(jax.random.fold_in(key, i), 4)) for i in range(3)]
-      xs = tuple(jnp.stack([sets[i % 3][j] for i in range(FLAGS.steps)]) for j in range(4))
+      sets, xs = input_sets(b, l, h, d, dtype, FLAGS.steps)
       for impl in FLAGS.impls:
         fns = {"OLD": attention_fns(old, n, m, IMPLS[impl]),
                "NEW": attention_fns(dfss_triton, n, m, IMPLS[impl])}
@@ -148,14 +166,8 @@ def main(argv: Sequence[str]) -> None:
                  f"{t_new / t_old:.3f}", f"{diff:.2e}"]
           rows.append(row)
           print(" | ".join(row), flush=True)
-  cols = ["dtype", "N:M", "BxL", "impl", "pass", "OLD ms", "NEW ms", "NEW/OLD", "max |NEW-OLD|"]
-  table = "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-                    + ["| " + " | ".join(r) + " |" for r in rows])
-  text = header + "\nend of run, " + gpu_state() + "\n\n" + table + "\n"
-  print("\n" + text)
-  if FLAGS.out:
-    with open(FLAGS.out, "w") as f:
-      f.write(text)
+  emit_table(header, ["dtype", "N:M", "BxL", "impl", "pass", "OLD ms", "NEW ms", "NEW/OLD",
+                      "max |NEW-OLD|"], rows, FLAGS.out)
 
 
 if __name__ == "__main__":

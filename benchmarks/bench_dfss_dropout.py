@@ -28,7 +28,7 @@ from absl import app, flags
 import jax
 import jax.numpy as jnp
 
-from benchmarks.ab_dfss_kernels import chained_ms
+from benchmarks.ab_dfss_kernels import chained_ms, emit_table, input_sets
 from benchmarks.bench_dfss_kernels import gpu_state
 from lra_sparse.attention.dense import dense_attention_reference
 from lra_sparse.kernels import dfss_dropout, dfss_triton
@@ -97,10 +97,7 @@ def main(argv: Sequence[str]) -> None:
     dtype, n, m = DTYPES[dname]
     for shape in FLAGS.shapes.split(","):
       b, l = map(int, shape.split("x"))
-      key = jax.random.PRNGKey(b * l)
-      sets = [tuple(jax.random.normal(kk, (b, l, h, d), dtype)
-                    for kk in jax.random.split(jax.random.fold_in(key, i), 4)) for i in range(3)]
-      xs = tuple(jnp.stack([sets[i % 3][j] for i in range(FLAGS.steps)]) for j in range(4))
+      _, xs = input_sets(b, l, h, d, dtype, FLAGS.steps)
       for kind in ("fwd", "fwd+bwd"):
         times = {}
         for name, attn in methods(dtype, n, m, FLAGS.rate, FLAGS.dense).items():
@@ -118,16 +115,8 @@ def main(argv: Sequence[str]) -> None:
                f"{drop / dfss:.3f}", f"{xla_drop / xla:.3f}"]
         rows.append(row)
         print(" | ".join(row), flush=True)
-  cols = ["dtype", "N:M", "BxL", "pass", "cuDNN ms", "XLA ms", "XLA+drop ms", "DFSS ms",
-          "DFSS+drop ms", "DFSS drop/no", "XLA drop/no"]
-  table = "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-                    + ["| " + " | ".join(r) + " |" for r in rows])
-  text = header + "\nend of run, " + gpu_state() + "\n\n" + table + "\n"
-  print("\n" + text)
-  if FLAGS.out:
-    with open(FLAGS.out, "w") as f:
-      f.write(text)
-
+  emit_table(header, ["dtype", "N:M", "BxL", "pass", "cuDNN ms", "XLA ms", "XLA+drop ms",
+                      "DFSS ms", "DFSS+drop ms", "DFSS drop/no", "XLA drop/no"], rows, FLAGS.out)
 
 if __name__ == "__main__":
   define_flags()
