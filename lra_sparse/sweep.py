@@ -26,11 +26,14 @@ from its last checkpoint). A run that exits non-zero (or exits without result.js
 ``<workdir>/sweep_error.txt`` (return code, command, the tail of its log) and the sweep moves on.
 See WORKSPACE.md for the layout of the sweep root.
 
-``--executor=slurm`` hands each run to SLURM as one job through submitit (the engine queues and
-places them; this runner only decides which runs to submit, keeps at most ``--slurm_max_jobs``
-in the queue, waits for them and records outcomes as above). The job runs the same command, its
-output appended to the run's log, so skip-finished, resume, dependencies and ``--status`` are
-the local executor's.
+``--executor=slurm`` submits each run that is neither finished, running nor queued as one job
+of a SLURM job array through submitit and returns: SLURM schedules, this runner only decides
+what to submit and records the job ids in the manifest. A job runs the same command (so a
+resubmitted run resumes from its checkpoints), appends its output to the run's log and writes
+``sweep_error.txt`` itself when the run fails, so ``--status`` reads the workdirs as for local
+runs and adds the queue state of each run's latest job. A run whose dependency is not finished
+yet is submitted by a later call, or by this one with ``--wait`` (which blocks until the jobs
+end, submitting dependents as their dependencies finish).
 """
 from __future__ import annotations
 
@@ -47,7 +50,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from absl import app
 from absl import flags
@@ -65,7 +68,15 @@ ERROR_TAIL_LINES = 60
 DEFAULT_MAIN = (sys.executable, "-m", "lra_sparse.main")
 
 FINISHED, RUNNING, FAILED, PENDING, BLOCKED = "finished", "running", "failed", "pending", "blocked"
+QUEUED = "queued"                   # a SLURM job for the run waits in the queue
+STATES = (FINISHED, RUNNING, QUEUED, FAILED, BLOCKED, PENDING)
 _MISSING = object()
+
+SUBMITIT_DIR = "_submitit"          # in the sweep root: submitit's job scripts, pickles and logs
+JOB_POLL_SECONDS = 30.0             # --wait: how often submitit is asked whether jobs ended
+# SLURM job states (sacct, first word) of a job that is still queued or running.
+LIVE_JOB_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED",
+                             "RESIZING", "SUSPENDED"})
 
 
 # ----------------------------------------------------------------------------- spec structures
@@ -379,10 +390,27 @@ def run_state(run: RunPlan, states: Mapping[str, str] | None = None) -> str:
   return PENDING
 
 
-def all_states(runs: Sequence[RunPlan]) -> dict[str, str]:
+def with_job_state(state: str, job_state: str | None) -> str:
+  """A run's workdir state corrected by the SLURM state of its latest job: a job in the queue
+  makes the run ``queued``, a started one whose trainer has not locked the workdir yet
+  ``running``, and one that ended leaving neither result nor error file (time limit, memory,
+  node failure, cancelled) ``failed``. An error file wins over a live state (sacct lags behind);
+  UNKNOWN (no record yet, or sacct failed) changes nothing.
+  """
+  if job_state is None or job_state == "UNKNOWN" or state in (FINISHED, RUNNING, FAILED):
+    return state
+  if job_state in LIVE_JOB_STATES:
+    return RUNNING if job_state in ("RUNNING", "COMPLETING") else QUEUED
+  return FAILED if state == PENDING else state
+
+
+def all_states(runs: Sequence[RunPlan],
+               jobs: Mapping[str, tuple[str, str]] | None = None) -> dict[str, str]:
+  """Each run's state; ``jobs`` (run name -> (job id, SLURM state)) corrects it by the queue."""
   states: dict[str, str] = {}
   for run in runs:                        # dependencies come first (earlier groups)
-    states[run.name] = run_state(run, states)
+    job_state = jobs[run.name][1] if jobs and run.name in jobs else None
+    states[run.name] = with_job_state(run_state(run, states), job_state)
   return states
 
 
@@ -412,8 +440,6 @@ class Launcher:
 
   def __init__(self, main_command: Sequence[str] = DEFAULT_MAIN):
     self.main_command = list(main_command)
-    # Where the process runs, for the running marker: a marker of this host is checked by pid.
-    self.marker_host = socket.gethostname()
 
   def start(self, run: RunPlan, env: Mapping[str, str], log_file) -> subprocess.Popen:
     return subprocess.Popen(run.command(self.main_command), stdout=log_file,
@@ -421,91 +447,80 @@ class Launcher:
 
 
 class _JobCommand:
-  """The body of a submitit job (pickled): runs the trainer command with its output appended
-  to the run's log, and returns the exit code."""
+  """The body of one run's submitit job (pickled, run on the cluster node): the trainer command,
+  in the directory the sweep was submitted from, with its output appended to the run's log.
+  A failure leaves sweep_error.txt as under the local executor, so --status needs no runner."""
 
-  def __init__(self, command: Sequence[str], log_path: str):
+  def __init__(self, command: Sequence[str], workdir: str):
     self.command = list(command)
-    self.log_path = log_path
+    self.workdir = workdir
+    self.cwd = os.getcwd()          # config paths in the command are relative to it
 
   def __call__(self) -> int:
-    with open(self.log_path, "a") as log:
-      return subprocess.run(self.command, stdout=log, stderr=subprocess.STDOUT,
-                            check=False).returncode
-
-
-class _JobProcess:
-  """A submitit job seen through the part of ``subprocess.Popen`` the scheduler uses."""
-
-  def __init__(self, job):
-    self.job = job
-    self.pid = job.job_id
-
-  def poll(self) -> int | None:
-    if not self.job.done():
-      return None
-    try:
-      return int(self.job.result())
-    except Exception as error:  # pylint: disable=broad-except  (cancelled, node failure, ...)
-      print(f"sweep: job {self.job.job_id} failed: {cli.one_line(error)}", file=sys.stderr)
-      return 1
-
-  def send_signal(self, sig) -> None:
-    del sig  # SLURM cancels with its own signals; the trainer's checkpoints make it resumable
-    self.job.cancel(check=False)
-
-  def wait(self, timeout: float | None = None) -> int:
-    deadline = None if timeout is None else time.time() + timeout
-    while (code := self.poll()) is None:
-      if deadline is not None and time.time() > deadline:
-        raise subprocess.TimeoutExpired(str(self.job.job_id), timeout)
-      time.sleep(1.0)
-    return code
-
-  def kill(self) -> None:
-    self.job.cancel(check=False)
-
-
-class SubmititLauncher(Launcher):
-  """Submits each run as one job of a submitit executor (SLURM, or submitit's LocalExecutor
-  in tests) instead of starting a subprocess."""
-
-  def __init__(self, executor, main_command: Sequence[str] = DEFAULT_MAIN):
-    super().__init__(main_command)
-    self.executor = executor
     import submitit  # pylint: disable=import-outside-toplevel
-    if not isinstance(executor, (submitit.LocalExecutor, submitit.DebugExecutor)):
-      self.marker_host = "slurm"   # not this host: --status trusts the marker until it goes
+    job_id = submitit.JobEnvironment().job_id
+    os.makedirs(self.workdir, exist_ok=True)
+    with open(os.path.join(self.workdir, LOG_FILE), "a") as log:
+      log.write(f"==== {_now()} sweep job {job_id} on {socket.gethostname()}: "
+                f"{' '.join(self.command)}\n")
+      log.flush()
+      returncode = subprocess.run(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                  cwd=self.cwd, check=False).returncode
+    if returncode != 0 or not is_finished(self.workdir):
+      _write_error_file(self.workdir, _failure_reason(returncode), self.command)
+    return returncode
 
-  def start(self, run: RunPlan, env: Mapping[str, str], log_file) -> _JobProcess:
-    del env  # the job gets the cluster's environment (and its GPUs)
-    log_file.flush()
-    return _JobProcess(self.executor.submit(_JobCommand(run.command(self.main_command),
-                                                        log_file.name)))
+
+def slurm_job_states(root: str, job_ids: Mapping[str, str]) -> dict[str, str]:
+  """Run name -> the SLURM state (PENDING, RUNNING, COMPLETED, TIMEOUT, ...) of its job in
+  ``job_ids``, through submitit (one sacct call); {} where SLURM's sacct is not installed."""
+  if not job_ids or shutil.which("sacct") is None:
+    return {}
+  import submitit  # pylint: disable=import-outside-toplevel
+  folder = os.path.join(root, SUBMITIT_DIR)
+  jobs = {name: submitit.SlurmJob(folder, job_id) for name, job_id in job_ids.items()}
+  return {name: (job.state.split() or ["UNKNOWN"])[0] for name, job in jobs.items()}
+
+
+def recorded_jobs(runs: Sequence[RunPlan], outcomes: Mapping[str, Mapping[str, Any]],
+                  job_states: Callable[[Mapping[str, str]], Mapping[str, str]]
+                  ) -> dict[str, tuple[str, str]]:
+  """Run name -> (job id, state from ``job_states``) of the latest job that the manifest's
+  ``outcomes`` record for each unfinished run."""
+  job_ids = {run.name: str(outcomes[run.name]["job_id"]) for run in runs
+             if "job_id" in outcomes.get(run.name, {}) and not is_finished(run.workdir)}
+  states = job_states(job_ids) if job_ids else {}
+  return {name: (job_ids[name], state) for name, state in states.items() if name in job_ids}
 
 
 def slurm_executor(root: str, *, partition: str = "", time_min: int = 240,
                    gpus_per_node: int = 1, cpus_per_task: int = 0, mem_gb: int = 0,
-                   extra: str = ""):
+                   array_parallelism: int = 256, extra: str = ""):
   """submitit's SLURM executor for one job per run (one task, one node), its files under
-  ``<root>/_submitit``. ``extra``: more sbatch options as ``key=value,key=value``."""
+  ``<root>/_submitit``; at most ``array_parallelism`` runs of one submission run at once.
+  ``extra``: more sbatch options as ``key=value,key=value``."""
   if time_min <= 0:
     raise ValueError(f"--slurm_time_min must be > 0, got {time_min}")
   if gpus_per_node < 0 or cpus_per_task < 0 or mem_gb < 0:
     raise ValueError("--slurm_gpus_per_node, --slurm_cpus_per_task and --slurm_mem_gb must be "
                      ">= 0")
+  if array_parallelism < 1:
+    raise ValueError(f"--slurm_array_parallelism must be >= 1, got {array_parallelism}")
   additional = {}
   for item in filter(None, (part.strip() for part in extra.split(","))):
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
       raise ValueError(f"--slurm_extra: expected key=value items, got {item!r}")
     additional[key.strip()] = value.strip()
-  if shutil.which("sbatch") is None:
-    raise ValueError("--executor=slurm needs SLURM (no sbatch on PATH); run on a login node")
+  missing = [command for command in ("sbatch", "srun") if shutil.which(command) is None]
+  if missing:
+    raise ValueError(f"--executor=slurm needs SLURM (no {' or '.join(missing)} on PATH); run on "
+                     "a login node")
   import submitit  # pylint: disable=import-outside-toplevel
-  executor = submitit.AutoExecutor(folder=os.path.join(root, "_submitit"), cluster="slurm")
+  executor = submitit.AutoExecutor(folder=os.path.join(root, SUBMITIT_DIR), cluster="slurm")
   params: dict[str, Any] = dict(timeout_min=time_min, gpus_per_node=gpus_per_node, nodes=1,
-                                tasks_per_node=1, name="lra_sparse")
+                                tasks_per_node=1, name="lra_sparse",
+                                slurm_array_parallelism=array_parallelism)
   if partition:
     params["slurm_partition"] = partition
   if cpus_per_task:
@@ -551,15 +566,16 @@ def _now() -> str:
 
 
 def write_manifest(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[RunPlan],
-                   main_command: Sequence[str], outcomes: Mapping[str, Mapping[str, Any]]) -> None:
-  states = all_states(runs)
+                   main_command: Sequence[str], outcomes: Mapping[str, Mapping[str, Any]],
+                   states: Mapping[str, str] | None = None) -> None:
+  """Writes <root>/sweep.json; ``states`` (default: read from the workdirs) per run."""
+  states = states or all_states(runs)
   payload = {
       "sweep": sweep.name,
       "spec": spec_arg,
       "updated": _now(),
       "main_command": list(main_command),
-      "counts": {state: sum(1 for s in states.values() if s == state)
-                 for state in (FINISHED, RUNNING, FAILED, BLOCKED, PENDING)},
+      "counts": {state: sum(1 for s in states.values() if s == state) for state in STATES},
       "runs": [{
           "name": run.name,
           "group": run.group,
@@ -575,7 +591,8 @@ def write_manifest(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[RunPla
              trailing_newline=True)
 
 
-OUTCOME_KEYS = ("started", "ended", "returncode", "seconds", "slot", "blocked_by")
+OUTCOME_KEYS = ("started", "ended", "returncode", "seconds", "slot", "blocked_by", "job_id",
+                "submitted", "job_state")
 
 
 def read_manifest_outcomes(root: str, sweep_name: str) -> dict[str, dict[str, Any]]:
@@ -611,30 +628,23 @@ class _Active:
 
 def run_sweep(spec_arg: str, root: str, *, parallel: str = "none",
               launcher: Launcher | None = None, run_filter: str = "",
-              poll_seconds: float = 0.5, show_progress: bool = True,
-              max_jobs: int = 0) -> dict[str, str]:
-  """Launches every unfinished run of the sweep; returns the final state of each run.
-  max_jobs > 0 (job executors): at most that many runs submitted at once."""
+              poll_seconds: float = 0.5, show_progress: bool = True) -> dict[str, str]:
+  """Launches every unfinished run of the sweep; returns the final state of each run."""
   sweep = load_sweep(spec_arg)
   runs = expand_sweep(sweep, root)        # a bad spec fails before the root is created
   with workdir_lib.locked(root, workdir_lib.SWEEP_LOCK_FILE):
     return _run_sweep_locked(sweep, spec_arg, root, runs, parallel=parallel, launcher=launcher,
                              run_filter=run_filter, poll_seconds=poll_seconds,
-                             show_progress=show_progress, max_jobs=max_jobs)
+                             show_progress=show_progress)
 
 
 def _run_sweep_locked(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[RunPlan], *,
                       parallel: str, launcher: Launcher | None, run_filter: str,
-                      poll_seconds: float, show_progress: bool, max_jobs: int) -> dict[str, str]:
+                      poll_seconds: float, show_progress: bool) -> dict[str, str]:
   previous_outcomes = read_manifest_outcomes(root, sweep.name)
   launcher = launcher or Launcher()
-  if max_jobs > 0:
-    if parallel != "none":
-      raise ValueError("--parallel=gpus places runs on local GPUs; with --executor=slurm "
-                       "SLURM places them (use --slurm_max_jobs)")
-    slots: list[str | None] = [None] * max_jobs
-  elif parallel == "gpus":
-    slots = list(detect_gpus()) or [None]
+  if parallel == "gpus":
+    slots: list[str | None] = list(detect_gpus()) or [None]
     if slots == [None]:
       print("sweep: no GPU found, running one run at a time", file=sys.stderr)
   elif parallel == "none":
@@ -696,7 +706,8 @@ def _run_sweep_locked(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[Run
           active.append(_start(run, slot, launcher))
         except OSError as e:             # e.g. the interpreter cannot be executed
           free_slots.append(slot)
-          done_states[run.name] = _record_failure(run, f"could not start: {e}", launcher)
+          done_states[run.name] = _record_failure(run, f"could not start: {e}",
+                                                  launcher.main_command)
           outcomes[run.name]["returncode"] = None
           if progress:
             progress.update(1)
@@ -771,7 +782,7 @@ def _start(run: RunPlan, slot: str | None, launcher: Launcher) -> _Active:
     log_file.close()
     raise
   write_json(os.path.join(run.workdir, RUNNING_FILE),
-             {"pid": process.pid, "host": launcher.marker_host, "started": _now(),
+             {"pid": process.pid, "host": socket.gethostname(), "started": _now(),
               "slot": slot}, sort_keys=False, trailing_newline=True)
   return _Active(run=run, process=process, log_file=log_file, slot=slot, started=time.time())
 
@@ -782,31 +793,169 @@ def _finish(entry: _Active, returncode: int, launcher: Launcher) -> str:
   _remove(os.path.join(run.workdir, RUNNING_FILE))
   if returncode == 0 and is_finished(run.workdir):
     return FINISHED
-  reason = (f"return code {returncode}" if returncode != 0
-            else f"return code 0 but no {RESULT_FILE} was written")
-  return _record_failure(run, reason, launcher)
+  return _record_failure(run, _failure_reason(returncode), launcher.main_command)
 
 
-def _record_failure(run: RunPlan, reason: str, launcher: Launcher) -> str:
-  """Writes sweep_error.txt (reason, command, log tail); the sweep goes on with other runs."""
-  _remove(os.path.join(run.workdir, RUNNING_FILE))
-  with open(os.path.join(run.workdir, ERROR_FILE), "w") as f:
+def _failure_reason(returncode: int) -> str:
+  return (f"return code {returncode}" if returncode != 0
+          else f"return code 0 but no {RESULT_FILE} was written")
+
+
+def _write_error_file(workdir: str, reason: str, command: Sequence[str]) -> None:
+  """sweep_error.txt: the reason, the time, the command and the tail of the run's log."""
+  with open(os.path.join(workdir, ERROR_FILE), "w") as f:
     f.write(f"{reason}\n")
     f.write(f"time: {_now()}\n")
-    f.write(f"command: {' '.join(run.command(launcher.main_command))}\n")
+    f.write(f"command: {' '.join(command)}\n")
     f.write(f"---- last {ERROR_TAIL_LINES} lines of {LOG_FILE} ----\n")
-    f.write(_tail(os.path.join(run.workdir, LOG_FILE), ERROR_TAIL_LINES))
+    f.write(_tail(os.path.join(workdir, LOG_FILE), ERROR_TAIL_LINES))
+
+
+def _record_failure(run: RunPlan, reason: str, main_command: Sequence[str]) -> str:
+  """Writes sweep_error.txt and says so; the sweep goes on with other runs."""
+  _remove(os.path.join(run.workdir, RUNNING_FILE))
+  _write_error_file(run.workdir, reason, run.command(main_command))
   print(f"sweep: {run.name} failed ({reason}); see {os.path.join(run.workdir, ERROR_FILE)}",
         file=sys.stderr)
   return FAILED
 
 
+# ----------------------------------------------------------------------------- job executors
+
+
+def submit_sweep(spec_arg: str, root: str, executor, *, run_filter: str = "",
+                 job_states: Callable[[Mapping[str, str]], Mapping[str, str]] | None = None,
+                 wait: bool = False, poll_seconds: float = JOB_POLL_SECONDS,
+                 main_command: Sequence[str] = DEFAULT_MAIN) -> dict[str, str]:
+  """Submits every selected run that is neither finished, running nor queued as one job of the
+  submitit ``executor`` (SLURM; submitit's LocalExecutor in tests), the runs that are ready
+  together as one job array, records the job ids in the manifest and returns each run's state.
+
+  ``job_states`` (run name -> job id, to run name -> SLURM state) tells which jobs recorded by
+  earlier calls are still in the queue. A run whose dependency has not finished waits for a
+  later call; ``wait`` blocks until this call's jobs end and submits such runs as their
+  dependencies finish.
+  """
+  sweep = load_sweep(spec_arg)
+  runs = expand_sweep(sweep, root)        # a bad spec fails before the root is created
+  with workdir_lib.locked(root, workdir_lib.SWEEP_LOCK_FILE):
+    return _submit_sweep_locked(sweep, spec_arg, root, runs, executor, run_filter=run_filter,
+                                job_states=job_states, wait=wait, poll_seconds=poll_seconds,
+                                main_command=main_command)
+
+
+def _submit_sweep_locked(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[RunPlan],
+                         executor, *, run_filter: str,
+                         job_states: Callable[[Mapping[str, str]], Mapping[str, str]] | None,
+                         wait: bool, poll_seconds: float,
+                         main_command: Sequence[str]) -> dict[str, str]:
+  outcomes = dict(read_manifest_outcomes(root, sweep.name))
+  queued = recorded_jobs(runs, outcomes, job_states) if job_states else {}
+  states = all_states(runs, queued)
+  selected = {run.name for run in runs if not run_filter or re.search(run_filter, run.name)}
+  todo = [run for run in runs
+          if run.name in selected and states[run.name] not in (FINISHED, RUNNING, QUEUED)]
+  for run in runs:
+    if run.name in selected and states[run.name] in (RUNNING, QUEUED):
+      job = f" (job {queued[run.name][0]})" if run.name in queued else ""
+      print(f"sweep: {run.name} is {states[run.name]}{job}; not submitting it", file=sys.stderr)
+  print(f"sweep {sweep.name}: {len(runs)} runs, {sum(s == FINISHED for s in states.values())} "
+        f"finished, {len(todo)} to submit", file=sys.stderr)
+  by_name = {run.name: run for run in runs}
+  active: dict[str, Any] = {}             # this call's jobs that have not ended
+  blocked: dict[str, str] = {}
+
+  def current_states() -> dict[str, str]:
+    jobs = {**queued, **{name: (str(job.job_id), "PENDING") for name, job in active.items()}}
+    return {**all_states(runs, jobs), **blocked}
+
+  def dependency_status(dep: str) -> str:
+    """ok: finished; wait: queued, running or still to submit; bad: will not finish."""
+    if is_finished(by_name[dep].workdir):
+      return "ok"
+    if dep in active or states[dep] in (RUNNING, QUEUED) or any(r.name == dep for r in todo):
+      return "wait"
+    return "bad"
+
+  try:
+    while True:
+      ready, newly_blocked = [], {}
+      for run in todo:
+        status = {dep: dependency_status(dep) for dep in run.depends_on}
+        bad = [dep for dep, value in status.items() if value == "bad" or dep in newly_blocked]
+        if bad:
+          newly_blocked[run.name] = bad
+        elif "wait" not in status.values():
+          ready.append(run)
+      for name, bad in newly_blocked.items():
+        blocked[name] = BLOCKED
+        outcomes[name] = {"blocked_by": bad}
+        print(f"sweep: {name} blocked: dependency {', '.join(bad)} not finished",
+              file=sys.stderr)
+      todo = [run for run in todo if run.name not in newly_blocked and run not in ready]
+      if ready:
+        for run, job in zip(ready, _submit_jobs(executor, ready, main_command)):
+          active[run.name] = job
+          queued.pop(run.name, None)          # the ended job an earlier call recorded
+          outcomes[run.name] = {"job_id": str(job.job_id), "submitted": _now()}
+        ids = [outcomes[run.name]["job_id"] for run in ready]
+        print(f"sweep: submitted {len(ids)} jobs ({ids[0]}{' .. ' + ids[-1] if ids[1:] else ''})",
+              file=sys.stderr)
+        write_manifest(sweep, spec_arg, root, runs, main_command, outcomes, current_states())
+      if not wait or not active:
+        break
+      time.sleep(poll_seconds)
+      for name, job in list(active.items()):
+        if job.done():
+          del active[name]
+          _job_ended(by_name[name], job, outcomes[name], main_command)
+          write_manifest(sweep, spec_arg, root, runs, main_command, outcomes, current_states())
+  finally:
+    write_manifest(sweep, spec_arg, root, runs, main_command, outcomes, current_states())
+  if todo:
+    print(f"sweep: {len(todo)} runs wait on runs that have not finished (e.g. {todo[0].name} "
+          f"on {', '.join(todo[0].depends_on)}); run the sweep again once those finish",
+          file=sys.stderr)
+  return current_states()
+
+
+def _submit_jobs(executor, runs: Sequence[RunPlan], main_command: Sequence[str]) -> list[Any]:
+  """One job per run, all in one job array; a failed submission is one ValueError."""
+  for run in runs:
+    os.makedirs(run.workdir, exist_ok=True)
+    _remove(os.path.join(run.workdir, ERROR_FILE))    # a retry: the log keeps the old output
+  try:
+    with executor.batch():
+      jobs = [executor.submit(_JobCommand(run.command(main_command), run.workdir))
+              for run in runs]
+  except Exception as error:  # pylint: disable=broad-except  (sbatch refused, no SLURM, ...)
+    raise ValueError(f"submitting {len(runs)} jobs failed: {cli.one_line(error)}") from error
+  return jobs
+
+
+def _job_ended(run: RunPlan, job, outcome: dict[str, Any], main_command: Sequence[str]) -> None:
+  """Records the outcome of a run whose job ended. A job killed before the trainer exited (time
+  limit, memory, node failure, cancelled) wrote no error file: it is written here."""
+  outcome.update(ended=_now(), job_state=str(job.state),
+                 returncode=None if job.exception() else int(job.result()))
+  if is_finished(run.workdir):
+    return
+  if outcome["returncode"] is None and not os.path.exists(os.path.join(run.workdir, ERROR_FILE)):
+    _record_failure(run, f"job {job.job_id} ended ({outcome['job_state']}) before the trainer "
+                    "exited", main_command)
+  else:
+    print(f"sweep: {run.name} failed ({error_summary(run.workdir)})", file=sys.stderr)
+
+
 # ----------------------------------------------------------------------------- views
 
 
-def describe_runs(runs: Sequence[RunPlan], show_overrides: bool) -> str:
-  """One line per run: state, name, then overrides (dry run) or progress/error (status)."""
-  states = all_states(runs)
+def describe_runs(runs: Sequence[RunPlan], show_overrides: bool,
+                  jobs: Mapping[str, tuple[str, str]] | None = None) -> str:
+  """One line per run: state, name, then overrides (dry run) or progress/error (status);
+  ``jobs`` (run name -> (job id, SLURM state)) adds the queue's view of each run's job."""
+  jobs = jobs or {}
+  states = all_states(runs, jobs)
   name_width = max(len(run.name) for run in runs)
   lines = []
   for run in runs:
@@ -827,9 +976,10 @@ def describe_runs(runs: Sequence[RunPlan], show_overrides: bool) -> str:
         detail = (detail + "  " if detail else "") + error_summary(run.workdir)
       if state == BLOCKED:
         detail = "waits on " + ", ".join(run.depends_on)
+      if run.name in jobs:
+        detail = " ".join(filter(None, (f"job {jobs[run.name][0]} {jobs[run.name][1]}", detail)))
     lines.append(f"{state:<9} {run.name:<{name_width}}  {detail}".rstrip())
-  counts = {s: sum(1 for v in states.values() if v == s)
-            for s in (FINISHED, RUNNING, FAILED, BLOCKED, PENDING)}
+  counts = {s: sum(1 for v in states.values() if v == s) for s in STATES}
   lines.append(f"{len(runs)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
   return "\n".join(lines)
 
@@ -848,15 +998,18 @@ def define_flags() -> None:
                     "(CUDA_VISIBLE_DEVICES).")
   flags.DEFINE_string("runs", "", "Only launch runs whose name matches this regular expression.")
   flags.DEFINE_enum("executor", "local", ["local", "slurm"],
-                    "local: subprocesses on this machine; slurm: one SLURM job per run "
-                    "(submitit), this process waits for them.")
+                    "local: subprocesses on this machine, this process waits for them; slurm: "
+                    "one SLURM job per run (submitit), submitted as a job array, then returns.")
+  flags.DEFINE_bool("wait", False, "With --executor=slurm: block until the submitted jobs end "
+                    "(submitting runs whose dependencies finish meanwhile), then print states.")
   flags.DEFINE_string("slurm_partition", "", "SLURM partition (default: the cluster's).")
   flags.DEFINE_integer("slurm_time_min", 240, "Time limit per job, minutes (a run that hits it "
-                       "resumes from its checkpoint when the sweep is run again).")
+                       "resumes from its checkpoint when the sweep is submitted again).")
   flags.DEFINE_integer("slurm_gpus_per_node", 1, "GPUs per job.")
   flags.DEFINE_integer("slurm_cpus_per_task", 0, "CPUs per job (0: the cluster's default).")
   flags.DEFINE_integer("slurm_mem_gb", 0, "Memory per job, GB (0: the cluster's default).")
-  flags.DEFINE_integer("slurm_max_jobs", 16, "Runs submitted (queued or running) at once.")
+  flags.DEFINE_integer("slurm_array_parallelism", 256,
+                       "At most this many runs of one submission (one job array) run at once.")
   flags.DEFINE_string("slurm_extra", "", "More sbatch options, key=value,... "
                       "(e.g. account=lab,qos=normal).")
 
@@ -866,29 +1019,36 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not FLAGS.sweep or not FLAGS.root:
     raise app.UsageError("--sweep and --root are required")
+  slurm = FLAGS.executor == "slurm"
+  if slurm and FLAGS.parallel != "none":
+    raise ValueError("--parallel=gpus places runs on local GPUs; with --executor=slurm SLURM "
+                     "places them (see --slurm_array_parallelism)")
+  if FLAGS.wait and not slurm:
+    raise ValueError("--wait needs --executor=slurm (the local executor always waits)")
   if FLAGS.dry_run or FLAGS.status:
     sweep = load_sweep(FLAGS.sweep)
     runs = expand_sweep(sweep, FLAGS.root)
+    jobs = None
+    if FLAGS.status and slurm:
+      jobs = recorded_jobs(runs, read_manifest_outcomes(FLAGS.root, sweep.name),
+                           lambda job_ids: slurm_job_states(FLAGS.root, job_ids))
     print(f"sweep {sweep.name} ({FLAGS.sweep}) under {os.path.abspath(FLAGS.root)}")
-    print(describe_runs(runs, show_overrides=FLAGS.dry_run))
+    print(describe_runs(runs, show_overrides=FLAGS.dry_run, jobs=jobs))
     return
-  launcher, max_jobs = None, 0
-  if FLAGS.executor == "slurm":
-    if FLAGS.slurm_max_jobs < 1:
-      raise app.UsageError(f"--slurm_max_jobs must be >= 1, got {FLAGS.slurm_max_jobs}")
-    if FLAGS.parallel != "none":
-      raise app.UsageError("--parallel=gpus places runs on local GPUs; with --executor=slurm "
-                           "SLURM places them (use --slurm_max_jobs)")
-    launcher = SubmititLauncher(slurm_executor(
+  if slurm:
+    executor = slurm_executor(
         FLAGS.root, partition=FLAGS.slurm_partition, time_min=FLAGS.slurm_time_min,
         gpus_per_node=FLAGS.slurm_gpus_per_node, cpus_per_task=FLAGS.slurm_cpus_per_task,
-        mem_gb=FLAGS.slurm_mem_gb, extra=FLAGS.slurm_extra))
-    max_jobs = FLAGS.slurm_max_jobs
-  states = run_sweep(FLAGS.sweep, FLAGS.root, parallel=FLAGS.parallel, run_filter=FLAGS.runs,
-                     launcher=launcher, max_jobs=max_jobs)
-  counts = {s: sum(1 for v in states.values() if v == s)
-            for s in (FINISHED, RUNNING, FAILED, BLOCKED, PENDING)}
-  print("sweep done: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
+        mem_gb=FLAGS.slurm_mem_gb, array_parallelism=FLAGS.slurm_array_parallelism,
+        extra=FLAGS.slurm_extra)
+    states = submit_sweep(FLAGS.sweep, FLAGS.root, executor, run_filter=FLAGS.runs,
+                          job_states=lambda job_ids: slurm_job_states(FLAGS.root, job_ids),
+                          wait=FLAGS.wait)
+  else:
+    states = run_sweep(FLAGS.sweep, FLAGS.root, parallel=FLAGS.parallel, run_filter=FLAGS.runs)
+  counts = {s: sum(1 for v in states.values() if v == s) for s in STATES}
+  done = "submitted" if slurm and not FLAGS.wait else "done"
+  print(f"sweep {done}: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
   if counts[FAILED] or counts[BLOCKED]:
     sys.exit(1)
 
