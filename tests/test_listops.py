@@ -198,7 +198,7 @@ def test_loader_fixture_ids_padding_truncation(tmp_path):
   config = make_config(tmp_path, 16)
   arrays = task.load_split(config, "val")
   check_split_arrays(arrays, task.spec(config), "val")
-  assert arrays["inputs"].dtype == np.int32 and arrays["targets"].dtype == np.int32
+  assert arrays["inputs"].dtype == np.uint8 and arrays["targets"].dtype == np.int32
   expected = np.zeros((3, 16), np.int32)
   for row, ids in enumerate(FIXTURE_IDS):
     ids = ids[:16]                             # the third line is cut at max_length

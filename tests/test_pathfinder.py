@@ -251,7 +251,8 @@ def test_loader_returns_pixel_tokens_labels_and_lra_split(tmp_path, mask_black_p
   for split, (lo, hi) in bounds.items():
     arrays = task.load_split(config, split)
     check_split_arrays(arrays, spec, split)
-    assert arrays["inputs"].dtype == np.int32 and arrays["targets"].dtype == np.int32
+    assert arrays["inputs"].dtype == (np.uint8 if masked else np.uint16)
+    assert arrays["targets"].dtype == np.int32
     # Masked: the raw pixel, black = 0 = padding; else pixel + 1, every pixel a real token.
     expected = pixels[lo:hi].reshape(hi - lo, -1).astype(np.int32) + (0 if masked else 1)
     np.testing.assert_array_equal(arrays["inputs"], expected)

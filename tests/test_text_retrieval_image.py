@@ -40,8 +40,8 @@ def byte_tokens(text: bytes, length: int) -> list[int]:
 def check_contract(task_name: str, config, arrays: dict[str, np.ndarray]) -> None:
   spec = registry.get_task(task_name).spec(config)
   registry.check_split_arrays(arrays, spec, task_name)
-  for name in spec.input_names:
-    assert arrays[name].dtype == np.int32
+  for name in spec.input_names:       # the smallest unsigned dtype holding the vocabulary
+    assert arrays[name].dtype == (np.uint8 if spec.vocab_size <= 256 else np.uint16)
   assert arrays["targets"].dtype == np.int32
 
 

@@ -191,7 +191,7 @@ class ImageTask:
                        f"expected one of {SOURCES}")
     if len(labels) == 0:
       raise ValueError(f"task 'image' ({source}): split {split!r} is empty")
-    # Subset before padding and widening to int32: tiny presets keep a few hundred images.
+    # Subset before padding (and widening): tiny presets keep a few hundred images.
     kept = take_first({"images": images, "labels": labels}, config.data.get("max_examples", 0))
     images, labels = pad_to_square(kept["images"]), kept["labels"]
     inputs = pixel_tokens(images.reshape(len(images), SEQUENCE_LENGTH), config)

@@ -34,7 +34,7 @@ from typing import Any
 from absl import logging
 import numpy as np
 
-from lra_sparse.data.common import check_split_name
+from lra_sparse.data.common import check_split_name, token_dtype
 from lra_sparse.data.registry import PAD_ID, TaskSpec, register_task
 
 # ---------------------------------------------------------------------------------------------
@@ -136,7 +136,7 @@ def _line_ends(array: np.ndarray, mark: int) -> np.ndarray:
 
 def read_listops_tsv(path: str, max_length: int, *, keep_parentheses: bool
                      ) -> tuple[np.ndarray, np.ndarray, int]:
-  """Parses one official-format file: (inputs int32 [N, max_length], targets int32 [N], cut).
+  """Parses one official-format file: (inputs uint8 [N, max_length], targets int32 [N], cut).
 
   ``cut`` is the number of rows longer than max_length tokens (truncated to max_length).
   Accepts "\r\n" (official files) and "\n" line ends.
@@ -183,7 +183,7 @@ def read_listops_tsv(path: str, max_length: int, *, keep_parentheses: bool
   elif len(bad_operators):
     raw_line_ends = _line_ends(raw, ord("\n"))
     regular[np.searchsorted(raw_line_ends, bad_operators) - 1] = False
-  inputs = np.zeros((num_rows, max_length), np.int32)     # PAD_ID == 0
+  inputs = np.zeros((num_rows, max_length), token_dtype(VOCAB_SIZE))     # PAD_ID == 0
   targets = np.where(regular, target_ids - TOKEN_TO_ID["0"], 0).astype(np.int32)
   num_cut = 0
   for row in np.flatnonzero(regular).tolist():

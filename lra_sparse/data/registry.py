@@ -2,8 +2,12 @@
 
 A task loader turns its on-disk format into plain numpy arrays, one dict per split:
 
-- classification tasks: ``{"inputs": int32 [N, max_length], "targets": int32 [N]}``
+- classification tasks: ``{"inputs": [N, max_length], "targets": [N]}``
 - retrieval (dual encoder): ``{"inputs1": ..., "inputs2": ..., "targets": ...}``
+
+of an integer dtype: int32 or a compact unsigned dtype (the built-in loaders hold tokens in the
+smallest one that holds the vocabulary, ``lra_sparse.data.common.token_dtype``, possibly as
+read-only memory-mapped arrays); the input pipeline casts every batch to int32.
 
 Token id 0 is padding; the model derives the key padding mask as ``tokens != 0``, so every real
 token must have an id >= 1. Padding sits at the end of a row, except where a task's spec says
