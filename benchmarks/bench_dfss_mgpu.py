@@ -1,0 +1,154 @@
+"""DFSS on Hopper: the Mosaic GPU kernels (``dfss_mgpu``) against cuDNN, XLA dense and the
+Triton DFSS kernels, in ONE process on one GPU.
+
+First a correctness pass (``--check``): outputs and q/k/v gradients of ``dfss_mgpu`` against the
+float32 reference on the same bf16 inputs, with and without a key padding mask, at lengths that
+need padding, for several N:M. Then the timing table: each timed call is one jit chaining
+``--steps`` attention calls with lax.scan over stacked random inputs (no dispatch cost, every
+output used); median of ``--rounds`` after warm-up; ratios are speed relative to cuDNN (cuDNN ms
+/ method ms, so 0.8 means 80% of cuDNN's speed).
+
+Usage, from the repository root (GPU):
+
+  python -m benchmarks.bench_dfss_mgpu [--shapes=32x1024,16x2048,8x4096] [--heads=4] [--dim=64]
+      [--nm=2:4] [--steps=20] [--rounds=7] [--check] [--out=FILE]
+"""
+from __future__ import annotations
+
+import datetime
+import traceback
+from typing import Sequence
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.ab_dfss_kernels import chained_ms, emit_table, input_sets
+from lra_sparse.attention.nm import parse_nm
+from lra_sparse.kernels import dfss_mgpu, dfss_reference, dfss_triton
+
+FLAGS = flags.FLAGS
+
+
+def _grads(f, q, k, v, ct):
+  return jax.grad(lambda q, k, v: jnp.sum((f(q, k, v) * ct).astype(jnp.float32)),
+                  argnums=(0, 1, 2))(q, k, v)
+
+
+def _rel(a, b) -> float:
+  a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+  return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-6))
+
+
+def check(tiles_list) -> list[str]:
+  """Lines 'ok'/'FAIL' per case: relative max error of O and dQ/dK/dV vs the reference."""
+  lines = []
+  cases = [(2, 256, 2, 64, 2, 4, False), (2, 300, 2, 64, 2, 4, True), (1, 384, 2, 128, 1, 2, True),
+           (2, 200, 1, 64, 2, 8, True), (1, 256, 2, 64, 3, 4, False)]
+  for b, l, h, d, n, m, masked in cases:
+    key = jax.random.PRNGKey(l + n + m)
+    q, k, v, ct = (jax.random.normal(kk, (b, l, h, d), jnp.bfloat16)
+                   for kk in jax.random.split(key, 4))
+    mask = None
+    if masked:
+      lengths = jnp.array([l, l // 3] + [l - 7] * (b - 2))[:b]
+      mask = jnp.arange(l)[None] < lengths[:, None]
+    ref = lambda q, k, v: dfss_reference.dfss_attention_reference(
+        q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), n=n, m=m,
+        mask=mask, precision=jax.lax.Precision.HIGHEST)
+    o_ref = ref(q, k, v)
+    g_ref = _grads(ref, q, k, v, ct)
+    for tiles in tiles_list:
+      name = f"B={b} L={l} H={h} d={d} {n}:{m} mask={masked} tiles={tiles}"
+      try:
+        f = jax.jit(lambda q, k, v: dfss_mgpu.dfss_attention_mgpu(q, k, v, n=n, m=m, mask=mask,
+                                                                   tiles=tiles))
+        o = f(q, k, v)
+        err_o = _rel(o, o_ref)
+        g = jax.jit(lambda q, k, v, ct: _grads(f, q, k, v, ct))(q, k, v, ct)
+        errs = [_rel(x, y) for x, y in zip(g, g_ref)]
+        finite = all(bool(jnp.isfinite(x.astype(jnp.float32)).all()) for x in (o, *g))
+        ok = finite and err_o < 2e-2 and max(errs) < 3e-2
+        lines.append(f"{'ok  ' if ok else 'FAIL'} {name}: rel err O {err_o:.2e}, dQ/dK/dV "
+                     + " ".join(f"{e:.2e}" for e in errs) + ("" if finite else " NON-FINITE"))
+      except Exception:  # pylint: disable=broad-except  # report and go on to the next case
+        lines.append(f"ERROR {name}:\n" + traceback.format_exc()[-3000:])
+      print(lines[-1], flush=True)
+  return lines
+
+
+def methods(n, m, tiles):
+  meths = {
+      "XLA dense": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla"),
+      "cuDNN dense": lambda q, k, v: jax.nn.dot_product_attention(q, k, v,
+                                                                  implementation="cudnn"),
+      "DFSS Triton": lambda q, k, v: dfss_triton.dfss_attention_triton(q, k, v, n=n, m=m),
+  }
+  for label, t in tiles.items():
+    meths[f"DFSS Mosaic {label}"] = (
+        lambda q, k, v, t=t: dfss_mgpu.dfss_attention_mgpu(q, k, v, n=n, m=m, tiles=t))
+  return meths
+
+
+def define_flags() -> None:
+  flags.DEFINE_list("shapes", ["32x1024", "16x2048", "8x4096"], "BxL shapes.")
+  flags.DEFINE_integer("heads", 4, "Heads.")
+  flags.DEFINE_integer("dim", 64, "Head dim.")
+  flags.DEFINE_string("nm", "2:4", "N:M.")
+  flags.DEFINE_integer("steps", 20, "Calls chained in one jit.")
+  flags.DEFINE_integer("rounds", 7, "Timed rounds (median).")
+  flags.DEFINE_bool("check", True, "Run the correctness pass first.")
+  flags.DEFINE_list("variants", ["default"], "Tile variants to time (default, nosched, "
+                    "stages3, bkv64).")
+  flags.DEFINE_string("out", "", "Also write the table here.")
+
+
+VARIANTS = {
+    "default": dfss_mgpu.DEFAULT_TILES,
+    "nosched": dfss_mgpu.Tiles(schedule_barrier=False),
+    "stages3": dfss_mgpu.Tiles(stages=3, bwd_stages=3),
+    "bkv64": dfss_mgpu.Tiles(block_kv=64),
+}
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  n, m = parse_nm(FLAGS.nm)
+  tiles = {name: VARIANTS[name] for name in FLAGS.variants}
+  device = jax.devices()[0]
+  header = (f"DFSS Mosaic GPU vs cuDNN / XLA / Triton, {device.device_kind}, jax "
+            f"{jax.__version__}, {datetime.date.today()}; bf16, {FLAGS.heads} heads, "
+            f"d={FLAGS.dim}, DFSS {n}:{m}; median of {FLAGS.rounds} rounds of {FLAGS.steps} "
+            f"chained calls; 'x cuDNN' = cuDNN ms / method ms (speed relative to cuDNN)")
+  check_lines = check(list(tiles.values())[:1]) if FLAGS.check else []
+  rows = []
+  for shape in FLAGS.shapes:
+    b, l = (int(x) for x in shape.split("x"))
+    sets, xs = input_sets(b, l, FLAGS.heads, FLAGS.dim, jnp.bfloat16, FLAGS.steps)
+    del sets
+    times = {}
+    for name, f in methods(n, m, tiles).items():
+      for mode in ("fwd", "fwd+bwd"):
+        fn = ((lambda q, k, v, ct, f=f: f(q, k, v)) if mode == "fwd"
+              else (lambda q, k, v, ct, f=f: _grads(f, q, k, v, ct)))
+        try:
+          times[(name, mode)] = chained_ms(fn, xs, FLAGS.steps, FLAGS.rounds)
+        except Exception as error:  # pylint: disable=broad-except
+          print(f"{name} {mode} {shape}: {type(error).__name__}: {str(error)[-1500:]}",
+                flush=True)
+          times[(name, mode)] = float("nan")
+        print(f"{shape} {mode:8s} {name:28s} {times[(name, mode)]:.3f} ms", flush=True)
+    for name in methods(n, m, tiles):
+      for mode in ("fwd", "fwd+bwd"):
+        t = times[(name, mode)]
+        rows.append([shape, mode, name, f"{t:.3f}",
+                     f"{times[('cuDNN dense', mode)] / t:.2f}",
+                     f"{times[('XLA dense', mode)] / t:.2f}"])
+  emit_table(header + ("\n\ncorrectness:\n" + "\n".join(check_lines) if check_lines else ""),
+             ["BxL", "pass", "method", "ms", "x cuDNN", "x XLA"], rows, FLAGS.out or None)
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

@@ -1,0 +1,575 @@
+"""DFSS (dynamic N:M sparse attention) on Hopper: Pallas Mosaic GPU kernels, forward and backward.
+
+Same semantics as ``dfss_reference.dfss_attention_reference`` (and the Triton kernels in
+``dfss_triton``): S = Q K^T / sqrt(d), padded keys never beat real ones, in every group of M
+consecutive keys the N largest scores are kept (ties to the lower index), softmax over the kept
+entries, O = P V; a row with no real key gives zeros.
+
+Structure (flash attention on Hopper: warpgroup MMA, TMA, a memory warpgroup that streams K/V
+tiles while two compute warpgroups each own 64 query rows):
+
+* Keys are *permuted* in HBM before the kernels (``permute_keys``): inside every block of 64
+  keys, member j of group g moves from position g*M + j to j*(64/M) + g. A 64-key slice of the
+  score tile then holds the M members of each group in M column slices of width 64/M, and the
+  WGMMA register layout gives every thread the same rows and columns of each slice, so the
+  N:M selection is elementwise work between slices (``nm_penalty``), no shuffles. The product
+  with V uses V permuted the same way, so O is unchanged; dK and dV come back permuted and are
+  put back in order by ``unpermute_keys``.
+* ``nm_penalty`` turns a score tile into 0 (kept) / -inf (pruned), added before the online
+  softmax: the row maximum is unchanged (a group's largest member is always kept) and a pruned
+  entry's exponential is exactly 0.
+* Key padding is an additive bias (0 or ``MASKED``, a finite -1e30 so no inf - inf appears in
+  the online softmax); a row whose maximum is still near ``MASKED`` has no real key: its output
+  is 0 and its LSE +inf, so the backward gives it zero gradients.
+* Backward: a dQ kernel (loop over key tiles) and a dK/dV kernel (loop over query tiles); both
+  recompute S in the [query, key] orientation and prune it as the forward; the dK/dV kernel
+  passes P and dS to the tensor cores through shared memory, transposed.
+
+Supported: bf16 / fp16, head_dim 64 or 128, M in (2, 4, 8) (the slices of a 64-key block are
+64/M >= 8 columns wide). ``unsupported_reason`` says why not otherwise; callers then use the
+Triton kernels. Nothing here imports Pallas at module import (CPU installs import it fine).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from lra_sparse.attention.nm import check_nm
+
+PERM_BLOCK = 64          # keys are permuted within blocks of this many
+MASKED = -1e30           # bias of a padded key (finite: see the module docstring)
+_NO_REAL_KEY = -1e29     # a row maximum (scaled by log2(e) / sqrt(d)) below this has no real key
+_LOG2E = math.log2(math.e)
+SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_M = (2, 4, 8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+  """Tile sizes: 64 query rows per compute warpgroup (two per CTA in the forward and dQ);
+  ``block_kv`` keys per pipeline step; ``stages`` tiles in flight."""
+  block_q: int = 64
+  block_kv: int = 128
+  stages: int = 2
+  bwd_block_q: int = 64
+  bwd_block_kv: int = 64
+  bwd_stages: int = 2
+  compute_wgs_bwd: int = 2
+  schedule_barrier: bool = True
+
+
+DEFAULT_TILES = Tiles()
+
+
+def is_available() -> bool:
+  """True on a Hopper (sm_90) GPU with Pallas' Mosaic GPU backend importable."""
+  try:
+    devices = [d for d in jax.devices() if d.platform == "gpu"]
+    if not devices or getattr(devices[0], "compute_capability", "") not in ("9.0",):
+      return False
+    import jax.experimental.pallas.mosaic_gpu  # noqa: F401  pylint: disable=import-outside-toplevel
+    return True
+  except Exception:  # pragma: no cover - any import / backend failure means "no"
+    return False
+
+
+def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
+  """None when these kernels run DFSS n:m on these operands, else a short reason."""
+  try:
+    check_nm(n, m, what="dfss_mgpu")
+  except ValueError as error:
+    return str(error)
+  if n == m:
+    return f"the Mosaic GPU kernel needs n < m, got n={n}, m={m}"
+  if m not in SUPPORTED_M:
+    return f"the Mosaic GPU kernel needs m in {SUPPORTED_M}, got m={m}"
+  if q.ndim != 4:
+    return f"q must be [batch, length, heads, head_dim], got shape {tuple(q.shape)}"
+  if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
+    return f"the Mosaic GPU kernel needs head_dim in {SUPPORTED_HEAD_DIMS}, got {q.shape[-1]}"
+  if jnp.dtype(q.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return f"the Mosaic GPU kernel needs bfloat16 or float16, got {jnp.dtype(q.dtype).name}"
+  for name, x in (("k", k), ("v", v)):
+    if x is not None and (tuple(x.shape) != tuple(q.shape) or x.dtype != q.dtype):
+      return (f"{name} must match q ({q.dtype}{list(q.shape)}), got "
+              f"{x.dtype}{list(x.shape)}")
+  return None
+
+
+# ----------------------------------------------------------------------------- key permutation
+def permute_keys(x: jax.Array, m: int) -> jax.Array:
+  """[B, L, ...] with L % 64 == 0: inside each 64-key block, key g*m + j -> j*(64/m) + g."""
+  b, l = x.shape[:2]
+  g = PERM_BLOCK // m
+  y = x.reshape((b, l // PERM_BLOCK, g, m) + x.shape[2:])
+  return jnp.swapaxes(y, 2, 3).reshape(x.shape)
+
+
+def unpermute_keys(x: jax.Array, m: int) -> jax.Array:
+  """The inverse of ``permute_keys``."""
+  b, l = x.shape[:2]
+  g = PERM_BLOCK // m
+  y = x.reshape((b, l // PERM_BLOCK, m, g) + x.shape[2:])
+  return jnp.swapaxes(y, 2, 3).reshape(x.shape)
+
+
+# ----------------------------------------------------------------------------- selection
+def nm_penalty(s, n: int, m: int):
+  """0 where a score of the [rows, cols] tile ``s`` (cols a multiple of 64, keys permuted by
+  ``permute_keys``) is kept by the N:M rule, -inf where it is pruned.
+
+  Member j of a group lies in column slice j of its 64-key block. Element i is beaten by member
+  j when s_j > s_i, or s_j == s_i with j < i (ties to the lower index); it is kept when fewer
+  than n members beat it. Each pair is compared once (``i_beats[i][j]`` for i < j)."""
+  width = PERM_BLOCK // m
+  rows, cols = s.shape
+  zero = jnp.zeros((), jnp.float32)
+  one = jnp.ones((), jnp.float32)
+  pieces = []
+  for block in range(cols // PERM_BLOCK):
+    x = [s[:, block * PERM_BLOCK + j * width: block * PERM_BLOCK + (j + 1) * width]
+         for j in range(m)]
+    beats = {(i, j): x[i] >= x[j] for i in range(m) for j in range(i + 1, m)}
+    for i in range(m):
+      beaten = None
+      for j in range(m):
+        if j == i:
+          continue
+        term = (jnp.where(beats[(j, i)], one, zero) if j < i
+                else jnp.where(beats[(i, j)], zero, one))
+        beaten = term if beaten is None else beaten + term
+      pieces.append(jnp.where(beaten < n, zero, -jnp.inf))
+  del rows
+  return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
+
+
+# ----------------------------------------------------------------------------- kernels
+def _smem_transforms():
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+
+def _forward(q, k, v, bias, *, n: int, m: int, scale: float, tiles: Tiles):
+  """(O [B, L, H, D], LSE f32 [B, H, L], base 2 of the scaled scores) on permuted k, v and
+  bias (f32 [B, L] or None); L a multiple of 2 * block_q and of block_kv."""
+  from jax.experimental import pallas as pl  # pylint: disable=import-outside-toplevel
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  batch, length, heads, head_dim = q.shape
+  dtype = q.dtype
+  block_q, block_kv = tiles.block_q, tiles.block_kv
+  compute_wgs = 2
+  num_kv = length // block_kv
+  stages = min(tiles.stages, num_kv)
+  has_bias = bias is not None
+  c = scale * _LOG2E
+  transforms = _smem_transforms()
+
+  def kernel(*refs):
+    if has_bias:
+      q_ref, k_ref, v_ref, bias_ref, o_ref, lse_ref, smem, q_barriers, schedule = refs
+    else:
+      q_ref, k_ref, v_ref, o_ref, lse_ref, smem, q_barriers, schedule = refs
+      bias_ref = None
+    qo_smem2, lse_smem2 = smem
+    b = lax.axis_index("batch")
+    h = lax.axis_index("heads")
+    wg = lax.axis_index("wg")
+
+    def schedule_barrier():
+      if tiles.schedule_barrier:
+        plgpu.barrier_arrive(schedule)
+        plgpu.barrier_wait(schedule)
+
+    def compute(pipeline):
+      qo_smem, lse_smem = qo_smem2.at[wg], lse_smem2.at[wg]
+      q_base = lax.axis_index("q_seq") * (compute_wgs * block_q) + wg * block_q
+      plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q_base, block_q), h], qo_smem,
+                              q_barriers.at[wg])
+      plgpu.barrier_wait(q_barriers.at[wg])
+      m_i = plgpu.layout_cast(jnp.full((block_q,), -jnp.inf, jnp.float32),
+                              plgpu.Layout.WGMMA.reduce(1))
+      l_i = plgpu.layout_cast(jnp.full((block_q,), 0.0, jnp.float32),
+                              plgpu.Layout.WGMMA.reduce(1))
+      acc = plgpu.layout_cast(jnp.full((block_q, head_dim), 0.0, jnp.float32),
+                              plgpu.Layout.WGMMA)
+      pl.when(wg == 1)(schedule_barrier)
+      acc, m_i, l_i = pipeline((acc, m_i, l_i))
+      pl.when(wg == 0)(schedule_barrier)
+      real = m_i > _NO_REAL_KEY
+      inv_l = jnp.where(real, 1.0 / l_i, 0.0)
+      acc = acc * lax.broadcast_in_dim(inv_l, (block_q, head_dim), [0])
+      qo_smem[...] = acc.astype(dtype)
+      lse_smem[...] = jnp.where(real, m_i + jnp.log2(l_i), jnp.inf)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(qo_smem, o_ref.at[b, pl.ds(q_base, block_q), h])
+      plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, pl.ds(q_base, block_q)])
+      plgpu.wait_smem_to_gmem(0)
+
+    def step(_, k_smem, v_smem, *rest):
+      if has_bias:
+        bias_smem, k_done, v_done, bias_done, carry = rest
+      else:
+        k_done, v_done, carry = rest
+      acc, m_i, l_i = carry
+      qo_smem = qo_smem2.at[wg]
+
+      def qk_product(acc_ref):
+        plgpu.wgmma(acc_ref, qo_smem, k_smem.transpose((1, 0)))
+        schedule_barrier()
+        return acc_ref[...]
+
+      s = pl.run_scoped(qk_product, plgpu.ACC((block_q, block_kv), jnp.float32))
+      plgpu.barrier_arrive(k_done)
+      if has_bias:
+        key_bias = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
+        plgpu.barrier_arrive(bias_done)
+        s = s + lax.broadcast_in_dim(key_bias, s.shape, [1])
+      s = s + nm_penalty(s, n, m)
+      m_new = jnp.maximum(m_i, s.max(axis=1) * c)
+      alpha = jnp.exp2(m_i - m_new)
+      p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
+      acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+      l_i = l_i * alpha + p.sum(axis=1)
+      p16 = p.astype(dtype)
+      schedule_barrier()
+
+      def pv_product(acc_ref):
+        plgpu.wgmma(acc_ref, p16, v_smem)
+
+      acc = pl.run_state(pv_product)(plgpu.ACC.init(acc))
+      plgpu.barrier_arrive(v_done)
+      return acc, m_new, l_i
+
+    in_specs = [plgpu.BlockSpec(block_shape=(block_kv, head_dim), index_map=lambda i: (i, 0),
+                                transforms=transforms)] * 2
+    if has_bias:
+      in_specs.append(plgpu.BlockSpec(block_shape=(block_kv,), index_map=lambda i: (i,)))
+    pipeline = plgpu.emit_pipeline_warp_specialized(
+        step, grid=(num_kv,), max_concurrent_steps=stages, num_compute_wgs=compute_wgs,
+        memory_registers=40, wg_axis="wg", manual_consumed_barriers=True,
+        compute_context=compute, in_specs=in_specs)
+    operands = [k_ref.at[b, :, h, :], v_ref.at[b, :, h, :]]
+    if has_bias:
+      operands.append(bias_ref.at[b])
+    pipeline(*operands)
+
+  out_type = (jax.ShapeDtypeStruct(q.shape, dtype),
+              jax.ShapeDtypeStruct((batch, heads, length), jnp.float32))
+  scratch = ((plgpu.SMEM((compute_wgs, block_q, head_dim), dtype, transforms=transforms),
+              plgpu.SMEM((compute_wgs, block_q), jnp.float32)),
+             plgpu.Barrier(num_barriers=compute_wgs),
+             plgpu.Barrier(num_arrivals=compute_wgs))
+  call = plgpu.kernel(
+      kernel, out_type=out_type, scratch_types=scratch,
+      grid=(heads, length // (compute_wgs * block_q), batch),
+      grid_names=("heads", "q_seq", "batch"), num_threads=compute_wgs + 1, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(approx_math=True))
+  args = (q, k, v) + ((bias,) if has_bias else ())
+  return call(*args)
+
+
+def _backward_dq(q, k, v, bias, do, lse, delta, *, n, m, scale, tiles: Tiles):
+  """dQ on permuted k, v, bias: one CTA per 2 x block_q query rows, looping over key tiles."""
+  from jax.experimental import pallas as pl  # pylint: disable=import-outside-toplevel
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  batch, length, heads, head_dim = q.shape
+  dtype = q.dtype
+  block_q, block_kv = tiles.bwd_block_q, tiles.bwd_block_kv
+  compute_wgs = tiles.compute_wgs_bwd
+  has_bias = bias is not None
+  c = scale * _LOG2E
+  transforms = _smem_transforms()
+
+  def kernel(*refs):
+    if has_bias:
+      q_ref, k_ref, v_ref, bias_ref, do_ref, lse_ref, delta_ref, dq_ref, smem, barriers = refs
+    else:
+      q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, smem, barriers = refs
+      bias_ref = None
+    q_smem2, do_smem2, lse_smem2, delta_smem2 = smem
+    b = lax.axis_index("batch")
+    h = lax.axis_index("heads")
+    wg = lax.axis_index("wg")
+
+    def compute(pipeline):
+      q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
+      lse_smem, delta_smem = lse_smem2.at[wg], delta_smem2.at[wg]
+      q_base = lax.axis_index("q_seq") * (compute_wgs * block_q) + wg * block_q
+      rows = (b, pl.ds(q_base, block_q), h)
+      plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem, barriers[0].at[wg])
+      plgpu.copy_gmem_to_smem(do_ref.at[rows], do_smem, barriers[1].at[wg])
+      plgpu.copy_gmem_to_smem(lse_ref.at[b, h, pl.ds(q_base, block_q)], lse_smem,
+                              barriers[2].at[wg])
+      plgpu.copy_gmem_to_smem(delta_ref.at[b, h, pl.ds(q_base, block_q)], delta_smem,
+                              barriers[3].at[wg])
+      for barrier in barriers:
+        plgpu.barrier_wait(barrier.at[wg])
+      lse = plgpu.load(lse_smem, layout=plgpu.Layout.WGMMA.reduce(1))
+      delta = plgpu.load(delta_smem, layout=plgpu.Layout.WGMMA.reduce(1))
+      dq = plgpu.layout_cast(jnp.full((block_q, head_dim), 0.0, jnp.float32),
+                             plgpu.Layout.WGMMA)
+      dq, _, _ = pipeline((dq, lse, delta))
+      q_smem[...] = (dq * scale).astype(dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[rows])
+      plgpu.wait_smem_to_gmem(0)
+
+    def step(_, k_smem, v_smem, *rest):
+      if has_bias:
+        bias_smem, k_done, v_done, bias_done, carry = rest
+      else:
+        k_done, v_done, carry = rest
+      dq, lse, delta = carry
+      q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
+
+      def qk_product(acc_ref):
+        plgpu.wgmma(acc_ref, q_smem, k_smem.transpose((1, 0)))
+        return acc_ref[...]
+
+      s = pl.run_scoped(qk_product, plgpu.ACC((block_q, block_kv), jnp.float32))
+      if has_bias:
+        key_bias = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
+        plgpu.barrier_arrive(bias_done)
+        s = s + lax.broadcast_in_dim(key_bias, s.shape, [1])
+      s = s + nm_penalty(s, n, m)
+      p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))
+
+      def dp_product(acc_ref):
+        plgpu.wgmma(acc_ref, do_smem, v_smem.transpose((1, 0)))
+        return acc_ref[...]
+
+      dp = pl.run_scoped(dp_product, plgpu.ACC((block_q, block_kv), jnp.float32))
+      plgpu.barrier_arrive(v_done)
+      ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+
+      def dq_product(acc_ref):
+        plgpu.wgmma(acc_ref, ds.astype(dtype), k_smem)
+
+      dq = pl.run_state(dq_product)(plgpu.ACC.init(dq))
+      plgpu.barrier_arrive(k_done)
+      return dq, lse, delta
+
+    in_specs = [plgpu.BlockSpec(block_shape=(block_kv, head_dim), index_map=lambda i: (i, 0),
+                                transforms=transforms)] * 2
+    if has_bias:
+      in_specs.append(plgpu.BlockSpec(block_shape=(block_kv,), index_map=lambda i: (i,)))
+    pipeline = plgpu.emit_pipeline_warp_specialized(
+        step, grid=(length // block_kv,), max_concurrent_steps=min(tiles.bwd_stages,
+                                                                    length // block_kv),
+        num_compute_wgs=compute_wgs, memory_registers=40, wg_axis="wg",
+        manual_consumed_barriers=True, compute_context=compute, in_specs=in_specs)
+    operands = [k_ref.at[b, :, h, :], v_ref.at[b, :, h, :]]
+    if has_bias:
+      operands.append(bias_ref.at[b])
+    pipeline(*operands)
+
+  tile = plgpu.SMEM((compute_wgs, block_q, head_dim), dtype, transforms=transforms)
+  vector = plgpu.SMEM((compute_wgs, block_q), jnp.float32)
+  call = plgpu.kernel(
+      kernel, out_type=jax.ShapeDtypeStruct(q.shape, dtype),
+      scratch_types=((tile, tile, vector, vector),
+                     (plgpu.Barrier(num_barriers=compute_wgs),) * 4),
+      grid=(heads, length // (compute_wgs * block_q), batch),
+      grid_names=("heads", "q_seq", "batch"), num_threads=compute_wgs + 1, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(approx_math=True))
+  args = (q, k, v) + ((bias,) if has_bias else ()) + (do, lse, delta)
+  return call(*args)
+
+
+def _backward_dkv(q, k, v, bias, do, lse, delta, *, n, m, scale, tiles: Tiles):
+  """(dK, dV) on permuted k, v, bias: one CTA per compute_wgs x block_kv keys, looping over
+  query tiles. S is recomputed as [query, key] (so the N:M slices are column slices); P^T dO
+  and dS^T Q take P and dS from shared memory, transposed."""
+  from jax.experimental import pallas as pl  # pylint: disable=import-outside-toplevel
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  batch, length, heads, head_dim = q.shape
+  dtype = q.dtype
+  block_q, block_kv = tiles.bwd_block_q, tiles.bwd_block_kv
+  compute_wgs = tiles.compute_wgs_bwd
+  has_bias = bias is not None
+  c = scale * _LOG2E
+  transforms = _smem_transforms()
+
+  def kernel(*refs):
+    if has_bias:
+      (q_ref, k_ref, v_ref, bias_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, smem,
+       barriers) = refs
+    else:
+      q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, smem, barriers = refs
+      bias_ref = None
+    k_smem2, v_smem2, bias_smem2, p_smem2, ds_smem2 = smem
+    b = lax.axis_index("batch")
+    h = lax.axis_index("heads")
+    wg = lax.axis_index("wg")
+
+    def compute(pipeline):
+      k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
+      kv_base = lax.axis_index("kv_seq") * (compute_wgs * block_kv) + wg * block_kv
+      keys = (b, pl.ds(kv_base, block_kv), h)
+      plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem, barriers[0].at[wg])
+      plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem, barriers[1].at[wg])
+      if has_bias:
+        plgpu.copy_gmem_to_smem(bias_ref.at[b, pl.ds(kv_base, block_kv)], bias_smem2.at[wg],
+                                barriers[2].at[wg])
+        plgpu.barrier_wait(barriers[2].at[wg])
+        key_bias = plgpu.load(bias_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(0))
+      else:
+        key_bias = None
+      plgpu.barrier_wait(barriers[0].at[wg])
+      plgpu.barrier_wait(barriers[1].at[wg])
+      zeros = jnp.full((block_kv, head_dim), 0.0, jnp.float32)
+      dk = plgpu.layout_cast(zeros, plgpu.Layout.WGMMA)
+      dv = plgpu.layout_cast(zeros, plgpu.Layout.WGMMA)
+      if has_bias:
+        dk, dv, _ = pipeline((dk, dv, key_bias))
+      else:
+        dk, dv = pipeline((dk, dv))
+      k_smem[...] = (dk * scale).astype(dtype)
+      v_smem[...] = dv.astype(dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[keys], commit_group=False)
+      plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[keys], commit_group=False)
+      plgpu.commit_smem_to_gmem_group()
+      plgpu.wait_smem_to_gmem(0)
+
+    def step(_, q_smem, do_smem, lse_smem, delta_smem, q_done, do_done, lse_done, delta_done,
+             carry):
+      if has_bias:
+        dk, dv, key_bias = carry
+      else:
+        dk, dv = carry
+      k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
+      p_smem, ds_smem = p_smem2.at[wg], ds_smem2.at[wg]
+
+      def qk_product(acc_ref):
+        plgpu.wgmma(acc_ref, q_smem, k_smem.transpose((1, 0)))
+        return acc_ref[...]
+
+      s = pl.run_scoped(qk_product, plgpu.ACC((block_q, block_kv), jnp.float32))
+      if has_bias:
+        s = s + lax.broadcast_in_dim(key_bias, s.shape, [1])
+      s = s + nm_penalty(s, n, m)
+      lse = plgpu.load(lse_smem, layout=plgpu.Layout.WGMMA.reduce(1))
+      plgpu.barrier_arrive(lse_done)
+      p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))
+
+      def dp_product(acc_ref):
+        plgpu.wgmma(acc_ref, do_smem, v_smem.transpose((1, 0)))
+        return acc_ref[...]
+
+      dp = pl.run_scoped(dp_product, plgpu.ACC((block_q, block_kv), jnp.float32))
+      delta = plgpu.load(delta_smem, layout=plgpu.Layout.WGMMA.reduce(1))
+      plgpu.barrier_arrive(delta_done)
+      ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+      p_smem[...] = p.astype(dtype)
+      ds_smem[...] = ds.astype(dtype)
+      plgpu.commit_smem()
+
+      def grads(refs):
+        dv_ref, dk_ref = refs
+        plgpu.wgmma(dv_ref, p_smem.transpose((1, 0)), do_smem)
+        plgpu.wgmma(dk_ref, ds_smem.transpose((1, 0)), q_smem)
+
+      dv, dk = pl.run_state(grads)((plgpu.ACC.init(dv), plgpu.ACC.init(dk)))
+      plgpu.barrier_arrive(q_done)
+      plgpu.barrier_arrive(do_done)
+      return (dk, dv, key_bias) if has_bias else (dk, dv)
+
+    pipeline = plgpu.emit_pipeline_warp_specialized(
+        step, grid=(length // block_q,),
+        max_concurrent_steps=min(tiles.bwd_stages, length // block_q),
+        num_compute_wgs=compute_wgs, memory_registers=40, wg_axis="wg",
+        manual_consumed_barriers=True, compute_context=compute,
+        in_specs=[plgpu.BlockSpec(block_shape=(block_q, head_dim), index_map=lambda i: (i, 0),
+                                  transforms=transforms)] * 2
+        + [plgpu.BlockSpec(block_shape=(block_q,), index_map=lambda i: (i,))] * 2)
+    pipeline(q_ref.at[b, :, h, :], do_ref.at[b, :, h, :], lse_ref.at[b, h, :],
+             delta_ref.at[b, h, :])
+
+  kv_tile = plgpu.SMEM((compute_wgs, block_kv, head_dim), dtype, transforms=transforms)
+  pq_tile = plgpu.SMEM((compute_wgs, block_q, block_kv), dtype, transforms=transforms)
+  bias_buf = plgpu.SMEM((compute_wgs, block_kv), jnp.float32)
+  call = plgpu.kernel(
+      kernel, out_type=(jax.ShapeDtypeStruct(k.shape, dtype),
+                        jax.ShapeDtypeStruct(v.shape, dtype)),
+      scratch_types=((kv_tile, kv_tile, bias_buf, pq_tile, pq_tile),
+                     (plgpu.Barrier(num_barriers=compute_wgs),) * 3),
+      grid=(heads, length // (compute_wgs * block_kv), batch),
+      grid_names=("heads", "kv_seq", "batch"), num_threads=compute_wgs + 1, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(approx_math=True))
+  args = (q, k, v) + ((bias,) if has_bias else ()) + (do, lse, delta)
+  return call(*args)
+
+
+# ----------------------------------------------------------------------------- wrapper
+def _padded_length(length: int, tiles: Tiles) -> int:
+  multiple = math.lcm(2 * tiles.block_q, tiles.block_kv, PERM_BLOCK,
+                      tiles.compute_wgs_bwd * tiles.bwd_block_q,
+                      tiles.compute_wgs_bwd * tiles.bwd_block_kv)
+  return -(-length // multiple) * multiple
+
+
+def _prepare(q, k, v, mask, m, tiles):
+  """Pads to the tile multiple, permutes k, v and the key bias; bias None when no key is
+  padded or masked."""
+  batch, length = q.shape[:2]
+  lp = _padded_length(length, tiles)
+  pad = [(0, 0), (0, lp - length), (0, 0), (0, 0)]
+  if lp != length:
+    q, k, v = (jnp.pad(x, pad) for x in (q, k, v))
+  bias = None
+  if mask is not None or lp != length:
+    real = jnp.ones((batch, length), bool) if mask is None else mask.astype(bool)
+    real = jnp.pad(real, [(0, 0), (0, lp - length)])
+    bias = permute_keys(jnp.where(real, 0.0, MASKED).astype(jnp.float32), m)
+  return q, permute_keys(k, m), permute_keys(v, m), bias
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _attn(q, k, v, mask, n, m, scale, tiles):
+  return _attn_fwd(q, k, v, mask, n, m, scale, tiles)[0]
+
+
+def _attn_fwd(q, k, v, mask, n, m, scale, tiles):
+  length = q.shape[1]
+  qp, kp, vp, bias = _prepare(q, k, v, mask, m, tiles)
+  o, lse = _forward(qp, kp, vp, bias, n=n, m=m, scale=scale, tiles=tiles)
+  return o[:, :length], (qp, kp, vp, bias, o, lse, mask)
+
+
+def _attn_bwd(n, m, scale, tiles, res, do):
+  qp, kp, vp, bias, o, lse, mask = res
+  length = do.shape[1]
+  do = jnp.pad(do.astype(qp.dtype), [(0, 0), (0, qp.shape[1] - length), (0, 0), (0, 0)])
+  delta = jnp.einsum("blhd,blhd->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
+  kw = dict(n=n, m=m, scale=scale, tiles=tiles)
+  dq = _backward_dq(qp, kp, vp, bias, do, lse, delta, **kw)
+  dk, dv = _backward_dkv(qp, kp, vp, bias, do, lse, delta, **kw)
+  dk, dv = unpermute_keys(dk, m), unpermute_keys(dv, m)
+  dmask = None if mask is None else jnp.zeros(mask.shape, jax.dtypes.float0)
+  return dq[:, :length], dk[:, :length], dv[:, :length], dmask
+
+
+_attn.defvjp(_attn_fwd, _attn_bwd)
+
+
+def dfss_attention_mgpu(q, k, v, *, n: int, m: int, mask=None,
+                        tiles: Tiles = DEFAULT_TILES):
+  """DFSS attention with the Mosaic GPU kernels. q, k, v: [batch, length, heads, head_dim]
+  (bf16 / fp16, head_dim 64 or 128), mask: bool [batch, length] key padding (True = real).
+  Raises ValueError(``unsupported_reason``) for operands the kernels do not handle."""
+  reason = unsupported_reason(q, v, n, m, k=k)
+  if reason is not None:
+    raise ValueError(reason)
+  if mask is not None:
+    mask = jnp.asarray(mask)
+    if mask.shape != q.shape[:2]:
+      raise ValueError(f"mask must be [batch, length] = {q.shape[:2]}, got {mask.shape}")
+    mask = mask.astype(bool)
+  return _attn(q, k, v, mask, n, m, 1.0 / math.sqrt(q.shape[-1]), tiles)
