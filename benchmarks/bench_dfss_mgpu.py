@@ -88,7 +88,15 @@ def methods(n, m, tiles):
   for label, t in tiles.items():
     meths[f"DFSS Mosaic {label}"] = (
         lambda q, k, v, t=t: dfss_mgpu.dfss_attention_mgpu(q, k, v, n=n, m=m, tiles=t))
+  # The forward kernel alone, on inputs taken as already permuted: what the key permutation
+  # (two XLA transposes per call) costs is the difference to the row above.
+  first = next(iter(tiles.values()))
+  meths[KERNEL_ONLY] = lambda q, k, v: dfss_mgpu._forward(  # pylint: disable=protected-access
+      q, k, v, None, n=n, m=m, scale=q.shape[-1] ** -0.5, tiles=first)[0]
   return meths
+
+
+KERNEL_ONLY = "DFSS Mosaic fwd kernel alone"
 
 
 def define_flags() -> None:
@@ -132,6 +140,9 @@ def main(argv: Sequence[str]) -> None:
       for mode in ("fwd", "fwd+bwd"):
         fn = ((lambda q, k, v, ct, f=f: f(q, k, v)) if mode == "fwd"
               else (lambda q, k, v, ct, f=f: _grads(f, q, k, v, ct)))
+        if name == KERNEL_ONLY and mode != "fwd":
+          times[(name, mode)] = float("nan")
+          continue
         try:
           times[(name, mode)] = chained_ms(fn, xs, FLAGS.steps, FLAGS.rounds)
         except Exception as error:  # pylint: disable=broad-except

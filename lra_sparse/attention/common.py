@@ -28,25 +28,28 @@ def warn_once(message: str) -> None:
     logging.warning(message)
 
 
-def kernel_module(name: str, kind: str, required: bool):
+def kernel_module(name: str, kind: str, required: bool, backend: str = "triton"):
   """``lra_sparse.kernels.<name>`` when it imports and reports a usable GPU; else None (logged
-  once), or one ValueError naming the problem when ``required`` (backend='triton')."""
+  once), or one ValueError naming the problem when ``required`` (backend=<backend>)."""
   import importlib  # pylint: disable=import-outside-toplevel
+  label = {"triton": "Triton", "mosaic": "Mosaic GPU"}[backend]
+  needs = {"triton": "a GPU with jax-triton",
+           "mosaic": "a Hopper GPU (sm_90) with Pallas Mosaic GPU"}[backend]
   try:
     module = importlib.import_module(f"lra_sparse.kernels.{name}")
   except Exception as error:  # pylint: disable=broad-except  (jax_triton may fail in many ways)
     if required:
       raise ValueError(
-          f"backend='triton' but lra_sparse/kernels/{name}.py cannot be imported "
+          f"backend={backend!r} but lra_sparse/kernels/{name}.py cannot be imported "
           f"({type(error).__name__}: {error}); use backend='reference' or 'auto'") from error
-    warn_once(f"{kind} Triton kernel unavailable ({type(error).__name__}: {error}); using the "
-              "pure-JAX path.")
+    warn_once(f"{kind} {label} kernel unavailable ({type(error).__name__}: {error}); using "
+              "another path.")
     return None
   if not module.is_available():
     if required:
       raise ValueError(
-          f"backend='triton' but the {kind} Triton kernel is not available here "
-          f"(jax backend {jax.default_backend()!r}; it needs a GPU with jax-triton); use "
+          f"backend={backend!r} but the {kind} {label} kernel is not available here "
+          f"(jax backend {jax.default_backend()!r}; it needs {needs}); use "
           "backend='reference' or 'auto'")
     return None
   return module

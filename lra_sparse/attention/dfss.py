@@ -8,10 +8,13 @@ Gradients are those of the masked softmax: pruned and padded entries get zero gr
 mask is piecewise constant; there is no straight-through estimator). A group or a row with no
 real key gives zeros, never NaN, in values and gradients.
 
-Backends: "reference" is pure JAX and runs everywhere; "triton" calls the fused kernel in
-``lra_sparse/kernels/dfss_triton.py`` (GPU only, imported lazily so CPU installs never import
-jax_triton/triton); "auto" picks Triton on a GPU when that module reports itself available
-and able to run the shape.
+Backends: "reference" is pure JAX and runs everywhere; "mosaic" calls the Pallas Mosaic GPU
+kernels in ``lra_sparse/kernels/dfss_mgpu.py`` (Hopper only: bf16/fp16, head dim 64 or 128,
+M in 2/4/8, no attention dropout; the fastest there); "triton" calls the fused Triton kernels
+in ``lra_sparse/kernels/dfss_triton.py`` (any recent NVIDIA GPU; every dtype, head dims up to
+128, attention dropout). Kernel modules are imported lazily, so CPU installs never import
+Pallas GPU, jax_triton or triton. "auto" on a GPU picks Mosaic GPU when it can run the call,
+else Triton, else the pure-JAX path, and logs once why it fell back.
 
 Attention dropout (training, rate > 0) acts on the kept probabilities, A <- A * Z / (1 - rate).
 Both backends draw Z by the counter-based rule of ``lra_sparse/kernels/dfss_dropout.py`` from
@@ -38,7 +41,7 @@ from lra_sparse.attention.nm import check_nm, nm_mask, parse_nm
 from lra_sparse.attention.registry import AttentionDims, KindConfig, register_attention
 from lra_sparse.kernels import dfss_dropout, dfss_reference
 
-BACKENDS = ("auto", "triton", "reference")
+BACKENDS = ("auto", "mosaic", "triton", "reference")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +49,7 @@ class DFSSConfig(KindConfig):
   """``config.attention.dfss``."""
   KIND = "dfss"
   nm: str = "2:4"                    # keep the n largest of every m consecutive keys: "n:m"
-  backend: str = "auto"              # auto | triton | reference
+  backend: str = "auto"              # auto | mosaic | triton | reference
   # Triton backward: False = one pass with fp32 atomics for dQ (fastest, last bits of dQ vary
   # run to run); True = separate dK/dV and dQ kernels (bit-reproducible, ~15% slower).
   deterministic_kernels: bool = False
@@ -64,6 +67,47 @@ class DFSSConfig(KindConfig):
 def _triton_module(required: bool) -> Optional[Any]:
   """``lra_sparse.kernels.dfss_triton`` when usable; else None, or one ValueError if required."""
   return common.kernel_module("dfss_triton", "DFSS", required)
+
+
+def _mosaic_module(required: bool) -> Optional[Any]:
+  """``lra_sparse.kernels.dfss_mgpu`` when usable; else None, or one ValueError if required."""
+  return common.kernel_module("dfss_mgpu", "DFSS", required, backend="mosaic")
+
+
+def _pick_kernel(backend: str, q, k, v, n: int, m: int, use_dropout: bool):
+  """(kernel module or None, its kind 'mosaic' | 'triton'); one ValueError when the named
+  backend cannot run the call; 'auto' falls back Mosaic GPU -> Triton -> pure JAX, logging once
+  why."""
+  def mosaic_reason(module):
+    if use_dropout:
+      return "attention dropout runs in the Triton kernels only"
+    return module.unsupported_reason(q, v, n, m, k=k)
+
+  if backend in ("mosaic", "triton"):
+    module = (_mosaic_module if backend == "mosaic" else _triton_module)(required=True)
+    reason = (mosaic_reason(module) if backend == "mosaic"
+              else module.unsupported_reason(q, v, n, m, k=k))
+    if reason:
+      raise ValueError(f"dfss_attention: backend={backend!r} cannot run this call: {reason}; "
+                       "use backend='reference' or 'auto'")
+    return module, backend
+  if backend != "auto" or jax.default_backend() != "gpu":
+    return None, "reference"
+  module = _mosaic_module(required=False)
+  if module is not None:
+    reason = mosaic_reason(module)
+    if not reason:
+      return module, "mosaic"
+    common.warn_once(f"DFSS backend='auto': the Mosaic GPU kernel cannot run this call "
+                     f"({reason}); trying the Triton kernel")
+  module = _triton_module(required=False)
+  reason = module.unsupported_reason(q, v, n, m, k=k) if module is not None else None
+  if reason:
+    common.warn_once(f"DFSS backend='auto': the Triton kernel cannot run this call "
+                     f"({reason}); using the pure-JAX path, which holds [L, L] scores in "
+                     "memory")
+    module = None
+  return module, "triton" if module is not None else "reference"
 
 
 def dfss_probabilities(q, k, *, n: int, m: int, mask=None):
@@ -107,8 +151,8 @@ def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str =
   key padding (True = real token). Requires 0 < n <= m (n == m keeps every key: dense
   attention) and length % m == 0. Attention dropout (rate > 0 with an rng): both backends
   drop the same entries for the same rng (``dfss_dropout``). deterministic_kernels: the Triton
-  backward without atomics (bit-reproducible gradients); the pure-JAX path is deterministic
-  either way.
+  backward without atomics (bit-reproducible gradients); the Mosaic GPU and pure-JAX paths
+  are deterministic either way. backend: see the module docstring.
   """
   check_nm(n, m, what="dfss_attention")
   if backend not in BACKENDS:
@@ -129,22 +173,10 @@ def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str =
   if use_dropout:
     dfss_dropout.threshold(dropout_rate)  # one clear error for a rate outside [0, 1)
   seed = dfss_dropout.seed_words(dropout_rng) if use_dropout else None
-  kernel = None
-  if backend == "triton":
-    kernel = _triton_module(required=True)
-    reason = kernel.unsupported_reason(q, v, n, m, k=k)
-    if reason:
-      raise ValueError(f"dfss_attention: backend='triton' cannot run this call: {reason}; use "
-                       "backend='reference' or 'auto'")
-  elif backend == "auto" and jax.default_backend() == "gpu":
-    kernel = _triton_module(required=False)
-    reason = kernel.unsupported_reason(q, v, n, m, k=k) if kernel is not None else None
-    if reason:
-      common.warn_once(f"DFSS backend='auto': the Triton kernel cannot run this call "
-                       f"({reason}); using the pure-JAX path, which holds [L, L] scores in "
-                       "memory")
-      kernel = None
-  if kernel is not None:
+  kernel, kind = _pick_kernel(backend, q, k, v, n, m, use_dropout)
+  if kind == "mosaic":
+    return kernel.dfss_attention_mgpu(q, k, v, n=n, m=m, mask=mask)
+  if kind == "triton":
     return kernel.dfss_attention_triton(q, k, v, n=n, m=m, mask=mask,
                                         deterministic=deterministic_kernels,
                                         dropout_rate=dropout_rate if use_dropout else 0.0,
@@ -183,4 +215,6 @@ def _build_dfss(config: DFSSConfig, dims: AttentionDims) -> nn.Module:
                      f"config.model.pad_multiple to a multiple of {m}")
   if config.backend == "triton":
     _triton_module(required=True)
+  elif config.backend == "mosaic":
+    _mosaic_module(required=True)
   return DFSSAttention(dims=dims, config=config)

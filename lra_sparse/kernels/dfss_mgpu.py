@@ -12,12 +12,12 @@ tiles while two compute warpgroups each own 64 query rows):
   keys, member j of group g moves from position g*M + j to j*(64/M) + g. A 64-key slice of the
   score tile then holds the M members of each group in M column slices of width 64/M, and the
   WGMMA register layout gives every thread the same rows and columns of each slice, so the
-  N:M selection is elementwise work between slices (``nm_penalty``), no shuffles. The product
+  N:M selection is elementwise work between slices (``nm_prune``), no shuffles. The product
   with V uses V permuted the same way, so O is unchanged; dK and dV come back permuted and are
   put back in order by ``unpermute_keys``.
-* ``nm_penalty`` turns a score tile into 0 (kept) / -inf (pruned), added before the online
-  softmax: the row maximum is unchanged (a group's largest member is always kept) and a pruned
-  entry's exponential is exactly 0.
+* ``nm_prune`` sets the pruned entries of a score tile to -inf before the online softmax: the
+  row maximum is unchanged (a group's largest member is always kept) and a pruned entry's
+  exponential is exactly 0.
 * Key padding is an additive bias (0 or ``MASKED``, a finite -1e30 so no inf - inf appears in
   the online softmax); a row whose maximum is still near ``MASKED`` has no real key: its output
   is 0 and its LSE +inf, so the backward gives it zero gradients.
@@ -120,32 +120,37 @@ def unpermute_keys(x: jax.Array, m: int) -> jax.Array:
 
 
 # ----------------------------------------------------------------------------- selection
-def nm_penalty(s, n: int, m: int):
-  """0 where a score of the [rows, cols] tile ``s`` (cols a multiple of 64, keys permuted by
-  ``permute_keys``) is kept by the N:M rule, -inf where it is pruned.
+def _kept(beaten_by: list, n: int):
+  """Whether fewer than ``n`` of the bool arrays ``beaten_by`` (one per other group member:
+  does it beat this element?) are true. Pure logic for the common rules (the compiler maps it
+  to predicate instructions), a count otherwise."""
+  if n == 1:                                   # no other member beats it
+    return ~functools.reduce(lambda a, b: a | b, beaten_by)
+  if n == len(beaten_by):                      # not beaten by every other member
+    return ~functools.reduce(lambda a, b: a & b, beaten_by)
+  if n == 2 and len(beaten_by) == 3:           # 2:4: not beaten by a majority of the three
+    a, b, c = beaten_by
+    return ~((a & b) | (c & (a | b)))
+  one, zero = jnp.ones((), jnp.float32), jnp.zeros((), jnp.float32)
+  return sum(jnp.where(x, one, zero) for x in beaten_by) < n
 
-  Member j of a group lies in column slice j of its 64-key block. Element i is beaten by member
-  j when s_j > s_i, or s_j == s_i with j < i (ties to the lower index); it is kept when fewer
-  than n members beat it. Each pair is compared once (``i_beats[i][j]`` for i < j)."""
+
+def nm_prune(s, n: int, m: int):
+  """The [rows, cols] score tile ``s`` (cols a multiple of 64, keys permuted by
+  ``permute_keys``) with every entry the N:M rule prunes set to -inf.
+
+  Member j of a group lies in column slice j of its 64-key block. Member j beats member i when
+  s_j > s_i, or s_j == s_i with j < i (ties to the lower index); an entry is kept when fewer
+  than n members beat it. Each pair is compared once."""
   width = PERM_BLOCK // m
-  rows, cols = s.shape
-  zero = jnp.zeros((), jnp.float32)
-  one = jnp.ones((), jnp.float32)
   pieces = []
-  for block in range(cols // PERM_BLOCK):
+  for block in range(s.shape[1] // PERM_BLOCK):
     x = [s[:, block * PERM_BLOCK + j * width: block * PERM_BLOCK + (j + 1) * width]
          for j in range(m)]
-    beats = {(i, j): x[i] >= x[j] for i in range(m) for j in range(i + 1, m)}
+    i_beats = {(i, j): x[i] >= x[j] for i in range(m) for j in range(i + 1, m)}  # i < j
     for i in range(m):
-      beaten = None
-      for j in range(m):
-        if j == i:
-          continue
-        term = (jnp.where(beats[(j, i)], one, zero) if j < i
-                else jnp.where(beats[(i, j)], zero, one))
-        beaten = term if beaten is None else beaten + term
-      pieces.append(jnp.where(beaten < n, zero, -jnp.inf))
-  del rows
+      beaten_by = [i_beats[(j, i)] if j < i else ~i_beats[(i, j)] for j in range(m) if j != i]
+      pieces.append(jnp.where(_kept(beaten_by, n), x[i], -jnp.inf))
   return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
 
 
@@ -230,7 +235,7 @@ def _forward(q, k, v, bias, *, n: int, m: int, scale: float, tiles: Tiles):
         key_bias = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
         plgpu.barrier_arrive(bias_done)
         s = s + lax.broadcast_in_dim(key_bias, s.shape, [1])
-      s = s + nm_penalty(s, n, m)
+      s = nm_prune(s, n, m)
       m_new = jnp.maximum(m_i, s.max(axis=1) * c)
       alpha = jnp.exp2(m_i - m_new)
       p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
@@ -337,7 +342,7 @@ def _backward_dq(q, k, v, bias, do, lse, delta, *, n, m, scale, tiles: Tiles):
         key_bias = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
         plgpu.barrier_arrive(bias_done)
         s = s + lax.broadcast_in_dim(key_bias, s.shape, [1])
-      s = s + nm_penalty(s, n, m)
+      s = nm_prune(s, n, m)
       p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))
 
       def dp_product(acc_ref):
@@ -454,7 +459,7 @@ def _backward_dkv(q, k, v, bias, do, lse, delta, *, n, m, scale, tiles: Tiles):
       s = pl.run_scoped(qk_product, plgpu.ACC((block_q, block_kv), jnp.float32))
       if has_bias:
         s = s + lax.broadcast_in_dim(key_bias, s.shape, [1])
-      s = s + nm_penalty(s, n, m)
+      s = nm_prune(s, n, m)
       lse = plgpu.load(lse_smem, layout=plgpu.Layout.WGMMA.reduce(1))
       plgpu.barrier_arrive(lse_done)
       p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))
