@@ -62,6 +62,7 @@ class Tiles:
   bwd_stages: int = 2
   compute_wgs_bwd: int = 2
   schedule_barrier: bool = True
+  selection: str = "logic"      # nm_prune: "logic" or "count"
 
 
 DEFAULT_TILES = Tiles()
@@ -71,12 +72,19 @@ def is_available() -> bool:
   """True on a Hopper (sm_90) GPU with Pallas' Mosaic GPU backend importable."""
   try:
     devices = [d for d in jax.devices() if d.platform == "gpu"]
-    if not devices or getattr(devices[0], "compute_capability", "") not in ("9.0",):
+    if not devices or not _is_hopper(devices[0]):
       return False
     import jax.experimental.pallas.mosaic_gpu  # noqa: F401  pylint: disable=import-outside-toplevel
     return True
   except Exception:  # pragma: no cover - any import / backend failure means "no"
     return False
+
+
+def _is_hopper(device) -> bool:
+  capability = getattr(device, "compute_capability", None)
+  if capability is not None:
+    return str(capability).split(".")[0] == "9"
+  return any(name in device.device_kind for name in ("H100", "H200", "H800", "H20"))
 
 
 def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
@@ -120,37 +128,39 @@ def unpermute_keys(x: jax.Array, m: int) -> jax.Array:
 
 
 # ----------------------------------------------------------------------------- selection
-def _kept(beaten_by: list, n: int):
-  """Whether fewer than ``n`` of the bool arrays ``beaten_by`` (one per other group member:
-  does it beat this element?) are true. Pure logic for the common rules (the compiler maps it
-  to predicate instructions), a count otherwise."""
-  if n == 1:                                   # no other member beats it
-    return ~functools.reduce(lambda a, b: a | b, beaten_by)
-  if n == len(beaten_by):                      # not beaten by every other member
-    return ~functools.reduce(lambda a, b: a & b, beaten_by)
-  if n == 2 and len(beaten_by) == 3:           # 2:4: not beaten by a majority of the three
-    a, b, c = beaten_by
-    return ~((a & b) | (c & (a | b)))
+def _kept(beats: list, n: int, selection: str):
+  """Whether an element beats at least ``m - n`` of the other ``m - 1`` group members, given
+  the bool arrays ``beats`` (one per other member). "logic": and / or of the comparisons for
+  the common rules (N=1, N=M-1, 2:4; the compiler maps them to predicate instructions), a
+  count otherwise; "count": always a count (select and add)."""
+  others = len(beats)
+  if selection == "logic":
+    if n == 1:                                   # beats every other member
+      return functools.reduce(lambda a, b: a & b, beats)
+    if n == others:                              # beats at least one
+      return functools.reduce(lambda a, b: a | b, beats)
+    if n == 2 and others == 3:                   # 2:4: beats at least two of the three
+      a, b, c = beats
+      return (a & b) | (c & (a | b))
   one, zero = jnp.ones((), jnp.float32), jnp.zeros((), jnp.float32)
-  return sum(jnp.where(x, one, zero) for x in beaten_by) < n
+  return sum(jnp.where(x, one, zero) for x in beats) >= others + 1 - n
 
 
-def nm_prune(s, n: int, m: int):
+def nm_prune(s, n: int, m: int, selection: str = "logic"):
   """The [rows, cols] score tile ``s`` (cols a multiple of 64, keys permuted by
   ``permute_keys``) with every entry the N:M rule prunes set to -inf.
 
-  Member j of a group lies in column slice j of its 64-key block. Member j beats member i when
-  s_j > s_i, or s_j == s_i with j < i (ties to the lower index); an entry is kept when fewer
-  than n members beat it. Each pair is compared once."""
+  Member j of a group lies in column slice j of its 64-key block. Member i beats member j when
+  s_i > s_j, or s_i == s_j with i < j (ties to the lower index); an entry is kept when it beats
+  at least m - n of the others (fewer than n beat it)."""
   width = PERM_BLOCK // m
   pieces = []
   for block in range(s.shape[1] // PERM_BLOCK):
     x = [s[:, block * PERM_BLOCK + j * width: block * PERM_BLOCK + (j + 1) * width]
          for j in range(m)]
-    i_beats = {(i, j): x[i] >= x[j] for i in range(m) for j in range(i + 1, m)}  # i < j
     for i in range(m):
-      beaten_by = [i_beats[(j, i)] if j < i else ~i_beats[(i, j)] for j in range(m) if j != i]
-      pieces.append(jnp.where(_kept(beaten_by, n), x[i], -jnp.inf))
+      beats = [x[i] > x[j] if j < i else x[i] >= x[j] for j in range(m) if j != i]
+      pieces.append(jnp.where(_kept(beats, n, selection), x[i], -jnp.inf))
   return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
 
 
@@ -235,7 +245,7 @@ def _forward(q, k, v, bias, *, n: int, m: int, scale: float, tiles: Tiles):
         key_bias = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
         plgpu.barrier_arrive(bias_done)
         s = s + lax.broadcast_in_dim(key_bias, s.shape, [1])
-      s = nm_prune(s, n, m)
+      s = nm_prune(s, n, m, tiles.selection)
       m_new = jnp.maximum(m_i, s.max(axis=1) * c)
       alpha = jnp.exp2(m_i - m_new)
       p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
@@ -342,7 +352,7 @@ def _backward_dq(q, k, v, bias, do, lse, delta, *, n, m, scale, tiles: Tiles):
         key_bias = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
         plgpu.barrier_arrive(bias_done)
         s = s + lax.broadcast_in_dim(key_bias, s.shape, [1])
-      s = nm_prune(s, n, m)
+      s = nm_prune(s, n, m, tiles.selection)
       p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))
 
       def dp_product(acc_ref):
@@ -459,7 +469,7 @@ def _backward_dkv(q, k, v, bias, do, lse, delta, *, n, m, scale, tiles: Tiles):
       s = pl.run_scoped(qk_product, plgpu.ACC((block_q, block_kv), jnp.float32))
       if has_bias:
         s = s + lax.broadcast_in_dim(key_bias, s.shape, [1])
-      s = nm_prune(s, n, m)
+      s = nm_prune(s, n, m, tiles.selection)
       lse = plgpu.load(lse_smem, layout=plgpu.Layout.WGMMA.reduce(1))
       plgpu.barrier_arrive(lse_done)
       p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))
