@@ -118,6 +118,7 @@ VARIANTS = {
     "stages3": dfss_mgpu.Tiles(stages=3, bwd_stages=3),
     "bkv64": dfss_mgpu.Tiles(block_kv=64),
     "count": dfss_mgpu.Tiles(selection="count"),
+    "pairs": dfss_mgpu.Tiles(selection="pairs"),
 }
 
 

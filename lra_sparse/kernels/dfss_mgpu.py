@@ -62,7 +62,7 @@ class Tiles:
   bwd_stages: int = 2
   compute_wgs_bwd: int = 2
   schedule_barrier: bool = True
-  selection: str = "logic"      # nm_prune: "logic" or "count"
+  selection: str = "pairs"      # nm_prune: "pairs" or "count"
 
 
 DEFAULT_TILES = Tiles()
@@ -74,7 +74,7 @@ def is_available() -> bool:
     devices = [d for d in jax.devices() if d.platform == "gpu"]
     if not devices or not _is_hopper(devices[0]):
       return False
-    import jax.experimental.pallas.mosaic_gpu  # noqa: F401  pylint: disable=import-outside-toplevel
+    from jax.experimental.pallas import mosaic_gpu  # noqa: F401  pylint: disable=import-outside-toplevel
     return True
   except Exception:  # pragma: no cover - any import / backend failure means "no"
     return False
@@ -128,39 +128,39 @@ def unpermute_keys(x: jax.Array, m: int) -> jax.Array:
 
 
 # ----------------------------------------------------------------------------- selection
-def _kept(beats: list, n: int, selection: str):
-  """Whether an element beats at least ``m - n`` of the other ``m - 1`` group members, given
-  the bool arrays ``beats`` (one per other member). "logic": and / or of the comparisons for
-  the common rules (N=1, N=M-1, 2:4; the compiler maps them to predicate instructions), a
-  count otherwise; "count": always a count (select and add)."""
-  others = len(beats)
-  if selection == "logic":
-    if n == 1:                                   # beats every other member
-      return functools.reduce(lambda a, b: a & b, beats)
-    if n == others:                              # beats at least one
-      return functools.reduce(lambda a, b: a | b, beats)
-    if n == 2 and others == 3:                   # 2:4: beats at least two of the three
-      a, b, c = beats
-      return (a & b) | (c & (a | b))
-  one, zero = jnp.ones((), jnp.float32), jnp.zeros((), jnp.float32)
-  return sum(jnp.where(x, one, zero) for x in beats) >= others + 1 - n
+def _total(terms):
+  return functools.reduce(lambda a, b: a + b, terms)
 
 
-def nm_prune(s, n: int, m: int, selection: str = "logic"):
+def nm_prune(s, n: int, m: int, selection: str = "pairs"):
   """The [rows, cols] score tile ``s`` (cols a multiple of 64, keys permuted by
   ``permute_keys``) with every entry the N:M rule prunes set to -inf.
 
   Member j of a group lies in column slice j of its 64-key block. Member i beats member j when
   s_i > s_j, or s_i == s_j with i < j (ties to the lower index); an entry is kept when it beats
-  at least m - n of the others (fewer than n beat it)."""
+  at least m - n of the others (fewer than n beat it). "pairs" compares each pair once, as
+  0/1 floats f_ij = [s_i >= s_j] for i < j, and counts member i's wins as
+  (number of j < i) - sum_{j<i} f_ji + sum_{j>i} f_ij; "count" compares every ordered pair.
+  Both are float selects and adds only (Mosaic GPU lowers boolean logic on register arrays
+  poorly, and not at all for ``~``)."""
   width = PERM_BLOCK // m
+  one, zero = jnp.ones((), jnp.float32), jnp.zeros((), jnp.float32)
   pieces = []
   for block in range(s.shape[1] // PERM_BLOCK):
     x = [s[:, block * PERM_BLOCK + j * width: block * PERM_BLOCK + (j + 1) * width]
          for j in range(m)]
+    if selection == "pairs":
+      f = {(i, j): jnp.where(x[i] >= x[j], one, zero) for i in range(m) for j in range(i + 1, m)}
     for i in range(m):
-      beats = [x[i] > x[j] if j < i else x[i] >= x[j] for j in range(m) if j != i]
-      pieces.append(jnp.where(_kept(beats, n, selection), x[i], -jnp.inf))
+      if selection == "pairs":
+        terms = [f[(i, j)] for j in range(i + 1, m)]          # wins against later members
+        if i:                                                 # and against earlier ones
+          terms.append(float(i) - _total([f[(j, i)] for j in range(i)]))
+      else:
+        terms = [jnp.where(x[i] > x[j] if j < i else x[i] >= x[j], one, zero)
+                 for j in range(m) if j != i]
+      wins = _total(terms)
+      pieces.append(jnp.where(wins >= m - n, x[i], -jnp.inf))
   return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
 
 
