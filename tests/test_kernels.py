@@ -717,3 +717,157 @@ def test_triton_dropout_matches_reference_with_the_same_mask(case, deterministic
   np.testing.assert_array_equal(np.asarray(run(q, k, v, seed)), np.asarray(out))
   other = np.asarray(run(q, k, v, dd.seed_words(jax.random.PRNGKey(key + 4))))
   assert not np.array_equal(other, np.asarray(out))
+
+
+# ----------------------------------------------------------------------------- Mosaic GPU path
+# lra_sparse/kernels/dfss_mgpu.py: CPU tests of its selection, key permutation and capability
+# predicate (pure jnp, no Pallas import); GPU tests (Hopper) against the reference.
+
+@pytest.mark.parametrize("selection", ["pairs", "count"])
+@pytest.mark.parametrize("n,m", [(1, 2), (2, 4), (1, 4), (3, 4), (1, 8), (2, 8), (4, 8), (7, 8)])
+@pytest.mark.parametrize("ints", [False, True])
+def test_mosaic_nm_prune_matches_bruteforce(n, m, ints, selection):
+  """nm_prune on the permuted layout keeps exactly np_keep's entries (ties to the lower index,
+  padded keys at the kernels' finite MASKED bias never beat real ones) and leaves them as they
+  are; everything else is -inf."""
+  from lra_sparse.kernels import dfss_mgpu
+  rng = np.random.default_rng(n * 10 + m + 100 * ints)
+  s = (rng.integers(-2, 3, (64, 192)) if ints else rng.standard_normal((64, 192)))
+  s = s.astype(np.float32)
+  s[5, 3:40] = dfss_mgpu.MASKED                       # padded keys inside groups
+  s[6, :] = dfss_mgpu.MASKED                          # a row without a real key
+  keep = np_keep(s, n, m)
+  permuted = np.asarray(dfss_mgpu.permute_keys(jnp.asarray(s)[..., None], m))[..., 0]
+  pruned = np.asarray(dfss_mgpu.nm_prune(jnp.asarray(permuted), n, m, selection))
+  assert np.all((pruned == permuted) | (pruned == -np.inf))
+  kept = np.asarray(dfss_mgpu.unpermute_keys(jnp.asarray(pruned > -np.inf)[..., None], m))[..., 0]
+  np.testing.assert_array_equal(kept, keep)
+
+
+@pytest.mark.parametrize("m", [2, 4, 8])
+def test_mosaic_key_permutation_layout(m):
+  """Inside each 64-key block key g*m + j moves to j*(64/m) + g; unpermute_keys inverts it."""
+  from lra_sparse.kernels import dfss_mgpu
+  b, l = 2, 192
+  keys = np.broadcast_to(np.arange(l), (b, l))
+  permuted = np.asarray(dfss_mgpu.permute_keys(jnp.asarray(keys), m))
+  width = 64 // m
+  for block in range(l // 64):
+    for g in range(width):
+      for j in range(m):
+        assert permuted[1, block * 64 + j * width + g] == block * 64 + g * m + j
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((b, l, 3, 5)), jnp.float32)
+  np.testing.assert_array_equal(dfss_mgpu.unpermute_keys(dfss_mgpu.permute_keys(x, m), m), x)
+
+
+def test_mosaic_unsupported_reason_and_backend_errors():
+  """What the Mosaic GPU kernels run, in one predicate; backend='mosaic' where they cannot run
+  is one clear error (on a CPU: no Hopper GPU); importing the module loads no Pallas GPU code."""
+  import subprocess
+  import sys
+  from lra_sparse.attention.dfss import dfss_attention
+  from lra_sparse.kernels import dfss_mgpu
+
+  def arr(shape=(2, 256, 2, 64), dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+  reason = dfss_mgpu.unsupported_reason
+  for n, m, dtype, d in [(2, 4, jnp.bfloat16, 64), (1, 2, jnp.float16, 128), (3, 8, jnp.bfloat16, 64)]:
+    x = arr((2, 256, 2, d), dtype)
+    assert reason(x, x, n, m, k=x) is None
+  x = arr()
+  assert "m in (2, 4, 8)" in reason(x, x, 1, 16)
+  assert "n < m" in reason(x, x, 4, 4)
+  assert "head_dim in (64, 128)" in reason(arr((2, 256, 2, 32)), arr((2, 256, 2, 32)), 2, 4)
+  assert "bfloat16 or float16" in reason(arr(dtype=jnp.float32), arr(dtype=jnp.float32), 2, 4)
+  assert "k must match q" in reason(x, x, 2, 4, k=arr(dtype=jnp.float16))
+  if jax.default_backend() != "gpu":
+    assert not dfss_mgpu.is_available()
+    q = jnp.ones((1, 64, 1, 64), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"backend='mosaic' but the DFSS Mosaic GPU kernel is "
+                       r"not available here .*Hopper"):
+      dfss_attention(q, q, q, n=2, m=4, backend="mosaic")
+    code = ("import sys; from lra_sparse.kernels import dfss_mgpu; "
+            "assert 'jax.experimental.pallas.mosaic_gpu' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _need_mosaic():
+  from lra_sparse.kernels import dfss_mgpu
+  if not dfss_mgpu.is_available():
+    pytest.skip("needs a Hopper GPU (Pallas Mosaic GPU)")
+  return dfss_mgpu
+
+
+MOSAIC_CASES = [
+    # dtype, n, m, batch, length, heads, head_dim, masked, ints (many exact score ties)
+    (jnp.bfloat16, 2, 4, 2, 1000, 2, 64, True, False),
+    (jnp.bfloat16, 2, 4, 1, 2048, 2, 64, False, False),
+    (jnp.bfloat16, 1, 2, 2, 130, 2, 128, False, False),
+    (jnp.bfloat16, 2, 8, 2, 257, 2, 64, True, False),
+    (jnp.bfloat16, 4, 8, 1, 300, 1, 128, True, False),
+    (jnp.float16, 3, 4, 2, 200, 2, 64, True, False),
+    (jnp.bfloat16, 2, 4, 2, 256, 2, 64, True, True),
+    (jnp.bfloat16, 1, 4, 1, 384, 2, 64, False, True),
+]
+
+
+def _mosaic_id(c):
+  return _case_id(c[:8]) + ("-ties" if c[8] else "")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", MOSAIC_CASES, ids=_mosaic_id)
+def test_mosaic_matches_reference(case):
+  """Output and dQ/dK/dV against the fp32 reference on the same inputs; padded lengths, key
+  masks with a fully padded sequence (zeros, zero gradients), exact ties."""
+  mg = _need_mosaic()
+  dtype, n, m, b, l, h, d, masked, ints = case
+  seed = zlib.crc32(_mosaic_id(case).encode()) % (2**31)
+  q, k, v = rand_qkv(jax.random.PRNGKey(seed), (b, l, h, d), dtype, ints=ints)
+  mask = make_mask(jax.random.PRNGKey(seed + 1), b, l) if masked else None
+  ct = jax.random.normal(jax.random.PRNGKey(seed + 2), q.shape, dtype)
+
+  def f_ref(q, k, v):
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    return ref.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask, precision=HI)
+
+  out, vjp = jax.vjp(jax.jit(lambda q, k, v: mg.dfss_attention_mgpu(q, k, v, n=n, m=m,
+                                                                     mask=mask)), q, k, v)
+  grads = vjp(ct)
+  want, vjp_ref = jax.vjp(f_ref, q, k, v)
+  grads_ref = vjp_ref(ct.astype(jnp.float32))
+  assert out.dtype == dtype and out.shape == q.shape
+  for name, a, r in [("out", out, want)] + [(f"d{x}", g, gr)
+                                             for x, g, gr in zip("qkv", grads, grads_ref)]:
+    a = np.asarray(a.astype(jnp.float32))
+    assert np.isfinite(a).all(), f"{name}: non-finite elements"
+    e = rel_err(a, r)
+    print(f"{_mosaic_id(case)} {name} rel_err={e:.2e}")
+    assert e < 2e-2, (name, e)
+  if masked and b > 1:                  # make_mask pads the whole last sequence
+    assert np.all(np.asarray(out[-1].astype(jnp.float32)) == 0.0)
+    for g in grads:
+      assert np.all(np.asarray(g[-1].astype(jnp.float32)) == 0.0)
+
+
+@pytest.mark.gpu
+def test_mosaic_is_deterministic_and_auto_picks_it():
+  """Two backward runs give bit-identical gradients (no atomics); backend='auto' on a Hopper
+  GPU runs the Mosaic GPU kernels (the same bits as calling them directly)."""
+  mg = _need_mosaic()
+  from lra_sparse.attention.dfss import dfss_attention
+  q, k, v = rand_qkv(jax.random.PRNGKey(3), (2, 700, 2, 64), jnp.bfloat16)
+  mask = make_mask(jax.random.PRNGKey(4), 2, 700, full_pad_row=False)
+  ct = jax.random.normal(jax.random.PRNGKey(5), q.shape, jnp.bfloat16)
+
+  def grads(attn):
+    f = lambda q, k, v: jnp.sum((attn(q, k, v) * ct).astype(jnp.float32))
+    return [np.asarray(g.astype(jnp.float32))
+            for g in jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, k, v)]
+
+  direct = lambda q, k, v: mg.dfss_attention_mgpu(q, k, v, n=2, m=4, mask=mask)
+  auto = lambda q, k, v: dfss_attention(q, k, v, n=2, m=4, mask=mask, backend="auto")
+  first, second, via_auto = grads(direct), grads(direct), grads(auto)
+  for a, b, c in zip(first, second, via_auto):
+    assert np.array_equal(a, b) and np.array_equal(a, c)
