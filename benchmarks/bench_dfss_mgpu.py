@@ -108,7 +108,7 @@ def define_flags() -> None:
   flags.DEFINE_integer("rounds", 7, "Timed rounds (median).")
   flags.DEFINE_bool("check", True, "Run the correctness pass first.")
   flags.DEFINE_list("variants", ["default"], "Tile variants to time (default, nosched, "
-                    "stages3, bkv64, count); the check runs the first two.")
+                    "stages3, bkv64); the check runs the first two.")
   flags.DEFINE_string("out", "", "Also write the table here.")
 
 
@@ -117,8 +117,6 @@ VARIANTS = {
     "nosched": dfss_mgpu.Tiles(schedule_barrier=False),
     "stages3": dfss_mgpu.Tiles(stages=3, bwd_stages=3),
     "bkv64": dfss_mgpu.Tiles(block_kv=64),
-    "count": dfss_mgpu.Tiles(selection="count"),
-    "pairs": dfss_mgpu.Tiles(selection="pairs"),
 }
 
 

@@ -350,12 +350,21 @@ GPU_CASES = [
     (jnp.float32, 2, 4, 1, 200, 2, 128, True),
     (jnp.float32, 4, 8, 2, 130, 1, 64, True),
     (jnp.float32, 2, 8, 1, 300, 2, 128, True),  # largest fp32 tiles (BN=128 x D=128)
+    (jnp.bfloat16, 2, 4, 3, 700, 2, 64, "holes"),  # black-pixel-like masks (make_holes_mask)
 ]
 
 
 def _case_id(c):
   return (f"{jnp.dtype(c[0]).name}-{c[1]}of{c[2]}-B{c[3]}L{c[4]}H{c[5]}D{c[6]}"
-          f"{'-mask' if c[7] else ''}")
+          f"{'-mask' if c[7] else ''}{'-holes' if c[7] == 'holes' else ''}")
+
+
+def make_holes_mask(key, b, l):
+  """Holes everywhere, the first 200 keys of sequence 0 padded (a whole key tile of padding
+  before its first real key), the last sequence fully padded."""
+  mask = jax.random.bernoulli(key, 0.4, (b, l))
+  mask = mask.at[0, :200].set(False)
+  return mask.at[-1].set(False)
 
 
 @pytest.mark.gpu
@@ -366,7 +375,10 @@ def test_triton_matches_reference(case, impl):
   dtype, n, m, b, l, h, d, masked = case
   seed = zlib.crc32(f"{_case_id(case)}-{impl}".encode()) % (2**31)
   q, k, v = rand_qkv(jax.random.PRNGKey(seed), (b, l, h, d), dtype)
-  mask = make_mask(jax.random.PRNGKey(seed + 1), b, l) if masked else None
+  mask = None
+  if masked:
+    mask = (make_holes_mask if masked == "holes" else make_mask)(jax.random.PRNGKey(seed + 1),
+                                                                  b, l)
   ct = jax.random.normal(jax.random.PRNGKey(seed + 2), q.shape, dtype)
   if dtype == jnp.float32:
     q, k, v, ct = (tf32_exact(x) for x in (q, k, v, ct))
@@ -723,10 +735,9 @@ def test_triton_dropout_matches_reference_with_the_same_mask(case, deterministic
 # lra_sparse/kernels/dfss_mgpu.py: CPU tests of its selection, key permutation and capability
 # predicate (pure jnp, no Pallas import); GPU tests (Hopper) against the reference.
 
-@pytest.mark.parametrize("selection", ["pairs", "count"])
 @pytest.mark.parametrize("n,m", [(1, 2), (2, 4), (1, 4), (3, 4), (1, 8), (2, 8), (4, 8), (7, 8)])
 @pytest.mark.parametrize("ints", [False, True])
-def test_mosaic_nm_prune_matches_bruteforce(n, m, ints, selection):
+def test_mosaic_nm_prune_matches_bruteforce(n, m, ints):
   """nm_prune on the permuted layout keeps exactly np_keep's entries (ties to the lower index,
   padded keys at the kernels' finite MASKED bias never beat real ones) and leaves them as they
   are; everything else is -inf."""
@@ -738,7 +749,7 @@ def test_mosaic_nm_prune_matches_bruteforce(n, m, ints, selection):
   s[6, :] = dfss_mgpu.MASKED                          # a row without a real key
   keep = np_keep(s, n, m)
   permuted = np.asarray(dfss_mgpu.permute_keys(jnp.asarray(s)[..., None], m))[..., 0]
-  pruned = np.asarray(dfss_mgpu.nm_prune(jnp.asarray(permuted), n, m, selection))
+  pruned = np.asarray(dfss_mgpu.nm_prune(jnp.asarray(permuted), n, m))
   assert np.all((pruned == permuted) | (pruned == -np.inf))
   kept = np.asarray(dfss_mgpu.unpermute_keys(jnp.asarray(pruned > -np.inf)[..., None], m))[..., 0]
   np.testing.assert_array_equal(kept, keep)
@@ -809,6 +820,10 @@ MOSAIC_CASES = [
     (jnp.float16, 3, 4, 2, 200, 2, 64, True, False),
     (jnp.bfloat16, 2, 4, 2, 256, 2, 64, True, True),
     (jnp.bfloat16, 1, 4, 1, 384, 2, 64, False, True),
+    # black-pixel-like masks: holes everywhere, the first 200 keys of one sequence padded (a
+    # whole key tile of padding before its first real key), the last sequence fully padded
+    (jnp.bfloat16, 2, 4, 3, 700, 2, 64, "holes", False),
+    (jnp.bfloat16, 1, 2, 2, 520, 1, 128, "holes", False),
 ]
 
 
@@ -825,7 +840,10 @@ def test_mosaic_matches_reference(case):
   dtype, n, m, b, l, h, d, masked, ints = case
   seed = zlib.crc32(_mosaic_id(case).encode()) % (2**31)
   q, k, v = rand_qkv(jax.random.PRNGKey(seed), (b, l, h, d), dtype, ints=ints)
-  mask = make_mask(jax.random.PRNGKey(seed + 1), b, l) if masked else None
+  mask = None
+  if masked:
+    mask = (make_holes_mask if masked == "holes" else make_mask)(jax.random.PRNGKey(seed + 1),
+                                                                  b, l)
   ct = jax.random.normal(jax.random.PRNGKey(seed + 2), q.shape, dtype)
 
   def f_ref(q, k, v):

@@ -18,9 +18,16 @@ tiles while two compute warpgroups each own 64 query rows):
 * ``nm_prune`` sets the pruned entries of a score tile to -inf before the online softmax: the
   row maximum is unchanged (a group's largest member is always kept) and a pruned entry's
   exponential is exactly 0.
-* Key padding is an additive bias (0 or ``MASKED``, a finite -1e30 so no inf - inf appears in
-  the online softmax); a row whose maximum is still near ``MASKED`` has no real key: its output
-  is 0 and its LSE +inf, so the backward gives it zero gradients.
+* Key padding is an additive bias (0 or ``MASKED``). It is finite, so no inf - inf appears in
+  the online softmax, and moderate (-2^25): the compiler contracts ``s * c - max`` into one
+  fused multiply-add, which rounds differently from the product that gave the row maximum; at
+  |s * c| near 1e29 (a bias of -1e30) that difference is ~1e22 and exp2 of it overflows, which
+  made every row whose running maximum was a padded key (a fully padded row, or a key tile of
+  padding before the first real key, as black-pixel masks give) NaN. Near 2^25 * c the
+  difference is below 1, so exp2 stays finite, and a real key's exp2 outweighs it by 2^(2^23).
+  Real scores are assumed above MASKED / 2 (|q . k| < 1.6e7, far outside any trained model).
+  A row whose maximum is still below ``MASKED / 2`` has no real key: its output is 0 and its
+  LSE +inf, so the backward gives it zero gradients.
 * Backward: a dQ kernel (loop over key tiles) and a dK/dV kernel (loop over query tiles); both
   recompute S in the [query, key] orientation and prune it as the forward; the dK/dV kernel
   passes P and dS to the tensor cores through shared memory, transposed.
@@ -43,8 +50,7 @@ from jax import lax
 from lra_sparse.attention.nm import check_nm
 
 PERM_BLOCK = 64          # keys are permuted within blocks of this many
-MASKED = -1e30           # bias of a padded key (finite: see the module docstring)
-_NO_REAL_KEY = -1e29     # a row maximum (scaled by log2(e) / sqrt(d)) below this has no real key
+MASKED = -float(2**25)   # bias of a padded key (finite and moderate: see the module docstring)
 _LOG2E = math.log2(math.e)
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_M = (2, 4, 8)
@@ -62,7 +68,6 @@ class Tiles:
   bwd_stages: int = 2
   compute_wgs_bwd: int = 2
   schedule_barrier: bool = True
-  selection: str = "pairs"      # nm_prune: "pairs" or "count"
 
 
 DEFAULT_TILES = Tiles()
@@ -132,35 +137,39 @@ def _total(terms):
   return functools.reduce(lambda a, b: a + b, terms)
 
 
-def nm_prune(s, n: int, m: int, selection: str = "pairs"):
+def nm_prune(s, n: int, m: int):
   """The [rows, cols] score tile ``s`` (cols a multiple of 64, keys permuted by
   ``permute_keys``) with every entry the N:M rule prunes set to -inf.
 
   Member j of a group lies in column slice j of its 64-key block. Member i beats member j when
   s_i > s_j, or s_i == s_j with i < j (ties to the lower index); an entry is kept when it beats
-  at least m - n of the others (fewer than n beat it). "pairs" compares each pair once, as
-  0/1 floats f_ij = [s_i >= s_j] for i < j, and counts member i's wins as
-  (number of j < i) - sum_{j<i} f_ji + sum_{j>i} f_ij; "count" compares every ordered pair.
-  Both are float selects and adds only (Mosaic GPU lowers boolean logic on register arrays
-  poorly, and not at all for ``~``)."""
+  at least m - n of the other members (fewer than n beat it). With f_ij = [s_i >= s_j] for
+  i < j (each pair compared once, as float 0/1), member i's wins are
+  sum_{j>i} f_ij + sum_{j<i} (1 - f_ji), so it is kept when
+
+      sum_{j>i} f_ij - sum_{j<i} f_ji >= m - n - i.
+
+  Float selects and adds only: Mosaic GPU cannot lower boolean ``~`` on register arrays, and
+  on an H100 this form was the fastest of four A/B'd in one process (int32 counts, and/or
+  logic of the "beats" predicates, every ordered pair compared: 0-25% slower forward)."""
   width = PERM_BLOCK // m
   one, zero = jnp.ones((), jnp.float32), jnp.zeros((), jnp.float32)
   pieces = []
   for block in range(s.shape[1] // PERM_BLOCK):
     x = [s[:, block * PERM_BLOCK + j * width: block * PERM_BLOCK + (j + 1) * width]
          for j in range(m)]
-    if selection == "pairs":
-      f = {(i, j): jnp.where(x[i] >= x[j], one, zero) for i in range(m) for j in range(i + 1, m)}
+    f = {(i, j): jnp.where(x[i] >= x[j], one, zero) for i in range(m) for j in range(i + 1, m)}
     for i in range(m):
-      if selection == "pairs":
-        terms = [f[(i, j)] for j in range(i + 1, m)]          # wins against later members
-        if i:                                                 # and against earlier ones
-          terms.append(float(i) - _total([f[(j, i)] for j in range(i)]))
+      later = [f[(i, j)] for j in range(i + 1, m)]
+      earlier = [f[(j, i)] for j in range(i)]
+      if not later:                     # the last member: no negation needed
+        keep = _total(earlier) <= i - (m - n)
       else:
-        terms = [jnp.where(x[i] > x[j] if j < i else x[i] >= x[j], one, zero)
-                 for j in range(m) if j != i]
-      wins = _total(terms)
-      pieces.append(jnp.where(wins >= m - n, x[i], -jnp.inf))
+        net = _total(later)
+        for term in earlier:
+          net = net - term
+        keep = net >= m - n - i
+      pieces.append(jnp.where(keep, x[i], -jnp.inf))
   return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
 
 
@@ -216,7 +225,7 @@ def _forward(q, k, v, bias, *, n: int, m: int, scale: float, tiles: Tiles):
       pl.when(wg == 1)(schedule_barrier)
       acc, m_i, l_i = pipeline((acc, m_i, l_i))
       pl.when(wg == 0)(schedule_barrier)
-      real = m_i > _NO_REAL_KEY
+      real = m_i > 0.5 * MASKED * c          # m_i is scaled by c
       inv_l = jnp.where(real, 1.0 / l_i, 0.0)
       acc = acc * lax.broadcast_in_dim(inv_l, (block_q, head_dim), [0])
       qo_smem[...] = acc.astype(dtype)
@@ -245,7 +254,7 @@ def _forward(q, k, v, bias, *, n: int, m: int, scale: float, tiles: Tiles):
         key_bias = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
         plgpu.barrier_arrive(bias_done)
         s = s + lax.broadcast_in_dim(key_bias, s.shape, [1])
-      s = nm_prune(s, n, m, tiles.selection)
+      s = nm_prune(s, n, m)
       m_new = jnp.maximum(m_i, s.max(axis=1) * c)
       alpha = jnp.exp2(m_i - m_new)
       p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
@@ -352,7 +361,7 @@ def _backward_dq(q, k, v, bias, do, lse, delta, *, n, m, scale, tiles: Tiles):
         key_bias = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
         plgpu.barrier_arrive(bias_done)
         s = s + lax.broadcast_in_dim(key_bias, s.shape, [1])
-      s = nm_prune(s, n, m, tiles.selection)
+      s = nm_prune(s, n, m)
       p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))
 
       def dp_product(acc_ref):
@@ -469,7 +478,7 @@ def _backward_dkv(q, k, v, bias, do, lse, delta, *, n, m, scale, tiles: Tiles):
       s = pl.run_scoped(qk_product, plgpu.ACC((block_q, block_kv), jnp.float32))
       if has_bias:
         s = s + lax.broadcast_in_dim(key_bias, s.shape, [1])
-      s = nm_prune(s, n, m, tiles.selection)
+      s = nm_prune(s, n, m)
       lse = plgpu.load(lse_smem, layout=plgpu.Layout.WGMMA.reduce(1))
       plgpu.barrier_arrive(lse_done)
       p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))
