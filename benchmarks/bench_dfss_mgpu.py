@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.ab_dfss_kernels import chained_ms, emit_table, input_sets
+from lra_sparse.attention import dense
 from lra_sparse.attention.nm import parse_nm
 from lra_sparse.kernels import dfss_mgpu, dfss_reference, dfss_triton
 
@@ -78,22 +79,35 @@ def check(tiles_list) -> list[str]:
   return lines
 
 
-def methods(n, m, tiles):
+def methods(n, m, tiles, mask=None):
+  """name -> f(q, k, v). With ``mask`` (bool [batch, length], real keys a prefix of each row,
+  as the loaders produce), every method takes it: cuDNN as sequence lengths, the others as a
+  key mask."""
   meths = {
-      "XLA dense": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla"),
-      "cuDNN dense": lambda q, k, v: jax.nn.dot_product_attention(q, k, v,
-                                                                  implementation="cudnn"),
-      "DFSS Triton": lambda q, k, v: dfss_triton.dfss_attention_triton(q, k, v, n=n, m=m),
+      "XLA dense": lambda q, k, v: dense.dense_attention(q, k, v, mask, implementation="xla"),
+      "cuDNN dense": lambda q, k, v: dense.dense_attention(q, k, v, mask,
+                                                           implementation="cudnn"),
+      "DFSS Triton": lambda q, k, v: dfss_triton.dfss_attention_triton(q, k, v, n=n, m=m,
+                                                                       mask=mask),
   }
   for label, t in tiles.items():
     meths[f"DFSS Mosaic {label}"] = (
-        lambda q, k, v, t=t: dfss_mgpu.dfss_attention_mgpu(q, k, v, n=n, m=m, tiles=t))
-  # The forward kernel alone, on inputs taken as already permuted: what the key permutation
-  # (two XLA transposes per call) costs is the difference to the row above.
-  first = next(iter(tiles.values()))
-  meths[KERNEL_ONLY] = lambda q, k, v: dfss_mgpu._forward(  # pylint: disable=protected-access
-      q, k, v, None, n=n, m=m, scale=q.shape[-1] ** -0.5, tiles=first)[0]
+        lambda q, k, v, t=t: dfss_mgpu.dfss_attention_mgpu(q, k, v, n=n, m=m, mask=mask,
+                                                           tiles=t))
+  if mask is None and q_len_ok(tiles):
+    # The forward kernel alone, on inputs taken as already permuted: what the key permutation
+    # (two XLA transposes per call) costs is the difference to the row above.
+    first = next(iter(tiles.values()))
+    meths[KERNEL_ONLY] = lambda q, k, v: dfss_mgpu._forward(  # pylint: disable=protected-access
+        q, k, v, None, n=n, m=m, scale=q.shape[-1] ** -0.5, tiles=first)[0]
   return meths
+
+
+def q_len_ok(tiles) -> bool:
+  """Whether every timed length needs no padding (the kernel-alone row runs unpadded)."""
+  first = next(iter(tiles.values()))
+  return all(dfss_mgpu._padded_length(int(shape.split("x")[1]), first)  # pylint: disable=protected-access
+             == int(shape.split("x")[1]) for shape in FLAGS.shapes)
 
 
 KERNEL_ONLY = "DFSS Mosaic fwd kernel alone"
@@ -109,6 +123,8 @@ def define_flags() -> None:
   flags.DEFINE_bool("check", True, "Run the correctness pass first.")
   flags.DEFINE_list("variants", ["default"], "Tile variants to time (default, nosched, "
                     "stages3, bkv64); the check runs the first two.")
+  flags.DEFINE_bool("masked", False, "Give every method a key padding mask (real lengths "
+                    "uniform in [L/4, L], one row full), as a padded LRA batch has.")
   flags.DEFINE_string("out", "", "Also write the table here.")
 
 
@@ -127,16 +143,21 @@ def main(argv: Sequence[str]) -> None:
   device = jax.devices()[0]
   header = (f"DFSS Mosaic GPU vs cuDNN / XLA / Triton, {device.device_kind}, jax "
             f"{jax.__version__}, {datetime.date.today()}; bf16, {FLAGS.heads} heads, "
-            f"d={FLAGS.dim}, DFSS {n}:{m}; median of {FLAGS.rounds} rounds of {FLAGS.steps} "
-            f"chained calls; 'x cuDNN' = cuDNN ms / method ms (speed relative to cuDNN)")
+            f"d={FLAGS.dim}, DFSS {n}:{m}{', key padding mask' if FLAGS.masked else ''}; "
+            f"median of {FLAGS.rounds} rounds of {FLAGS.steps} chained calls; 'x cuDNN' = cuDNN ms / method ms (speed relative to cuDNN)")
   check_lines = check(list(tiles.values())[:2]) if FLAGS.check else []
   rows = []
   for shape in FLAGS.shapes:
     b, l = (int(x) for x in shape.split("x"))
     sets, xs = input_sets(b, l, FLAGS.heads, FLAGS.dim, jnp.bfloat16, FLAGS.steps)
     del sets
+    mask = None
+    if FLAGS.masked:
+      lengths = jax.random.randint(jax.random.PRNGKey(l), (b,), l // 4, l + 1).at[0].set(l)
+      mask = jnp.arange(l)[None, :] < lengths[:, None]
     times = {}
-    for name, f in methods(n, m, tiles).items():
+    meths = methods(n, m, tiles, mask)
+    for name, f in meths.items():
       for mode in ("fwd", "fwd+bwd"):
         fn = ((lambda q, k, v, ct, f=f: f(q, k, v)) if mode == "fwd"
               else (lambda q, k, v, ct, f=f: _grads(f, q, k, v, ct)))
@@ -150,7 +171,7 @@ def main(argv: Sequence[str]) -> None:
                 flush=True)
           times[(name, mode)] = float("nan")
         print(f"{shape} {mode:8s} {name:28s} {times[(name, mode)]:.3f} ms", flush=True)
-    for name in methods(n, m, tiles):
+    for name in meths:
       for mode in ("fwd", "fwd+bwd"):
         t = times[(name, mode)]
         rows.append([shape, mode, name, f"{t:.3f}",
