@@ -815,6 +815,7 @@ MOSAIC_CASES = [
     (jnp.bfloat16, 2, 4, 2, 1000, 2, 64, True, False),
     (jnp.bfloat16, 2, 4, 1, 2048, 2, 64, False, False),
     (jnp.bfloat16, 1, 2, 2, 130, 2, 128, False, False),
+    (jnp.bfloat16, 1, 2, 2, 1000, 2, 64, True, False),   # 1:2 at head dim 64 (32-wide slices)
     (jnp.bfloat16, 2, 8, 2, 257, 2, 64, True, False),
     (jnp.bfloat16, 4, 8, 1, 300, 1, 128, True, False),
     (jnp.float16, 3, 4, 2, 200, 2, 64, True, False),
