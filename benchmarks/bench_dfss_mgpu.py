@@ -79,7 +79,7 @@ def check(tiles_list) -> list[str]:
   return lines
 
 
-def methods(n, m, tiles, mask=None):
+def methods(n, m, tiles, length, mask=None):
   """name -> f(q, k, v). With ``mask`` (bool [batch, length], real keys a prefix of each row,
   as the loaders produce), every method takes it: cuDNN as sequence lengths, the others as a
   key mask."""
@@ -94,20 +94,14 @@ def methods(n, m, tiles, mask=None):
     meths[f"DFSS Mosaic {label}"] = (
         lambda q, k, v, t=t: dfss_mgpu.dfss_attention_mgpu(q, k, v, n=n, m=m, mask=mask,
                                                            tiles=t))
-  if mask is None and q_len_ok(tiles):
-    # The forward kernel alone, on inputs taken as already permuted: what the key permutation
-    # (two XLA transposes per call) costs is the difference to the row above.
-    first = next(iter(tiles.values()))
+  first = next(iter(tiles.values()))
+  if mask is None and dfss_mgpu._padded_length(length, first) == length:  # pylint: disable=protected-access
+    # The forward kernel alone, on inputs taken as already permuted (and needing no padding):
+    # what the key permutation (two XLA transposes per call) costs is the difference to the
+    # row above.
     meths[KERNEL_ONLY] = lambda q, k, v: dfss_mgpu._forward(  # pylint: disable=protected-access
         q, k, v, None, n=n, m=m, scale=q.shape[-1] ** -0.5, tiles=first)[0]
   return meths
-
-
-def q_len_ok(tiles) -> bool:
-  """Whether every timed length needs no padding (the kernel-alone row runs unpadded)."""
-  first = next(iter(tiles.values()))
-  return all(dfss_mgpu._padded_length(int(shape.split("x")[1]), first)  # pylint: disable=protected-access
-             == int(shape.split("x")[1]) for shape in FLAGS.shapes)
 
 
 KERNEL_ONLY = "DFSS Mosaic fwd kernel alone"
@@ -144,7 +138,8 @@ def main(argv: Sequence[str]) -> None:
   header = (f"DFSS Mosaic GPU vs cuDNN / XLA / Triton, {device.device_kind}, jax "
             f"{jax.__version__}, {datetime.date.today()}; bf16, {FLAGS.heads} heads, "
             f"d={FLAGS.dim}, DFSS {n}:{m}{', key padding mask' if FLAGS.masked else ''}; "
-            f"median of {FLAGS.rounds} rounds of {FLAGS.steps} chained calls; 'x cuDNN' = cuDNN ms / method ms (speed relative to cuDNN)")
+            f"median of {FLAGS.rounds} rounds of {FLAGS.steps} chained calls; 'x cuDNN' = "
+            "cuDNN ms / method ms (speed relative to cuDNN)")
   check_lines = check(list(tiles.values())[:2]) if FLAGS.check else []
   rows = []
   for shape in FLAGS.shapes:
@@ -156,7 +151,7 @@ def main(argv: Sequence[str]) -> None:
       lengths = jax.random.randint(jax.random.PRNGKey(l), (b,), l // 4, l + 1).at[0].set(l)
       mask = jnp.arange(l)[None, :] < lengths[:, None]
     times = {}
-    meths = methods(n, m, tiles, mask)
+    meths = methods(n, m, tiles, l, mask)
     for name, f in meths.items():
       for mode in ("fwd", "fwd+bwd"):
         fn = ((lambda q, k, v, ct, f=f: f(q, k, v)) if mode == "fwd"

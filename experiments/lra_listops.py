@@ -43,7 +43,7 @@ def get_sweep(preset: str = "") -> Sweep:
   return Sweep(
       name="lra_listops" + ("_smoke" if smoke else ""),
       groups=[Group(config="configs/listops.py" + (":tiny" if smoke else ""),
-                    overrides=({**tiny_steps(20)} if smoke else {"model.dtype": "bfloat16"}),
+                    overrides=(tiny_steps(20) if smoke else {"model.dtype": "bfloat16"}),
                     variants=[Variant(name, match) for _, name, match in VARIANTS],
                     seeds=TINY_SEEDS if smoke else SEEDS)])
 
