@@ -6,8 +6,9 @@
   python -m benchmarks.bench_train_step --config=configs/pathfinder.py \
       --variants=bf16:cudnn,bf16:kind=dfss   # Pathfinder-32: batch 512, 1024 pixels, head dim 4
 
-Random tokens (no data needed), the full trainer step (forward, backward, AdamW update), median
-wall time of --reps steps after --warmup steps, all variants in one process.
+Random tokens (no data needed; --min_real_length pads them as a loader does), the full trainer
+step (forward, backward, AdamW update), median wall time of --reps steps after --warmup steps,
+all variants in one process.
 """
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ flags.DEFINE_integer("batch", None, "Global batch size (default: the config's)."
 flags.DEFINE_integer("length", None, "Tokens per example (default: the config's max_length).")
 flags.DEFINE_list("overrides", [], "key=value config overrides for every variant, e.g. "
                   "data.mask_black_pixels=false.")
+flags.DEFINE_integer("min_real_length", None,
+                     "Pad the batch as a loader does: real lengths uniform in [this, length], "
+                     "the rest the pad id 0 (default: every token real). ListOps data (lengths "
+                     "500-2000 in a 2000 window) is about --min_real_length=500.")
 flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
 flags.DEFINE_integer("reps", 10, "Timed steps.")
 flags.DEFINE_string("out", "", "Also write the table here.")
@@ -73,8 +78,10 @@ def make_config(variant: str, *, config_path: str = LISTOPS_CONFIG, batch=None,
 
 
 def time_variant(variant: str, *, warmup: int, reps: int, config_path: str = LISTOPS_CONFIG,
-                 batch=None, length=None, overrides=()) -> tuple[float, float]:
-  """(median seconds per train step, last loss) of one variant, on random tokens."""
+                 batch=None, length=None, overrides=(),
+                 min_real_length=None) -> tuple[float, float]:
+  """(median seconds per train step, last loss) of one variant, on random tokens (padded
+  with 0 after a real length uniform in [min_real_length, length] when that is given)."""
   config = make_config(variant, config_path=config_path, batch=batch, length=length,
                        overrides=overrides)
   batch, length = config.batch_size, config.data.max_length
@@ -83,6 +90,11 @@ def time_variant(variant: str, *, warmup: int, reps: int, config_path: str = LIS
   rng = np.random.default_rng(0)
   data = {"inputs": rng.integers(1, spec.vocab_size, (batch, length), np.int32),
           "targets": rng.integers(0, spec.num_classes, (batch,), np.int32)}
+  if min_real_length is not None:
+    if not 1 <= min_real_length <= length:
+      raise ValueError(f"--min_real_length={min_real_length} must be in [1, {length}]")
+    real = rng.integers(min_real_length, length + 1, (batch,))
+    data["inputs"] = np.where(np.arange(length)[None] < real[:, None], data["inputs"], 0)
   variables = dict(jax.jit(lambda r: model.init(r, data, deterministic=True))(
       jax.random.key(0)))
   variables.pop("aux_loss", None)
@@ -111,7 +123,8 @@ def main(argv):
     try:
       seconds, loss = time_variant(variant, config_path=FLAGS.config, batch=FLAGS.batch,
                                    length=FLAGS.length, warmup=FLAGS.warmup, reps=FLAGS.reps,
-                                   overrides=FLAGS.overrides)
+                                   overrides=FLAGS.overrides,
+                                   min_real_length=FLAGS.min_real_length)
       rows.append((variant, f"{seconds * 1e3:.1f}", f"{1 / seconds:.2f}", f"{loss:.3f}"))
     except Exception as e:  # one failing variant must not hide the others
       rows.append((variant, "failed", type(e).__name__, str(e).splitlines()[0][:80]))
@@ -124,7 +137,10 @@ def main(argv):
             f"{config.batch_size}, length {config.data.max_length}, {model.num_layers} layers, "
             f"{model.emb_dim} wide, {model.num_heads} heads of "
             f"{model.qkv_dim // model.num_heads}; device {device.device_kind}; jax "
-            f"{jax.__version__}; median of {FLAGS.reps} after {FLAGS.warmup} warm-up\n\n")
+            f"{jax.__version__}; median of {FLAGS.reps} after {FLAGS.warmup} warm-up"
+            + (f"; real lengths uniform in [{FLAGS.min_real_length}, "
+               f"{config.data.max_length}], then padding" if FLAGS.min_real_length else "")
+            + "\n\n")
   table = ("| variant | ms/step | steps/s | loss |\n|---|---|---|---|\n" +
            "\n".join("| " + " | ".join(r) + " |" for r in rows) + "\n")
   print(header + table)

@@ -803,6 +803,51 @@ def test_mosaic_unsupported_reason_and_backend_errors():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_mosaic_tile_skip_counts_match_numpy():
+  """The step counts by which the Mosaic kernels skip padded work, against a direct numpy
+  reading of their definition: forward and dQ loop over the key tiles up to each example's
+  last real key (a dQ CTA whose rows all have dO = 0: none); dK/dV loops over the query tiles
+  up to the last row with a non-zero dO (a CTA whose keys all lie past the last real key:
+  none)."""
+  from lra_sparse.kernels import dfss_mgpu
+  tiles = dfss_mgpu.DEFAULT_TILES
+  rng = np.random.default_rng(0)
+  b, l, h, d = 5, 1024, 2, 8
+  real = np.zeros((b, l), bool)
+  real[0] = True                                  # no padding
+  real[1, :300] = True                            # a prefix
+  real[2, rng.random(l) < 0.3] = True             # holes
+  real[2, 700:] = False
+  # example 3: no real key; example 4: a single real key in the middle
+  real[4, 515] = True
+  do = rng.normal(size=(b, l, h, d)).astype(np.float32)
+  do[~real] = 0.0                                 # rows the loss does not reach (padding)
+  do[1, 128:256] = 0.0                            # and a whole dQ CTA of real rows
+  do[0, 1000:, 1, 3] = 0.0                        # a partly zero row stays live
+  extent = dfss_mgpu._extent(jnp.asarray(real))
+  dq_steps, dkv_steps = dfss_mgpu._backward_steps(extent, jnp.asarray(do), tiles)
+
+  def up_to(x, block):
+    return -(-x // block)
+
+  for i in range(b):
+    last = max([j + 1 for j in range(l) if real[i, j]], default=0)
+    assert int(extent[i]) == last
+    assert int(dfss_mgpu._tiles_up_to(extent, tiles.block_kv)[i]) == up_to(last, tiles.block_kv)
+    live = np.abs(do[i]).sum(axis=(1, 2)) > 0
+    q_cta = tiles.compute_wgs_bwd * tiles.bwd_block_q
+    for c in range(l // q_cta):
+      want = up_to(last, tiles.bwd_block_kv) if live[c * q_cta:(c + 1) * q_cta].any() else 0
+      assert int(dq_steps[i, c]) == want, (i, c)
+    last_live = max([j + 1 for j in range(l) if live[j]], default=0)
+    kv_cta = tiles.compute_wgs_bwd * tiles.bwd_block_kv
+    for c in range(l // kv_cta):
+      want = up_to(last_live, tiles.bwd_block_q) if c * kv_cta < last else 0
+      assert int(dkv_steps[i, c]) == want, (i, c)
+  assert dq_steps.dtype == dkv_steps.dtype == jnp.int32
+  assert int(dq_steps[1, 1]) == 0 and int(dq_steps[3].max()) == 0 and int(dkv_steps[3].max()) == 0
+
+
 def _need_mosaic():
   from lra_sparse.kernels import dfss_mgpu
   if not dfss_mgpu.is_available():
@@ -868,6 +913,48 @@ def test_mosaic_matches_reference(case):
     assert np.all(np.asarray(out[-1].astype(jnp.float32)) == 0.0)
     for g in grads:
       assert np.all(np.asarray(g[-1].astype(jnp.float32)) == 0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,m,d", [(2, 4, 64), (1, 2, 128)])
+def test_mosaic_skips_padded_tiles_exactly(n, m, d):
+  """Key padding as a loader gives it (a real prefix per example: 2016, 700, 90, 0 of 2016
+  keys) and a cotangent like a masked model's (0 on padded rows, and on a block of real rows
+  whose outputs reach no loss): the kernels skip every key tile past an example's last real
+  key and every query tile past its last row with a non-zero dO. Outputs and gradients match
+  the reference, including the skipped ones (zeros where the reference gives zeros)."""
+  mg = _need_mosaic()
+  b, l, h = 4, 2016, 2
+  q, k, v = rand_qkv(jax.random.PRNGKey(11), (b, l, h, d), jnp.bfloat16)
+  lengths = jnp.array([2016, 700, 90, 0])
+  mask = jnp.arange(l)[None, :] < lengths[:, None]
+  ct = jax.random.normal(jax.random.PRNGKey(12), q.shape, jnp.bfloat16)
+  ct = jnp.where(mask[..., None, None], ct, 0).at[0, 256:640].set(0)
+
+  def f_ref(q, k, v):
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    return ref.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask, precision=HI)
+
+  out, vjp = jax.vjp(jax.jit(lambda q, k, v: mg.dfss_attention_mgpu(q, k, v, n=n, m=m,
+                                                                     mask=mask)), q, k, v)
+  grads = vjp(ct)
+  want, vjp_ref = jax.vjp(f_ref, q, k, v)
+  grads_ref = vjp_ref(ct.astype(jnp.float32))
+  for name, a, r in [("out", out, want)] + [(f"d{x}", g, gr)
+                                             for x, g, gr in zip("qkv", grads, grads_ref)]:
+    a = np.asarray(a.astype(jnp.float32))
+    assert np.isfinite(a).all(), f"{name}: non-finite elements"
+    e = rel_err(a, r)
+    print(f"skip {n}:{m} d{d} {name} rel_err={e:.2e}")
+    assert e < 2e-2, (name, e)
+    for i, length in enumerate(lengths.tolist()):   # each example on its own
+      if np.linalg.norm(np.asarray(r)[i]) > 0:
+        assert rel_err(a[i], np.asarray(r)[i]) < 2e-2, (name, i)
+  assert np.all(np.asarray(out[3].astype(jnp.float32)) == 0.0)
+  dq = np.asarray(grads[0].astype(jnp.float32))
+  assert np.all(dq[0, 256:640] == 0.0) and np.all(dq[1, 700:] == 0.0)
+  for g in grads[1:]:                               # keys past the last real one
+    assert np.all(np.asarray(g[1, 700:].astype(jnp.float32)) == 0.0)
 
 
 @pytest.mark.gpu

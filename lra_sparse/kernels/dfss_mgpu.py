@@ -31,6 +31,14 @@ tiles while two compute warpgroups each own 64 query rows):
 * Backward: a dQ kernel (loop over key tiles) and a dK/dV kernel (loop over query tiles); both
   recompute S in the [query, key] orientation and prune it as the forward; the dK/dV kernel
   passes P and dS to the tensor cores through shared memory, transposed.
+* Padding costs no work (as cuDNN's sequence lengths): with a key mask, each pipeline's step
+  count is read per CTA (a dynamic grid), so the forward and dQ loops stop at the key tile of
+  an example's last real key, the dK/dV loop at the query tile of its last row with a
+  non-zero dO, and a dQ CTA whose rows all have dO = 0 (or a dK/dV CTA past the last real
+  key) does no step and writes zeros. All exact: the skipped tiles add exactly 0. In a masked
+  model a padded row's output reaches no loss, so its dO is 0 and the backward costs what
+  the real lengths need (``_backward_steps``); the forward still computes padded query rows,
+  whose outputs the semantics define.
 
 Supported: bf16 / fp16, head_dim 64 or 128, M in (2, 4, 8) (the slices of a 64-key block are
 64/M >= 8 columns wide). ``unsupported_reason`` says why not otherwise; callers then use the
@@ -179,9 +187,18 @@ def _smem_transforms():
   return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
 
-def _forward(q, k, v, bias, *, n: int, m: int, scale: float, tiles: Tiles):
+def _inputs(refs, has_bias):
+  """((q, k, v, bias, steps), the other refs): bias and steps are None without a bias."""
+  if has_bias:
+    return refs[:5], refs[5:]
+  return tuple(refs[:3]) + (None, None), refs[3:]
+
+
+def _forward(q, k, v, bias, steps, *, n: int, m: int, scale: float, tiles: Tiles):
   """(O [B, L, H, D], LSE f32 [B, H, L], base 2 of the scaled scores) on permuted k, v and
-  bias (f32 [B, L] or None); L a multiple of 2 * block_q and of block_kv."""
+  bias (f32 [B, L] or None); L a multiple of 2 * block_q and of block_kv. With a bias,
+  ``steps`` (int32 [B]) is the number of key tiles each example needs (those up to its last
+  real key): later tiles are all padding and are neither loaded nor computed."""
   from jax.experimental import pallas as pl  # pylint: disable=import-outside-toplevel
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   batch, length, heads, head_dim = q.shape
@@ -195,12 +212,8 @@ def _forward(q, k, v, bias, *, n: int, m: int, scale: float, tiles: Tiles):
   transforms = _smem_transforms()
 
   def kernel(*refs):
-    if has_bias:
-      q_ref, k_ref, v_ref, bias_ref, o_ref, lse_ref, smem, q_barriers, schedule = refs
-    else:
-      q_ref, k_ref, v_ref, o_ref, lse_ref, smem, q_barriers, schedule = refs
-      bias_ref = None
-    qo_smem2, lse_smem2 = smem
+    (q_ref, k_ref, v_ref, bias_ref, steps_ref), rest = _inputs(refs, has_bias)
+    o_ref, lse_ref, (qo_smem2, lse_smem2), q_barriers, schedule = rest
     b = lax.axis_index("batch")
     h = lax.axis_index("heads")
     wg = lax.axis_index("wg")
@@ -275,7 +288,8 @@ def _forward(q, k, v, bias, *, n: int, m: int, scale: float, tiles: Tiles):
     if has_bias:
       in_specs.append(plgpu.BlockSpec(block_shape=(block_kv,), index_map=lambda i: (i,)))
     pipeline = plgpu.emit_pipeline_warp_specialized(
-        step, grid=(num_kv,), max_concurrent_steps=stages, num_compute_wgs=compute_wgs,
+        step, grid=(steps_ref[b] if has_bias else num_kv,), max_concurrent_steps=stages,
+        num_compute_wgs=compute_wgs,
         memory_registers=40, wg_axis="wg", manual_consumed_barriers=True,
         compute_context=compute, in_specs=in_specs)
     operands = [k_ref.at[b, :, h, :], v_ref.at[b, :, h, :]]
@@ -294,12 +308,12 @@ def _forward(q, k, v, bias, *, n: int, m: int, scale: float, tiles: Tiles):
       grid=(heads, length // (compute_wgs * block_q), batch),
       grid_names=("heads", "q_seq", "batch"), num_threads=compute_wgs + 1, thread_name="wg",
       compiler_params=plgpu.CompilerParams(approx_math=True))
-  args = (q, k, v) + ((bias,) if has_bias else ())
-  return call(*args)
+  return call(q, k, v, *((bias, steps) if has_bias else ()))
 
 
-def _backward_dq(q, k, v, bias, do, lse, delta, *, n, m, scale, tiles: Tiles):
-  """dQ on permuted k, v, bias: one CTA per 2 x block_q query rows, looping over key tiles."""
+def _backward_dq(q, k, v, bias, steps, do, lse, delta, *, n, m, scale, tiles: Tiles):
+  """dQ on permuted k, v, bias: one CTA per 2 x block_q query rows, looping over key tiles
+  (with a bias, the first ``steps[b, i]`` of them for the i-th CTA of example b)."""
   from jax.experimental import pallas as pl  # pylint: disable=import-outside-toplevel
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   batch, length, heads, head_dim = q.shape
@@ -311,11 +325,8 @@ def _backward_dq(q, k, v, bias, do, lse, delta, *, n, m, scale, tiles: Tiles):
   transforms = _smem_transforms()
 
   def kernel(*refs):
-    if has_bias:
-      q_ref, k_ref, v_ref, bias_ref, do_ref, lse_ref, delta_ref, dq_ref, smem, barriers = refs
-    else:
-      q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, smem, barriers = refs
-      bias_ref = None
+    (q_ref, k_ref, v_ref, bias_ref, steps_ref), rest = _inputs(refs, has_bias)
+    do_ref, lse_ref, delta_ref, dq_ref, smem, barriers = rest
     q_smem2, do_smem2, lse_smem2, delta_smem2 = smem
     b = lax.axis_index("batch")
     h = lax.axis_index("heads")
@@ -383,9 +394,10 @@ def _backward_dq(q, k, v, bias, do, lse, delta, *, n, m, scale, tiles: Tiles):
                                 transforms=transforms)] * 2
     if has_bias:
       in_specs.append(plgpu.BlockSpec(block_shape=(block_kv,), index_map=lambda i: (i,)))
+    num_steps = steps_ref[b, lax.axis_index("q_seq")] if has_bias else length // block_kv
     pipeline = plgpu.emit_pipeline_warp_specialized(
-        step, grid=(length // block_kv,), max_concurrent_steps=min(tiles.bwd_stages,
-                                                                    length // block_kv),
+        step, grid=(num_steps,), max_concurrent_steps=min(tiles.bwd_stages,
+                                                          length // block_kv),
         num_compute_wgs=compute_wgs, memory_registers=40, wg_axis="wg",
         manual_consumed_barriers=True, compute_context=compute, in_specs=in_specs)
     operands = [k_ref.at[b, :, h, :], v_ref.at[b, :, h, :]]
@@ -402,14 +414,14 @@ def _backward_dq(q, k, v, bias, do, lse, delta, *, n, m, scale, tiles: Tiles):
       grid=(heads, length // (compute_wgs * block_q), batch),
       grid_names=("heads", "q_seq", "batch"), num_threads=compute_wgs + 1, thread_name="wg",
       compiler_params=plgpu.CompilerParams(approx_math=True))
-  args = (q, k, v) + ((bias,) if has_bias else ()) + (do, lse, delta)
-  return call(*args)
+  return call(q, k, v, *((bias, steps) if has_bias else ()), do, lse, delta)
 
 
-def _backward_dkv(q, k, v, bias, do, lse, delta, *, n, m, scale, tiles: Tiles):
+def _backward_dkv(q, k, v, bias, steps, do, lse, delta, *, n, m, scale, tiles: Tiles):
   """(dK, dV) on permuted k, v, bias: one CTA per compute_wgs x block_kv keys, looping over
-  query tiles. S is recomputed as [query, key] (so the N:M slices are column slices); P^T dO
-  and dS^T Q take P and dS from shared memory, transposed."""
+  query tiles (with a bias, the first ``steps[b, j]`` of them for the j-th CTA of example b).
+  S is recomputed as [query, key] (so the N:M slices are column slices); P^T dO and dS^T Q
+  take P and dS from shared memory, transposed."""
   from jax.experimental import pallas as pl  # pylint: disable=import-outside-toplevel
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   batch, length, heads, head_dim = q.shape
@@ -421,12 +433,8 @@ def _backward_dkv(q, k, v, bias, do, lse, delta, *, n, m, scale, tiles: Tiles):
   transforms = _smem_transforms()
 
   def kernel(*refs):
-    if has_bias:
-      (q_ref, k_ref, v_ref, bias_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, smem,
-       barriers) = refs
-    else:
-      q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, smem, barriers = refs
-      bias_ref = None
+    (q_ref, k_ref, v_ref, bias_ref, steps_ref), rest = _inputs(refs, has_bias)
+    do_ref, lse_ref, delta_ref, dk_ref, dv_ref, smem, barriers = rest
     k_smem2, v_smem2, bias_smem2, p_smem2, ds_smem2 = smem
     b = lax.axis_index("batch")
     h = lax.axis_index("heads")
@@ -505,8 +513,9 @@ def _backward_dkv(q, k, v, bias, do, lse, delta, *, n, m, scale, tiles: Tiles):
       plgpu.barrier_arrive(do_done)
       return (dk, dv, key_bias) if has_bias else (dk, dv)
 
+    num_steps = steps_ref[b, lax.axis_index("kv_seq")] if has_bias else length // block_q
     pipeline = plgpu.emit_pipeline_warp_specialized(
-        step, grid=(length // block_q,),
+        step, grid=(num_steps,),
         max_concurrent_steps=min(tiles.bwd_stages, length // block_q),
         num_compute_wgs=compute_wgs, memory_registers=40, wg_axis="wg",
         manual_consumed_barriers=True, compute_context=compute,
@@ -527,8 +536,7 @@ def _backward_dkv(q, k, v, bias, do, lse, delta, *, n, m, scale, tiles: Tiles):
       grid=(heads, length // (compute_wgs * block_kv), batch),
       grid_names=("heads", "kv_seq", "batch"), num_threads=compute_wgs + 1, thread_name="wg",
       compiler_params=plgpu.CompilerParams(approx_math=True))
-  args = (q, k, v) + ((bias,) if has_bias else ()) + (do, lse, delta)
-  return call(*args)
+  return call(q, k, v, *((bias, steps) if has_bias else ()), do, lse, delta)
 
 
 # ----------------------------------------------------------------------------- wrapper
@@ -540,19 +548,51 @@ def _padded_length(length: int, tiles: Tiles) -> int:
 
 
 def _prepare(q, k, v, mask, m, tiles):
-  """Pads to the tile multiple, permutes k, v and the key bias; bias None when no key is
-  padded or masked."""
+  """Pads to the tile multiple, permutes k, v and the key bias; also gives each example's
+  key extent (int32 [B]: one past its last real key, 0 when it has none). Bias and extent
+  are None when no key is padded or masked."""
   batch, length = q.shape[:2]
   lp = _padded_length(length, tiles)
   pad = [(0, 0), (0, lp - length), (0, 0), (0, 0)]
   if lp != length:
     q, k, v = (jnp.pad(x, pad) for x in (q, k, v))
-  bias = None
+  bias = extent = None
   if mask is not None or lp != length:
     real = jnp.ones((batch, length), bool) if mask is None else mask.astype(bool)
     real = jnp.pad(real, [(0, 0), (0, lp - length)])
     bias = permute_keys(jnp.where(real, 0.0, MASKED).astype(jnp.float32), m)
-  return q, permute_keys(k, m), permute_keys(v, m), bias
+    extent = _extent(real)
+  return q, permute_keys(k, m), permute_keys(v, m), bias, extent
+
+
+def _extent(live):
+  """One past the last True position of each row of ``live`` [B, L] (0 if none), int32."""
+  positions = jnp.arange(1, live.shape[1] + 1, dtype=jnp.int32)
+  return jnp.max(jnp.where(live, positions, 0), axis=1)
+
+
+def _tiles_up_to(extent, block: int):
+  """The number of ``block``-sized tiles that hold positions [0, extent)."""
+  return (extent + block - 1) // block
+
+
+def _backward_steps(extent, do, tiles: Tiles):
+  """Per-CTA step counts of the two backward kernels with key padding (the kernels skip the
+  rest, which is exact): a dQ CTA loops over the key tiles up to the last real key, or none
+  when dO is 0 on all its rows (rows whose output reaches no loss: padded positions of a
+  masked model); a dK/dV CTA loops over the query tiles up to the last row with a non-zero
+  dO (a row with dO = 0 adds nothing: dV += P^T dO and dS = P (dP - rowsum(dO O)) vanish),
+  or none when its keys are all past the last real key (P = 0 there)."""
+  batch, length = do.shape[:2]
+  live = jnp.any(do != 0, axis=(2, 3))                                     # [B, L]
+  q_cta = tiles.compute_wgs_bwd * tiles.bwd_block_q
+  live_cta = jnp.any(live.reshape(batch, length // q_cta, q_cta), axis=2)
+  dq_steps = jnp.where(live_cta, _tiles_up_to(extent, tiles.bwd_block_kv)[:, None], 0)
+  kv_cta = tiles.compute_wgs_bwd * tiles.bwd_block_kv
+  cta_start = jnp.arange(length // kv_cta, dtype=jnp.int32) * kv_cta
+  dkv_steps = jnp.where(cta_start[None, :] < extent[:, None],
+                        _tiles_up_to(_extent(live), tiles.bwd_block_q)[:, None], 0)
+  return dq_steps.astype(jnp.int32), dkv_steps.astype(jnp.int32)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
@@ -562,19 +602,21 @@ def _attn(q, k, v, mask, n, m, scale, tiles):
 
 def _attn_fwd(q, k, v, mask, n, m, scale, tiles):
   length = q.shape[1]
-  qp, kp, vp, bias = _prepare(q, k, v, mask, m, tiles)
-  o, lse = _forward(qp, kp, vp, bias, n=n, m=m, scale=scale, tiles=tiles)
-  return o[:, :length], (qp, kp, vp, bias, o, lse, mask)
+  qp, kp, vp, bias, extent = _prepare(q, k, v, mask, m, tiles)
+  steps = None if bias is None else _tiles_up_to(extent, tiles.block_kv)
+  o, lse = _forward(qp, kp, vp, bias, steps, n=n, m=m, scale=scale, tiles=tiles)
+  return o[:, :length], (qp, kp, vp, bias, extent, o, lse, mask)
 
 
 def _attn_bwd(n, m, scale, tiles, res, do):
-  qp, kp, vp, bias, o, lse, mask = res
+  qp, kp, vp, bias, extent, o, lse, mask = res
   length = do.shape[1]
   do = jnp.pad(do.astype(qp.dtype), [(0, 0), (0, qp.shape[1] - length), (0, 0), (0, 0)])
   delta = jnp.einsum("blhd,blhd->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
   kw = dict(n=n, m=m, scale=scale, tiles=tiles)
-  dq = _backward_dq(qp, kp, vp, bias, do, lse, delta, **kw)
-  dk, dv = _backward_dkv(qp, kp, vp, bias, do, lse, delta, **kw)
+  dq_steps, dkv_steps = (None, None) if bias is None else _backward_steps(extent, do, tiles)
+  dq = _backward_dq(qp, kp, vp, bias, dq_steps, do, lse, delta, **kw)
+  dk, dv = _backward_dkv(qp, kp, vp, bias, dkv_steps, do, lse, delta, **kw)
   dk, dv = unpermute_keys(dk, m), unpermute_keys(dv, m)
   dmask = None if mask is None else jnp.zeros(mask.shape, jax.dtypes.float0)
   return dq[:, :length], dk[:, :length], dv[:, :length], dmask
