@@ -855,6 +855,32 @@ def _need_mosaic():
   return dfss_mgpu
 
 
+def _check_mosaic(mg, q, k, v, mask, ct, n, m, label, per_example=False):
+  """(out, (dq, dk, dv)) of the Mosaic kernels, each checked against the fp32 reference on
+  the same inputs and cotangent (finite; relative error < 2e-2, also per example when
+  ``per_example``)."""
+  def f_ref(q, k, v):
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    return ref.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask, precision=HI)
+
+  out, vjp = jax.vjp(jax.jit(lambda q, k, v: mg.dfss_attention_mgpu(q, k, v, n=n, m=m,
+                                                                     mask=mask)), q, k, v)
+  grads = vjp(ct)
+  want, vjp_ref = jax.vjp(f_ref, q, k, v)
+  grads_ref = vjp_ref(ct.astype(jnp.float32))
+  for name, a, r in [("out", out, want)] + [(f"d{x}", g, gr)
+                                             for x, g, gr in zip("qkv", grads, grads_ref)]:
+    a, r = np.asarray(a.astype(jnp.float32)), np.asarray(r)
+    assert np.isfinite(a).all(), f"{name}: non-finite elements"
+    e = rel_err(a, r)
+    print(f"{label} {name} rel_err={e:.2e}")
+    assert e < 2e-2, (name, e)
+    for i in range(a.shape[0] if per_example else 0):
+      if np.linalg.norm(r[i]) > 0:
+        assert rel_err(a[i], r[i]) < 2e-2, (name, i)
+  return out, grads
+
+
 MOSAIC_CASES = [
     # dtype, n, m, batch, length, heads, head_dim, masked, ints (many exact score ties)
     (jnp.bfloat16, 2, 4, 2, 1000, 2, 64, True, False),
@@ -891,24 +917,8 @@ def test_mosaic_matches_reference(case):
     mask = (make_holes_mask if masked == "holes" else make_mask)(jax.random.PRNGKey(seed + 1),
                                                                   b, l)
   ct = jax.random.normal(jax.random.PRNGKey(seed + 2), q.shape, dtype)
-
-  def f_ref(q, k, v):
-    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
-    return ref.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask, precision=HI)
-
-  out, vjp = jax.vjp(jax.jit(lambda q, k, v: mg.dfss_attention_mgpu(q, k, v, n=n, m=m,
-                                                                     mask=mask)), q, k, v)
-  grads = vjp(ct)
-  want, vjp_ref = jax.vjp(f_ref, q, k, v)
-  grads_ref = vjp_ref(ct.astype(jnp.float32))
+  out, grads = _check_mosaic(mg, q, k, v, mask, ct, n, m, _mosaic_id(case))
   assert out.dtype == dtype and out.shape == q.shape
-  for name, a, r in [("out", out, want)] + [(f"d{x}", g, gr)
-                                             for x, g, gr in zip("qkv", grads, grads_ref)]:
-    a = np.asarray(a.astype(jnp.float32))
-    assert np.isfinite(a).all(), f"{name}: non-finite elements"
-    e = rel_err(a, r)
-    print(f"{_mosaic_id(case)} {name} rel_err={e:.2e}")
-    assert e < 2e-2, (name, e)
   if masked and b > 1:                  # make_mask pads the whole last sequence
     assert np.all(np.asarray(out[-1].astype(jnp.float32)) == 0.0)
     for g in grads:
@@ -930,26 +940,8 @@ def test_mosaic_skips_padded_tiles_exactly(n, m, d):
   mask = jnp.arange(l)[None, :] < lengths[:, None]
   ct = jax.random.normal(jax.random.PRNGKey(12), q.shape, jnp.bfloat16)
   ct = jnp.where(mask[..., None, None], ct, 0).at[0, 256:640].set(0)
-
-  def f_ref(q, k, v):
-    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
-    return ref.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask, precision=HI)
-
-  out, vjp = jax.vjp(jax.jit(lambda q, k, v: mg.dfss_attention_mgpu(q, k, v, n=n, m=m,
-                                                                     mask=mask)), q, k, v)
-  grads = vjp(ct)
-  want, vjp_ref = jax.vjp(f_ref, q, k, v)
-  grads_ref = vjp_ref(ct.astype(jnp.float32))
-  for name, a, r in [("out", out, want)] + [(f"d{x}", g, gr)
-                                             for x, g, gr in zip("qkv", grads, grads_ref)]:
-    a = np.asarray(a.astype(jnp.float32))
-    assert np.isfinite(a).all(), f"{name}: non-finite elements"
-    e = rel_err(a, r)
-    print(f"skip {n}:{m} d{d} {name} rel_err={e:.2e}")
-    assert e < 2e-2, (name, e)
-    for i, length in enumerate(lengths.tolist()):   # each example on its own
-      if np.linalg.norm(np.asarray(r)[i]) > 0:
-        assert rel_err(a[i], np.asarray(r)[i]) < 2e-2, (name, i)
+  out, grads = _check_mosaic(mg, q, k, v, mask, ct, n, m, f"skip {n}:{m} d{d}",
+                             per_example=True)
   assert np.all(np.asarray(out[3].astype(jnp.float32)) == 0.0)
   dq = np.asarray(grads[0].astype(jnp.float32))
   assert np.all(dq[0, 256:640] == 0.0) and np.all(dq[1, 700:] == 0.0)
