@@ -768,6 +768,67 @@ def test_cudnn_path_pads_small_head_dims_exactly(monkeypatch):
   np.testing.assert_allclose(np.asarray(out, np.float32), want, rtol=3e-2, atol=3e-2)
 
 
+def test_cudnn_bias_path_takes_masks_with_holes(monkeypatch):
+  """'cudnn_bias' gives cuDNN the key mask (holes, a fully masked row) as a full
+  [batch, 1, L, L] bias without gradient; cuDNN is stood in for by XLA with the same
+  arguments (CPU): the result equals the float64 reference on the rows with a real key and
+  XLA's masked path on the fully masked one."""
+  from lra_sparse.attention import dense as dense_lib  # pylint: disable=import-outside-toplevel
+  seen = []
+  real_dpa = jax.nn.dot_product_attention
+
+  def stand_in(q, k, v, **kw):
+    if kw["implementation"] != "cudnn":
+      return real_dpa(q, k, v, **kw)
+    assert sorted(kw) == ["bias", "implementation", "scale"]
+    seen.append((kw["bias"].shape, kw["bias"].dtype, q.shape[-1], kw["scale"]))
+    return real_dpa(q, k, v, bias=kw["bias"], scale=kw["scale"], implementation="xla")
+
+  rng = np.random.default_rng(5)
+  mask = rng.random((B, L)) < 0.6
+  mask[0, :7] = False                      # a masked run before the first real key
+  mask[-1] = False                         # no real key at all
+  q, k, v = _qkv(23, (B, L, H, 4))
+  xla = dense_lib.dense_attention(q, k, v, jnp.asarray(mask), implementation="xla")
+  monkeypatch.setattr(dense_lib.jax.nn, "dot_product_attention", stand_in)
+  got = dense_lib.dense_attention(q, k, v, jnp.asarray(mask), implementation="cudnn_bias")
+  assert seen == [((B, 1, L, L), jnp.float32, 8, 0.5)]
+  want = np_dfss(q, k, v, 1, 1, mask)
+  np.testing.assert_allclose(np.asarray(got)[:-1], want[:-1], rtol=_fp32_tol(1e-5),
+                             atol=_fp32_tol(1e-5))
+  np.testing.assert_allclose(np.asarray(got)[-1], np.asarray(xla)[-1], rtol=1e-5, atol=1e-5)
+  grads = jax.grad(lambda q: jnp.sum(dense_lib.dense_attention(
+      q, k, v, jnp.asarray(mask), implementation="cudnn_bias")[:-1]))(q)
+  assert np.all(np.isfinite(np.asarray(grads)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_cudnn_bias_matches_reference_on_gpu(dtype):
+  """cuDNN with a black-pixel-like mask as a bias: outputs and q/k/v gradients against the
+  float32 reference (rows with a real key), head dims 4 (padded to 8), 8 and 64."""
+  rng = np.random.default_rng(6)
+  for head_dim in (4, 8, 64):
+    mask = rng.random((B, 256)) < 0.5
+    mask[0, :130] = False
+    q, k, v = (jnp.asarray(x, dtype) for x in _qkv(24, (B, 256, H, head_dim)))
+    ct = jnp.asarray(rng.normal(size=q.shape), dtype)
+
+    def loss(q, k, v, implementation):
+      out = dense_attention(q, k, v, jnp.asarray(mask), implementation=implementation)
+      return jnp.sum((out * ct).astype(jnp.float32))
+
+    got = jax.jit(jax.value_and_grad(functools.partial(loss, implementation="cudnn_bias"),
+                                     argnums=(0, 1, 2)))(q, k, v)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    want = jax.value_and_grad(functools.partial(loss, implementation="reference"),
+                              argnums=(0, 1, 2))(*f32)
+    for a, w in zip([got[0]] + list(got[1]), [want[0]] + list(want[1])):
+      a, w = np.asarray(a, np.float32), np.asarray(w, np.float32)
+      assert np.all(np.isfinite(a))
+      assert np.linalg.norm(a - w) <= 3e-2 * np.linalg.norm(w), head_dim
+
+
 @pytest.mark.gpu
 def test_cudnn_small_head_dims_match_reference_on_gpu():
   for head_dim in (4, 8, 12):

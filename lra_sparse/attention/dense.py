@@ -14,15 +14,18 @@ import flax.linen as nn
 from lra_sparse.attention import common
 from lra_sparse.attention.registry import AttentionDims, KindConfig, register_attention
 
-IMPLEMENTATIONS = ("auto", "xla", "cudnn", "reference")
+IMPLEMENTATIONS = ("auto", "xla", "cudnn", "cudnn_bias", "reference")
 
 
 @dataclasses.dataclass(frozen=True)
 class DenseConfig(KindConfig):
   """``config.attention.dense``."""
   KIND = "dense"
-  # auto: cuDNN on a GPU for half precision, else XLA | xla | cudnn | reference (explicit
-  # einsum/softmax; also what attention dropout runs through)
+  # auto: cuDNN on a GPU for half precision, else XLA | xla | cudnn (key padding as sequence
+  # lengths: padding at the end of each row) | cudnn_bias (any key mask, as an additive
+  # [batch, 1, L, L] bias: holes allowed, L^2 bias memory per example; not yet run on a GPU,
+  # so "auto" does not pick it) | reference (explicit einsum/softmax; also what attention
+  # dropout runs through)
   implementation: str = "auto"
 
   def __post_init__(self):
@@ -34,9 +37,14 @@ def _on_gpu() -> bool:
   return jax.default_backend() == "gpu"
 
 
-def cudnn_attention(q, k, v, mask=None):
+def cudnn_attention(q, k, v, mask=None, *, any_mask: bool = False):
   """cuDNN flash attention; q may have another length than k and v; mask: bool [batch,
-  k_len], real keys first. A head dim that is not a multiple of 8 (LRA Pathfinder-32 has 4)
+  k_len], real keys first, given to cuDNN as sequence lengths (so padded keys cost no work);
+  with ``any_mask`` the mask may have holes and goes in as an additive bias instead (cuDNN
+  takes a bias only at full [batch, 1, q_len, k_len], no broadcast over queries: L^2 bias
+  memory per example; a masked key's bias is JAX's own large negative for cuDNN masks,
+  -2^41 in bf16 and -2^15 in fp16, finite, so a row with no real key averages all values, as
+  XLA's masked path does). A head dim that is not a multiple of 8 (LRA Pathfinder-32 has 4)
   is zero-padded to one, with the softmax scale of the true head dim: the padded q/k columns
   add 0 to every score and the padded v columns are sliced off, so the result is exact."""
   head_dim = q.shape[-1]
@@ -44,6 +52,14 @@ def cudnn_attention(q, k, v, mask=None):
   if padded != head_dim:
     widen = lambda x: jnp.pad(x, ((0, 0),) * 3 + ((0, padded - head_dim),))  # noqa: E731
     q, k, v = widen(q), widen(k), widen(v)
+  if any_mask and mask is not None:
+    masked = -float(2**15) if q.dtype == jnp.float16 else -float(2**41)
+    bias = jnp.where(mask, 0.0, masked).astype(q.dtype)[:, None, None, :]
+    bias = jax.lax.stop_gradient(
+        jnp.broadcast_to(bias, (q.shape[0], 1, q.shape[1], k.shape[1])))
+    out = jax.nn.dot_product_attention(q, k, v, bias=bias, scale=head_dim ** -0.5,
+                                       implementation="cudnn")
+    return out[..., :head_dim]
   # cuDNN refuses a broadcast [B,1,1,L] mask: key padding goes in as sequence lengths.
   lengths = None if mask is None else jnp.sum(mask, axis=-1, dtype=jnp.int32)
   out = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
@@ -63,7 +79,8 @@ def dense_attention(q, k, v, mask=None, *, implementation: str = "auto"):
 
   q, k, v: ``[batch, length, heads, head_dim]``; mask: bool ``[batch, length]`` key padding
   (True = real token). ``implementation``: "xla", "cudnn" (GPU, bf16/fp16; padding must sit at
-  the end of each row, as all our loaders produce), "reference" (explicit einsum/softmax, safe
+  the end of each row, as the text loaders produce), "cudnn_bias" (GPU, bf16/fp16; any mask,
+  holes included, as an [batch, 1, L, L] bias), "reference" (explicit einsum/softmax, safe
   for fully padded rows), or "auto" (cuDNN on a GPU for half precision, else XLA).
   """
   if implementation not in IMPLEMENTATIONS:
@@ -76,8 +93,8 @@ def dense_attention(q, k, v, mask=None, *, implementation: str = "auto"):
     raise ValueError(f"mask must be bool [batch, length] = {k.shape[:2]}, got {mask.shape}")
   if implementation == "reference":
     return dense_attention_reference(q, k, v, mask)
-  if implementation == "cudnn":
-    return cudnn_attention(q, k, v, mask)
+  if implementation in ("cudnn", "cudnn_bias"):
+    return cudnn_attention(q, k, v, mask, any_mask=implementation == "cudnn_bias")
   if implementation == "auto" and _on_gpu() and q.dtype in (jnp.bfloat16, jnp.float16):
     try:
       return cudnn_attention(q, k, v, mask)
