@@ -4,17 +4,31 @@
 # --runs REGEX, with an equal share of GPU memory, under its own root ROOT.pI, since a sweep
 # locks its root), a Ctrl-C to every trainer DEADLINE_S seconds in (each saves its checkpoint
 # and stops; the sweep resumes it next time), then the runs' logs (config.json, metrics.jsonl,
-# result.json, TensorBoard events; no checkpoints) as one tarball in $OUT. Generates LRA-size
-# ListOps into data/listops first when it is missing. Merge the roots' run directories into
-# one directory to build the table.
+# result.json, TensorBoard events; no checkpoints) as one tarball in $OUT. Merge the roots'
+# run directories into one directory to build the table.
 #   bash experiments/device_sweep.sh SPEC ROOT DEADLINE_S REGEX [REGEX ...]
+# Environment:
+#   PREPARE    a command that makes the data (default: LRA-size ListOps into data/listops,
+#              when missing), e.g. the Pathfinder-32 generator for experiments/lra_pixels.py.
+#   CARRY_IN   a directory holding the roots.pI.tgz files of an earlier call: unpacked first,
+#              so runs resume from their checkpoints on a fresh machine (runs longer than one
+#              call: pass the files back in a carried, git-ignored directory).
+# With $OUT set, each root also comes back as $OUT/roots.pI.tgz: its run directories with the
+# newest checkpoint only (for CARRY_IN next time).
 set -u
 spec=$1; root=$2; deadline=$3; shift 3
-if [ ! -f data/listops/basic_train.tsv ]; then
+if [ -n "${PREPARE:-}" ]; then
+  bash -c "$PREPARE" > /dev/null || exit 1
+elif [ ! -f data/listops/basic_train.tsv ]; then
   python -m lra_sparse.generators.listops --output_dir=data/listops --num_train=96000 \
     --num_val=2000 --num_test=2000 --seed=0 > /dev/null || exit 1
+  md5sum data/listops/*.tsv
 fi
-md5sum data/listops/*.tsv
+if [ -n "${CARRY_IN:-}" ]; then
+  for f in "$CARRY_IN"/roots.p*.tgz; do
+    [ -f "$f" ] && { tar xzf "$f" -C / || exit 1; echo "resumed from $f"; }
+  done
+fi
 frac=$(python -c "print(round(0.9 / $#, 2))")
 pids=(); roots=(); i=0
 for re in "$@"; do
@@ -32,4 +46,18 @@ for r in "${roots[@]}"; do
   python -m lra_sparse.sweep --sweep="$spec" --root="$r" --status | grep -v pending
   tail -n 2 "$r/sweep.log"
 done
-[ -n "${OUT:-}" ] && tar czf "$OUT/runs.tgz" --exclude='checkpoints' --exclude='*.lock' "${roots[@]}"
+[ -n "${OUT:-}" ] || exit 0
+tar czf "$OUT/runs.tgz" --exclude='checkpoints' --exclude='*.lock' "${roots[@]}"
+i=0
+for r in "${roots[@]}"; do
+  for c in "$r"/*/checkpoints; do   # keep the newest step of each run
+    [ -d "$c" ] || continue
+    newest=$(ls "$c" | grep -E '^[0-9]+$' | sort -n | tail -n 1)
+    for d in "$c"/*; do
+      b=$(basename "$d")
+      [[ "$b" =~ ^[0-9]+$ ]] && [ "$b" != "$newest" ] && rm -rf "$d"
+    done
+  done
+  tar czf "$OUT/roots.p$i.tgz" -P --exclude='*.lock' --exclude='sweep_running.json' "$(realpath "$r")"
+  i=$((i + 1))
+done

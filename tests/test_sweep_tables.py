@@ -816,3 +816,25 @@ def test_lra_listops_spec_and_committed_table(tmp_path, monkeypatch):
       committed = f.read()
     rows = [line for line in text.splitlines() if line.startswith("| ")]
     assert len(rows) == 1 + 5 and all(row in committed for row in rows)
+
+
+def test_lra_pixels_spec_names_the_image_stand_in(tmp_path, monkeypatch):
+  """experiments/lra_pixels.py: dense and DFSS 2:4 on Pathfinder-32 and on Image, one seed, bf16
+  at LRA's configs; every Image run reads Fashion-MNIST and says so in its name, and the
+  table's Image column is labelled as the stand-in and takes only Fashion-MNIST runs."""
+  monkeypatch.chdir(REPO)
+  runs = _spec_runs("experiments/lra_pixels.py", tmp_path / "full")
+  assert sorted((os.path.basename(r.config), r.overrides["attention.kind"]) for r in runs) == [
+      ("image.py", "dense"), ("image.py", "dfss"), ("pathfinder.py", "dense"),
+      ("pathfinder.py", "dfss")]
+  for run in runs:
+    assert run.overrides["model.dtype"] == "bfloat16" and run.preset == ""
+    image = os.path.basename(run.config) == "image.py"
+    assert ("fmnist-standin" in run.name) == image
+    assert (run.overrides.get("data.source") == "fashion_mnist") == image
+  assert len(_spec_runs("experiments/lra_pixels.py:smoke", tmp_path / "smoke")) == 4
+  with pytest.raises(ValueError, match="unknown preset 'x'"):
+    sweep_lib.load_sweep("experiments/lra_pixels.py:x")
+  table = tables.load_table("experiments/lra_pixels.py")
+  assert [c.label for c in table.columns] == ["Pathfinder-32", "Image (Fashion-MNIST stand-in)"]
+  assert table.columns[1].match["data.source"] == "fashion_mnist"

@@ -1,0 +1,66 @@
+"""LRA Pathfinder-32 and Image at LRA's settings on a GPU: dense vs. DFSS 2:4, one seed each.
+
+Pathfinder-32 is generated at LRA's size and the difficulty of its leaderboard (hard: contour
+length 14, 200k images, 160k / 20k / 20k):
+  python -m lra_sparse.generators.pathfinder --output_dir=data/pathfinder32 --difficulty=hard \
+      --num_images=200000 --seed=0 --num_workers=16
+Image is Fashion-MNIST, the offline stand-in for CIFAR-10 (named ``fmnist-standin`` in run
+names and labelled so in the table): ``configs/image.py`` with ``data.source=fashion_mnist``
+read from ``data/fashion-mnist`` (a copy of the Debian package's files, which a lent GPU
+machine does not have).
+Sweep:  python -m lra_sparse.sweep --sweep=experiments/lra_pixels.py --root=runs/lra_pixels
+Table:  python -m lra_sparse.tables --root=runs/lra_pixels --spec=experiments/lra_pixels.py \
+          --format=markdown --out=experiments/results/lra_pixels.md
+
+Every run is its task's LRA config in bf16 from scratch (Pathfinder-32: 4 layers, 4 heads of 4,
+batch 512, 62.4k steps; Image: 1 layer, 8 heads of 8, batch 256, 35k steps), with LRA's
+black-pixel masks; dense runs "auto" (XLA for these masks with holes), DFSS 2:4 the fused
+kernels (Triton: head dims 4 and 8 are zero-padded to 16). The runs are long (Pathfinder
+dense about 2.3 h on an H100): ``experiments/device_sweep.sh`` trains them in slices and
+carries their checkpoints from one lent machine to the next. Preset "smoke": the tiny presets
+for 20 steps on ``make demo``-sized data (pipeline check on a CPU).
+"""
+from experiments._tiny import (IMAGE_STANDIN, IMAGE_STANDIN_LABEL, IMAGE_STANDIN_NAME,
+                               tiny_steps)
+from lra_sparse.sweep import Group, Sweep, Variant
+from lra_sparse.tables import Selector, Table
+
+KINDS = (  # (row label, run-name label, overrides)
+    ("Transformer (dense)", "dense", {"attention.kind": "dense"}),
+    ("DFSS 2:4", "dfss2-4", {"attention.kind": "dfss", "attention.dfss.nm": "2:4"}),
+)
+FMNIST_DIR = "data/fashion-mnist"
+
+
+def _check(preset: str) -> bool:
+  if preset not in ("", "smoke"):
+    raise ValueError(f"unknown preset {preset!r} for experiments/lra_pixels.py; "
+                     "known: '', 'smoke'")
+  return preset == "smoke"
+
+
+def get_sweep(preset: str = "") -> Sweep:
+  smoke = _check(preset)
+  tiny = ":tiny" if smoke else ""
+  common = tiny_steps(20) if smoke else {"model.dtype": "bfloat16"}
+  image = dict(IMAGE_STANDIN, **({} if smoke else {"data.data_dir": FMNIST_DIR}))
+  return Sweep(
+      name="lra_pixels" + ("_smoke" if smoke else ""),
+      groups=[Group(config="configs/pathfinder.py" + tiny, name="pathfinder32",
+                    overrides=common,
+                    variants=[Variant(name, match) for _, name, match in KINDS]),
+              Group(config="configs/image.py" + tiny, name=f"image-{IMAGE_STANDIN_NAME}",
+                    overrides=dict(common, **image),
+                    variants=[Variant(name, match) for _, name, match in KINDS])])
+
+
+def get_table(preset: str = "") -> Table:
+  smoke = _check(preset)
+  return Table(
+      title=("Pathfinder / Image smoke (tiny presets, 20 steps, CPU): test accuracy (%)" if smoke
+             else "LRA Pathfinder-32 (generated, hard) and Image (Fashion-MNIST stand-in), bf16, "
+             "from scratch, LRA settings: test accuracy (%) at the last step"),
+      rows=[Selector(label, match) for label, _, match in KINDS],
+      columns=[Selector("Pathfinder-32", {"task": "pathfinder"}),
+               Selector(IMAGE_STANDIN_LABEL, dict({"task": "image"}, **IMAGE_STANDIN))],
+  )
