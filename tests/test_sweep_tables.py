@@ -838,3 +838,50 @@ def test_lra_pixels_spec_names_the_image_stand_in(tmp_path, monkeypatch):
   table = tables.load_table("experiments/lra_pixels.py")
   assert [c.label for c in table.columns] == ["Pathfinder-32", "Image (Fashion-MNIST stand-in)"]
   assert table.columns[1].match["data.source"] == "fashion_mnist"
+
+
+def test_device_sweep_carries_checkpoints_to_a_fresh_machine(tmp_path, listops_dir):
+  """experiments/device_sweep.sh returns each root with its runs' newest checkpoint
+  (roots.p0.tgz); unpacked from CARRY_IN on a "fresh machine" (the root deleted), the run
+  resumes from that checkpoint instead of starting over."""
+  spec = tmp_path / "carry_spec.py"
+  spec.write_text(
+      "from lra_sparse.sweep import Group, Sweep\n"
+      "def get_sweep(preset=''):\n"
+      f"  return Sweep(name='carry', groups=[Group(config={REPO + '/configs/listops.py:tiny'!r},"
+      f" overrides={{'data.data_dir': {listops_dir!r}, 'num_train_steps': 8,"
+      " 'checkpoint_every_steps': 4, 'eval_every_steps': 8, 'log_every_steps': 4,"
+      " 'num_eval_batches': 1, 'data.max_length': 128, 'batch_size': 8})])\n")
+  env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+             PYTHONPATH=REPO, PREPARE="true")
+  root, out1, out2 = tmp_path / "r", tmp_path / "out1", tmp_path / "out2"
+  out1.mkdir()
+  out2.mkdir()
+  command = ["bash", os.path.join(REPO, "experiments", "device_sweep.sh"), str(spec), str(root),
+             "600", "."]
+  done = subprocess.run(command, env=dict(env, OUT=str(out1)), capture_output=True, text=True,
+                        timeout=600, check=False)
+  assert done.returncode == 0, done.stdout + done.stderr
+  run_dir = os.path.join(str(root) + ".p0", "listops-tiny__seed=0")
+  assert os.path.exists(os.path.join(run_dir, "result.json"))
+  listing = subprocess.run(["tar", "tzf", str(out1 / "roots.p0.tgz")], capture_output=True,
+                           text=True, check=True).stdout
+  steps = {line.split("/checkpoints/")[1].split("/")[0] for line in listing.splitlines()
+           if "/checkpoints/" in line and line.split("/checkpoints/")[1]}
+  assert steps == {"8"} and "run.lock" not in listing          # the newest step only
+  # a fresh machine: no root; the carried tarball, with the run made unfinished again
+  subprocess.run(["rm", "-rf", str(root) + ".p0"], check=True)
+  subprocess.run(["tar", "xzf", str(out1 / "roots.p0.tgz"), "-C", "/"], check=True)
+  os.remove(os.path.join(run_dir, "result.json"))
+  carry = tmp_path / "carry"
+  carry.mkdir()
+  subprocess.run(["tar", "czf", str(carry / "roots.p0.tgz"), "-P", str(root) + ".p0"],
+                 check=True)
+  subprocess.run(["rm", "-rf", str(root) + ".p0"], check=True)
+  done = subprocess.run(command, env=dict(env, OUT=str(out2), CARRY_IN=str(carry)),
+                        capture_output=True, text=True, timeout=600, check=False)
+  assert done.returncode == 0, done.stdout + done.stderr
+  with open(os.path.join(run_dir, "sweep_run.log")) as f:
+    log = f.read()
+  assert log.count("sweep launch") == 2 and "at step 8" in log
+  assert os.path.exists(os.path.join(run_dir, "result.json"))
