@@ -55,15 +55,13 @@ def cudnn_attention(q, k, v, mask=None, *, any_mask: bool = False):
   if any_mask and mask is not None:
     masked = -float(2**15) if q.dtype == jnp.float16 else -float(2**41)
     bias = jnp.where(mask, 0.0, masked).astype(q.dtype)[:, None, None, :]
-    bias = jax.lax.stop_gradient(
-        jnp.broadcast_to(bias, (q.shape[0], 1, q.shape[1], k.shape[1])))
-    out = jax.nn.dot_product_attention(q, k, v, bias=bias, scale=head_dim ** -0.5,
-                                       implementation="cudnn")
-    return out[..., :head_dim]
-  # cuDNN refuses a broadcast [B,1,1,L] mask: key padding goes in as sequence lengths.
-  lengths = None if mask is None else jnp.sum(mask, axis=-1, dtype=jnp.int32)
-  out = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
-                                     scale=head_dim ** -0.5, implementation="cudnn")
+    padding = {"bias": jax.lax.stop_gradient(
+        jnp.broadcast_to(bias, (q.shape[0], 1, q.shape[1], k.shape[1])))}
+  else:  # cuDNN refuses a broadcast [B,1,1,L] mask: key padding goes in as sequence lengths
+    padding = {"key_value_seq_lengths":
+               None if mask is None else jnp.sum(mask, axis=-1, dtype=jnp.int32)}
+  out = jax.nn.dot_product_attention(q, k, v, scale=head_dim ** -0.5, implementation="cudnn",
+                                     **padding)
   return out[..., :head_dim]
 
 

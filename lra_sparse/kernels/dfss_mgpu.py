@@ -592,7 +592,7 @@ def _backward_steps(extent, do, tiles: Tiles):
   cta_start = jnp.arange(length // kv_cta, dtype=jnp.int32) * kv_cta
   dkv_steps = jnp.where(cta_start[None, :] < extent[:, None],
                         _tiles_up_to(_extent(live), tiles.bwd_block_q)[:, None], 0)
-  return dq_steps.astype(jnp.int32), dkv_steps.astype(jnp.int32)
+  return dq_steps, dkv_steps
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
