@@ -77,11 +77,10 @@ def make_config(variant: str, *, config_path: str = LISTOPS_CONFIG, batch=None,
   return config
 
 
-def time_variant(variant: str, *, warmup: int, reps: int, config_path: str = LISTOPS_CONFIG,
-                 batch=None, length=None, overrides=(),
-                 min_real_length=None) -> tuple[float, float]:
-  """(median seconds per train step, last loss) of one variant, on random tokens (padded
-  with 0 after a real length uniform in [min_real_length, length] when that is given)."""
+def build_step(variant: str, *, config_path: str = LISTOPS_CONFIG, batch=None, length=None,
+               overrides=(), min_real_length=None):
+  """(jitted train step, its state, a random batch, an rng key) of one variant: random tokens,
+  padded with 0 after a real length uniform in [min_real_length, length] when that is given."""
   config = make_config(variant, config_path=config_path, batch=batch, length=length,
                        overrides=overrides)
   batch, length = config.batch_size, config.data.max_length
@@ -103,7 +102,16 @@ def time_variant(variant: str, *, warmup: int, reps: int, config_path: str = LIS
   state = train.TrainState.create(apply_fn=model.apply, params=params,
                                   tx=train.make_optimizer(config), model_state=variables or None)
   step = jax.jit(train.make_train_step(model), donate_argnums=(0,))
-  key = jax.random.key(1)
+  return step, state, data, jax.random.key(1)
+
+
+def time_variant(variant: str, *, warmup: int, reps: int, config_path: str = LISTOPS_CONFIG,
+                 batch=None, length=None, overrides=(),
+                 min_real_length=None) -> tuple[float, float]:
+  """(median seconds per train step, last loss) of one variant (``build_step``)."""
+  step, state, data, key = build_step(variant, config_path=config_path, batch=batch,
+                                      length=length, overrides=overrides,
+                                      min_real_length=min_real_length)
   for _ in range(1 + warmup):
     state, metrics = step(state, data, key)
   jax.block_until_ready(metrics)

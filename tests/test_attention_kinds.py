@@ -20,7 +20,7 @@ from conftest import np_select  # the rule again, in float64 numpy
 dfss_attention = jax.jit(dfss_attention, static_argnames=("n", "m", "backend", "dropout_rate"))
 nystrom_attention = jax.jit(nystrom_attention,
                             static_argnames=("num_landmarks", "pinv_iters", "nm", "implementation",
-                                             "dropout_rate"))
+                                             "dropout_rate", "mask_holes"))
 dense_reference = jax.jit(functools.partial(dense_attention, implementation="reference"))
 
 
@@ -800,6 +800,80 @@ def test_cudnn_bias_path_takes_masks_with_holes(monkeypatch):
   grads = jax.grad(lambda q: jnp.sum(dense_lib.dense_attention(
       q, k, v, jnp.asarray(mask), implementation="cudnn_bias")[:-1]))(q)
   assert np.all(np.isfinite(np.asarray(grads)))
+
+
+def _cudnn_stand_in(calls):
+  """jax.nn.dot_product_attention with cuDNN stood in for by XLA on the same arguments (bias or
+  sequence lengths) in float32; records which form of the mask each call got."""
+  real_dpa = jax.nn.dot_product_attention
+
+  def stand_in(q, k, v, *, scale, implementation, bias=None, key_value_seq_lengths=None):
+    assert implementation == "cudnn" and q.dtype == k.dtype == v.dtype
+    assert bias is None or key_value_seq_lengths is None
+    calls.append("bias" if bias is not None else "lengths")
+    mask = None
+    if key_value_seq_lengths is not None:
+      mask = (jnp.arange(k.shape[1])[None, :] < key_value_seq_lengths[:, None])[:, None, None]
+    f32 = lambda x: None if x is None else x.astype(jnp.float32)  # noqa: E731
+    out = real_dpa(f32(q), f32(k), f32(v), bias=f32(bias), mask=mask, scale=scale,
+                   implementation="xla")
+    return out.astype(q.dtype)
+  return stand_in
+
+
+def test_auto_gives_cudnn_masks_with_holes_as_a_bias(monkeypatch):
+  """With mask_holes (the model builder sets it for pixel tasks) "auto" on a GPU gives cuDNN
+  the key mask as a bias, dense and the Nystromformer's B V alike, else as sequence lengths;
+  cuDNN stood in for by XLA (CPU). The Nystromformer's result equals its explicit form on the
+  real rows, and a fully masked example still gives zeros."""
+  from lra_sparse.attention import dense as dense_lib  # pylint: disable=import-outside-toplevel
+  calls = []
+  monkeypatch.setattr(dense_lib.jax.nn, "dot_product_attention", _cudnn_stand_in(calls))
+  monkeypatch.setattr(dense_lib, "_on_gpu", lambda: True)
+  rng = np.random.default_rng(8)
+  mask = rng.random((3, 30)) < 0.6
+  mask[2] = False
+  mask = jnp.asarray(mask)
+  q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in _qkv(25, (3, 30, H, 16)))
+  for holes, form in ((True, "bias"), (False, "lengths")):
+    dense_attention(q, k, v, mask, implementation="auto", mask_holes=holes)
+    assert calls[-1] == form
+  calls.clear()
+  got = nystrom_attention(q, k, v, num_landmarks=8, mask=mask, implementation="cudnn",
+                          mask_holes=True)
+  assert calls == ["bias", "lengths"]       # B V with the mask; F (no key mask) without
+  want = nystrom_attention(q, k, v, num_landmarks=8, mask=mask, implementation="xla")
+  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  real = np.asarray(mask)[:, :, None, None]
+  assert np.all(np.isfinite(got)) and np.all(got[2] == 0)
+  np.testing.assert_allclose(np.where(real, got, 0), np.where(real, want, 0), rtol=3e-2,
+                             atol=3e-2)
+
+
+@pytest.mark.gpu
+def test_nystrom_cudnn_bias_matches_explicit_on_gpu():
+  """The Nystromformer with a black-pixel-like mask on cuDNN (B V with the mask as a bias):
+  outputs and q/k/v gradients on the real rows against the explicit float32 form."""
+  rng = np.random.default_rng(9)
+  mask = rng.random((B, 256)) < 0.5
+  mask[0, :130] = False
+  mask = jnp.asarray(mask)
+  q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in _qkv(26, (B, 256, H, 32)))
+  ct = jnp.asarray(rng.normal(size=q.shape) * np.asarray(mask)[:, :, None, None], jnp.bfloat16)
+
+  def loss(q, k, v, **kw):
+    out = nystrom_attention(q, k, v, num_landmarks=32, mask=mask, **kw)
+    return jnp.sum((out * ct).astype(jnp.float32))
+
+  got = jax.jit(jax.value_and_grad(functools.partial(
+      loss, implementation="cudnn", mask_holes=True), argnums=(0, 1, 2)))(q, k, v)
+  f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+  want = jax.value_and_grad(functools.partial(loss, implementation="xla"),
+                            argnums=(0, 1, 2))(*f32)
+  for a, w in zip([got[0]] + list(got[1]), [want[0]] + list(want[1])):
+    a, w = np.asarray(a, np.float32), np.asarray(w, np.float32)
+    assert np.all(np.isfinite(a))
+    assert np.linalg.norm(a - w) <= 3e-2 * np.linalg.norm(w)
 
 
 @pytest.mark.gpu

@@ -117,12 +117,16 @@ def test_without_masking_black_pixels_are_tokens():
   np.testing.assert_allclose(moved_logits[2], logits[2], atol=1e-6)  # the one without
 
 
-def test_attention_with_holes_in_the_mask_never_takes_cudnn():
-  """cuDNN takes key padding as sequence lengths (padding at the end only)."""
+def test_attention_with_holes_in_the_mask_gives_cudnn_a_bias():
+  """cuDNN takes key padding as sequence lengths (padding at the end only): with holes "auto"
+  gives it the mask as a bias (mask_holes, set by the builder, never a config field) and an
+  explicit "cudnn" is refused."""
   base = config_lib.get_base_config().attention
+  assert "mask_holes" not in base.dense and "mask_holes" not in base.nystrom
   auto = parse_attention_config(base)
-  assert attention_for_masks(auto, padding_at_end=False).implementation == "xla"
-  assert attention_for_masks(auto, padding_at_end=True).implementation == "auto"
+  holes = attention_for_masks(auto, padding_at_end=False)
+  assert (holes.implementation, holes.mask_holes) == ("auto", True)
+  assert attention_for_masks(auto, padding_at_end=True) is auto and not auto.mask_holes
   base.dense.implementation = "cudnn"
   cudnn = parse_attention_config(base)
   assert attention_for_masks(cudnn, padding_at_end=True).implementation == "cudnn"
@@ -130,10 +134,10 @@ def test_attention_with_holes_in_the_mask_never_takes_cudnn():
                                        r"key padding as sequence lengths [^\n]*$"):
     attention_for_masks(cudnn, padding_at_end=False)
   model, _ = _image_model("dense", "cls")
-  assert model.attention_config.implementation == "xla"
+  assert model.attention_config.mask_holes
   base.kind = "nystrom"     # the Nystromformer's B V on cuDNN: the same rule
   nys = parse_attention_config(base)
-  assert attention_for_masks(nys, padding_at_end=False).implementation == "xla"
+  assert attention_for_masks(nys, padding_at_end=False).mask_holes
   assert attention_for_masks(nys, padding_at_end=True) is nys
   base.nystrom.implementation = "cudnn"
   with pytest.raises(ValueError, match=r"^config.attention.nystrom.implementation='cudnn' "):
@@ -141,6 +145,13 @@ def test_attention_with_holes_in_the_mask_never_takes_cudnn():
   base.kind = "dsa"
   dsa = parse_attention_config(base)
   assert attention_for_masks(dsa, padding_at_end=False) is dsa
+  base.kind = "dense"
+  base.dense.implementation = "auto"
+  with base.unlocked():
+    base.dense.mask_holes = True
+  with pytest.raises(ValueError, match=r"config.attention.dense has no field\(s\) "
+                                       r"\['mask_holes'\]"):
+    parse_attention_config(base)
 
 
 # ----------------------------------------------------------------------------- retrieval heads

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import flax.linen as nn
 
 from lra_sparse.attention import common
-from lra_sparse.attention.registry import AttentionDims, KindConfig, register_attention
+from lra_sparse.attention.registry import (AttentionDims, KindConfig, derived,
+                                           register_attention)
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "cudnn_bias", "reference")
 
@@ -21,15 +22,19 @@ IMPLEMENTATIONS = ("auto", "xla", "cudnn", "cudnn_bias", "reference")
 class DenseConfig(KindConfig):
   """``config.attention.dense``."""
   KIND = "dense"
-  # auto: cuDNN on a GPU for half precision, else XLA | xla | cudnn (key padding as sequence
-  # lengths: padding at the end of each row) | cudnn_bias (any key mask, as an additive
-  # [batch, 1, L, L] bias: holes allowed, L^2 bias memory per example; not yet run on a GPU,
-  # so "auto" does not pick it) | reference (explicit einsum/softmax; also what attention
-  # dropout runs through)
+  # auto: cuDNN on a GPU for half precision (as "cudnn", or as "cudnn_bias" when mask_holes),
+  # else XLA | xla | cudnn (key padding as sequence lengths: padding at the end of each row) |
+  # cudnn_bias (any key mask, as an additive [batch, 1, L, L] bias: holes allowed, L^2 bias
+  # memory per example) | reference (explicit einsum/softmax; also what attention dropout
+  # runs through)
   implementation: str = "auto"
+  # The task's key masks may have holes (pixel tasks masking black pixels). Set by the model
+  # builder from the task (lra_sparse.models.attention_for_masks), not by hand.
+  mask_holes: bool = derived(False)
 
   def __post_init__(self):
     self.check_choice("implementation", IMPLEMENTATIONS)
+    self.check_bool("mask_holes")
 
 
 CUDNN_HEAD_DIM_MULTIPLE = 8   # cuDNN's fused attention needs head_dim % 8 == 0
@@ -72,14 +77,16 @@ def dense_attention_reference(q, k, v, mask=None, *, dropout_rate=0.0, dropout_r
   return common.attend(probs, v)
 
 
-def dense_attention(q, k, v, mask=None, *, implementation: str = "auto"):
+def dense_attention(q, k, v, mask=None, *, implementation: str = "auto",
+                    mask_holes: bool = False):
   """Dense attention with the semantics of ``jax.nn.dot_product_attention``.
 
   q, k, v: ``[batch, length, heads, head_dim]``; mask: bool ``[batch, length]`` key padding
   (True = real token). ``implementation``: "xla", "cudnn" (GPU, bf16/fp16; padding must sit at
   the end of each row, as the text loaders produce), "cudnn_bias" (GPU, bf16/fp16; any mask,
   holes included, as an [batch, 1, L, L] bias), "reference" (explicit einsum/softmax, safe
-  for fully padded rows), or "auto" (cuDNN on a GPU for half precision, else XLA).
+  for fully padded rows), or "auto" (cuDNN on a GPU for half precision, else XLA; with
+  ``mask_holes`` cuDNN takes the mask as "cudnn_bias" does, else as "cudnn" does).
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"unknown dense attention implementation {implementation!r}; "
@@ -95,7 +102,7 @@ def dense_attention(q, k, v, mask=None, *, implementation: str = "auto"):
     return cudnn_attention(q, k, v, mask, any_mask=implementation == "cudnn_bias")
   if implementation == "auto" and _on_gpu() and q.dtype in (jnp.bfloat16, jnp.float16):
     try:
-      return cudnn_attention(q, k, v, mask)
+      return cudnn_attention(q, k, v, mask, any_mask=mask_holes)
     except Exception as error:  # noqa: BLE001  cuDNN refuses at trace time: XLA runs it
       common.warn_once(f"dense attention: cuDNN cannot run q {q.shape} {q.dtype} "
                  f"({str(error).splitlines()[0][:120]}); using XLA")
@@ -114,7 +121,8 @@ class DenseAttention(nn.Module):
     if self.dims.dropout_rate > 0.0 and not deterministic:
       return dense_attention_reference(q, k, v, mask, dropout_rate=self.dims.dropout_rate,
                                        dropout_rng=self.make_rng("dropout"))
-    return dense_attention(q, k, v, mask, implementation=self.config.implementation)
+    return dense_attention(q, k, v, mask, implementation=self.config.implementation,
+                           mask_holes=self.config.mask_holes)
 
 
 @register_attention("dense", DenseConfig)

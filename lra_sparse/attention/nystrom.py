@@ -36,7 +36,8 @@ import flax.linen as nn
 
 from lra_sparse.attention import common, dense
 from lra_sparse.attention.nm import nm_mask, parse_nm
-from lra_sparse.attention.registry import AttentionDims, KindConfig, register_attention
+from lra_sparse.attention.registry import (AttentionDims, KindConfig, derived,
+                                           register_attention)
 
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn")
@@ -53,9 +54,13 @@ class NystromConfig(KindConfig):
   # auto: cuDNN for F (.) and B V on a GPU in half precision (plain Nystromformer without
   # attention dropout), else XLA | xla | cudnn
   implementation: str = "auto"
+  # The task's key masks may have holes (pixel tasks masking black pixels): cuDNN's B V then
+  # takes the key mask as a [batch, 1, m, L] bias. Set by the model builder, not by hand.
+  mask_holes: bool = derived(False)
 
   def __post_init__(self):
     self.check_choice("implementation", IMPLEMENTATIONS)
+    self.check_bool("mask_holes")
     self.check_int("num_landmarks", 1)
     self.check_int("pinv_iters", 1)
     self.check_int("conv_kernel", 0)
@@ -96,7 +101,7 @@ def _softmax(logits, nm):
 def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
                       nm: Union[None, str, tuple[int, int]] = None, mask=None,
                       dropout_rate: float = 0.0, dropout_rng=None,
-                      implementation: str = "xla"):
+                      implementation: str = "xla", mask_holes: bool = False):
   """Nystrom attention WITHOUT the conv skip (the core adds it). q, k, v: [batch, length,
   heads, head_dim]; mask: bool [batch, length] (True = real). ``nm``: None / "" (plain) or
   "n:m" / an (n, m) pair for Nystrom+DFSS; num_landmarks must then be a multiple of m.
@@ -111,7 +116,8 @@ def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
   applies: a GPU, half precision, no N:M, no dropout). F (pinv(A) B V) and B V are softmax
   attentions with other lengths -- queries Q over the m keys K~ with values pinv(A) B V, and
   the m queries Q~ over the L keys K with values V -- so cuDNN's flash attention computes
-  both without writing F or B, forward and backward.
+  both without writing F or B, forward and backward.  ``mask_holes``: the mask may have holes
+  (not only padding at the end of each row), so cuDNN's B V takes it as a bias.
   """
   if q.ndim != 4 or k.shape != q.shape or v.shape[:-1] != k.shape[:-1]:
     raise ValueError(f"nystrom_attention: q, k, v must be [batch, length, heads, head_dim] "
@@ -172,7 +178,8 @@ def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
                       None)
   pinv_a = iterative_pinv(kernel_a, pinv_iters)
   if use_cudnn:
-    b_v = dense.cudnn_attention(q_land.astype(operand), kz, v, key_mask)            # [b,m,h,d]
+    b_v = dense.cudnn_attention(q_land.astype(operand), kz, v, key_mask,           # [b,m,h,d]
+                                any_mask=mask_holes)
     b_v = jnp.where(jnp.any(key_mask, axis=1)[:, None, None, None], b_v, 0)       # no keys: 0
     right = jnp.einsum("bhnm,bmhd->bnhd", pinv_a, b_v.astype(f32))
     out = dense.cudnn_attention(qz, k_land.astype(operand), right.astype(operand))
@@ -262,7 +269,8 @@ class NystromAttention(nn.Module):
                             pinv_iters=config.pinv_iters, nm=config.n_m, mask=mask,
                             dropout_rate=self.dims.dropout_rate if use_dropout else 0.0,
                             dropout_rng=self.make_rng("dropout") if use_dropout else None,
-                            implementation=config.implementation)
+                            implementation=config.implementation,
+                            mask_holes=config.mask_holes)
     if config.conv_kernel:
       # PyTorch's default Conv2d init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = K.
       bound = config.conv_kernel ** -0.5

@@ -134,9 +134,20 @@ def config_class(kind: str) -> type:
   return _REGISTRY[_check_kind(kind)].config_class
 
 
+def derived(default):
+  """A kind-config field the model builder sets from the task (not a ``config.attention``
+  field: configs, config.json files and their resume checks never see it)."""
+  return dataclasses.field(default=default, metadata={"derived": True})
+
+
+def _config_fields(cls) -> list[str]:
+  return [f.name for f in dataclasses.fields(cls) if not f.metadata.get("derived")]
+
+
 def kind_fields(kind: str) -> dict[str, Any]:
-  """The default value of every field of ``kind``'s config."""
-  return dataclasses.asdict(config_class(kind)())
+  """The default value of every (configurable) field of ``kind``'s config."""
+  defaults = config_class(kind)()
+  return {name: getattr(defaults, name) for name in _config_fields(config_class(kind))}
 
 
 def default_attention_config(kind: str = DEFAULT_KIND) -> ml_collections.ConfigDict:
@@ -161,7 +172,7 @@ def parse_attention_config(attention: Any) -> KindConfig:
     block = {}
   block = block.to_dict() if hasattr(block, "to_dict") else dict(block)
   cls = _REGISTRY[kind].config_class
-  known = {field.name for field in dataclasses.fields(cls)}
+  known = set(_config_fields(cls))
   unknown = sorted(set(block) - known)
   if unknown:
     raise ValueError(f"config.attention.{kind} has no field(s) {unknown}; its fields: "
