@@ -7,7 +7,8 @@ for each DSA setting the parts of the Triton path timed alone:
             file (``.ab/dsa_select_variants.py``, git-ignored: STOP=n stops after pass n; DEFER=1
             accumulates per element and reduces once)
   attn      the attention kernels on precomputed bits (fwd; fwd+bwd)
-  mse       L_MSE from Gram matrices, value and gradients
+  mse       L_MSE from Gram matrices, value and gradients: XLA (arrays; factored) and the
+            Gram kernels (kernels/dsa_gram.py)
   total     the whole DSA fwd (operands + select + attn) and fwd+bwd (+ mse)
 
   PYTHONPATH=$PWD python experiments/dsa_breakdown.py [--shapes=16x2048:4:64,32x2000:8:128]
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 
 from benchmarks.ab_dfss_kernels import chained_ms
 from benchmarks.bench_dfss_kernels import gpu_state
-from lra_sparse.kernels import dsa_reference, dsa_triton
+from lra_sparse.kernels import dsa_gram, dsa_reference, dsa_triton
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("shapes", ["16x2048:4:64", "32x2000:8:128"], "BxL:heads:rank entries.")
@@ -89,6 +90,11 @@ def main(argv: Sequence[str]) -> None:
             q, k, dsa_reference.LowRank(x, wq), dsa_reference.LowRank(x, wk)),
         argnums=(0, 1, 2, 3, 4))(q, k, qp[:, :, 0], ws[0], ws[1])
     row(entry, "mse (Gram, factored (XP) W~) value+grads", float("nan"), timeit(mse_low, xs))
+    mse_kernels = lambda q, k, v, ct, qp, kp: jax.grad(
+        lambda q, k, x, wq, wk: dsa_gram.prediction_mse(q, k, x, wq, wk),
+        argnums=(0, 1, 2, 3, 4))(q, k, qp[:, :, 0], ws[0], ws[1])
+    row(entry, "mse (Gram kernels, factored) value+grads", float("nan"),
+        timeit(mse_kernels, xs))
     for setting in FLAGS.settings:
       sp, vec = setting.split(":")
       sparsity, vec = int(sp) / 100, int(vec)

@@ -3,8 +3,10 @@
 CPU: ``dsa_reference`` (the pure-JAX path) against the rule written again in float64 numpy with
 loops (``conftest.np_select``), ties, padding, bit packing, the Gram-matrix L_MSE against
 the direct [L, L] form (values and gradients), and bad inputs.
+CPU also: the kernel wrapper's padding extents (key and dO row) against a numpy loop.
 GPU (marked ``gpu``): ``dsa_triton`` against the reference: the kernel's chosen set equal bit
-for bit, outputs and gradients close, every kernel output poisoned (NaN) before the call.
+for bit, outputs and gradients close, every kernel output poisoned (NaN) before the call; with
+padding, the kernels that skip it against the full loops, bit for bit.
 """
 
 from __future__ import annotations
@@ -223,6 +225,46 @@ def test_backend_triton_without_a_gpu_is_one_clear_error():
     build_attention(DSAConfig(backend="triton"), dims)
 
 
+def test_padding_extents_match_a_loop():
+  """The kernel wrapper's key extents (EXT: one past the last real key) and dO row extents
+  (ROWS: one past the last row with a non-zero dO in any head or column), against a loop."""
+  from lra_sparse.kernels import dsa_triton
+  rng = np.random.default_rng(7)
+  b, l, h, d = 6, 300, 2, 8
+  mask = np.zeros((b, l), bool)
+  mask[0] = True                                  # no padding
+  mask[1, :170] = True                            # end padding
+  mask[2, 64:250] = True                          # prefix padding (a whole key tile) and end
+  mask[3, rng.random(l) < 0.3] = True             # holes
+  mask[3, 280:] = False
+  mask[5, 131] = True                             # a single real key; example 4: none
+  do = rng.normal(size=(b, l, h, d)).astype(np.float32)
+  do[~mask] = 0.0                                 # padded rows reach no loss
+  do[0, 290:] = 0.0                               # nor do some real rows: at the end,
+  do[1, 100:130] = 0.0                            # inside (ROWS stays at the last live row)
+  do[1, 169] = 0.0                                # and on the last real row
+  do[0, 289, 1, 3] = 0.0                          # a partly zero row stays live
+  ext = np.asarray(dsa_triton._key_extent(jnp.asarray(mask), b, l))
+  rows = np.asarray(dsa_triton._row_extent(jnp.asarray(do)))
+  assert ext.dtype == np.int32 and rows.dtype == np.int32
+  for i in range(b):
+    assert ext[i] == max([j + 1 for j in range(l) if mask[i, j]], default=0), i
+    assert rows[i] == max([j + 1 for j in range(l) if (do[i, j] != 0).any()], default=0), i
+  assert ext.tolist() == [300, 170, 250, ext[3], 0, 132] and rows[:2].tolist() == [290, 169]
+  assert rows[4] == 0 and rows[5] == 132
+  np.testing.assert_array_equal(np.asarray(dsa_triton._key_extent(None, b, l)), l)
+  # The dO the kernels read (cast to the operands' dtype) gives the same rows.
+  assert np.asarray(dsa_triton._row_extent(jnp.asarray(do, jnp.bfloat16))).tolist() == \
+      rows.tolist()
+  # A mask of the wrong shape: one clear error, before any kernel runs.
+  q = jnp.ones((2, 32, 1, 16), jnp.bfloat16)
+  bits = jnp.zeros((2, 1, 32, 1), jnp.int32)
+  with pytest.raises(ValueError, match=r"mask must be bool \[batch, length\] = \(2, 32\)"):
+    dsa_triton.dsa_attention_triton(q, q, q, bits, mask=jnp.ones((2, 31), bool))
+  with pytest.raises(ValueError, match=r"mask must be bool \[batch, length\] = \(2, 32\)"):
+    dsa_triton.dsa_attention_triton(q, q, q, bits, mask=jnp.ones((32,), bool))
+
+
 # ----------------------------------------------------------------------------- GPU: kernels
 def _kernels():
   from lra_sparse.kernels import dsa_triton
@@ -263,6 +305,42 @@ def _case_id(c):
           f"{c[8]}")
 
 
+def _attention_reference(keep):
+  """softmax(S over ``keep``) V in fp32 at full precision, a function of (q, k, v); keep bool
+  [batch, heads, length, length]."""
+
+  def f_ref(q, k, v):
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    from lra_sparse.attention import common
+    scores = common.attention_scores(q, k, precision=HI)
+    probs = common.masked_softmax(jnp.where(keep, scores, -jnp.inf), keep)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs, v, precision=HI)
+
+  return f_ref
+
+
+def _check_bits(bits, want, l, vector, selection):
+  """The kernel's bits (poisoned before the call) are the reference's chosen set, exactly."""
+  b, h = want.shape[:2]
+  w = -(-l // 32)
+  assert bits.shape == (b, h, l // vector, w)
+  got = np.asarray(ref.unpack_bits(bits, 32 * w))
+  np.testing.assert_array_equal(got[..., :l], np.asarray(want))   # the chosen set, exactly
+  assert not got[..., l:].any()                                    # no bit past the keys
+  if selection == "topk":
+    assert 0 < np.asarray(want)[0].sum(-1).min()
+
+
+def _check_close(label, pairs, dtype):
+  """Each (name, kernel result, reference) pair: no NaN, relative error below TOL[dtype]."""
+  for name, a, r in pairs:
+    a = np.asarray(a.astype(jnp.float32))
+    assert not np.isnan(a).any(), f"{name}: NaN (unwritten or invalid) elements"
+    e = rel_err(a, r)
+    print(f"{label} {name} rel_err={e:.2e}")
+    assert e < TOL[dtype], (name, e)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("ints", [False, True])
 @pytest.mark.parametrize("case", GPU_CASES, ids=_case_id)
@@ -283,22 +361,8 @@ def test_kernels_match_reference(case, ints):
                                             threshold=threshold, poison=True))(ops)
   want = ref.reference_select(ops, mask, sparsity=sparsity, selection=selection,
                               threshold=threshold)
-  w = -(-l // 32)
-  assert bits.shape == (b, h, l // vector, w)
-  got = np.asarray(ref.unpack_bits(bits, 32 * w))
-  np.testing.assert_array_equal(got[..., :l], np.asarray(want))   # the chosen set, exactly
-  assert not got[..., l:].any()                                    # no bit past the keys
-  if selection == "topk":
-    assert 0 < np.asarray(want)[0].sum(-1).min()
-
-  keep = ref.expand_groups(want, vector)
-
-  def f_ref(q, k, v):
-    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
-    from lra_sparse.attention import common
-    scores = common.attention_scores(q, k, precision=HI)
-    probs = common.masked_softmax(jnp.where(keep, scores, -jnp.inf), keep)
-    return jnp.einsum("bhqk,bkhd->bqhd", probs, v, precision=HI)
+  _check_bits(bits, want, l, vector, selection)
+  f_ref = _attention_reference(ref.expand_groups(want, vector))
 
   # The tie-heavy cases run the deterministic (two-kernel) backward, the others the one-pass.
   f_tri = jax.jit(lambda q, k, v: dt.dsa_attention_triton(q, k, v, bits, vector=vector,
@@ -308,13 +372,88 @@ def test_kernels_match_reference(case, ints):
   pairs = [("out", out, want_out)] + list(zip(("dq", "dk", "dv"), vjp(ct),
                                               vjp_ref(ct.astype(jnp.float32))))
   assert out.dtype == dtype and out.shape == q.shape
-  for name, a, r in pairs:
-    a = np.asarray(a.astype(jnp.float32))
-    assert not np.isnan(a).any(), f"{name}: NaN (unwritten or invalid) elements"
-    e = rel_err(a, r)
-    print(f"{_case_id(case)} ints={ints} {name} rel_err={e:.2e}")
-    assert e < TOL[dtype], (name, e)
+  _check_close(f"{_case_id(case)} ints={ints}", pairs, dtype)
   np.testing.assert_array_equal(np.asarray(out[-1].astype(jnp.float32)), 0.0)  # all padded
+
+
+PAD_CASES = [
+    # dtype, length, heads, head_dim, vector, sparsity, rank (sigma * 256), selection
+    (jnp.bfloat16, 1000, 2, 64, 1, 0.9, 26, "topk"),
+    (jnp.float32, 1000, 1, 32, 8, 0.75, 84, "threshold"),
+    (jnp.bfloat16, 2048, 2, 128, 4, 0.95, 84, "topk"),
+    (jnp.float16, 2048, 2, 48, 1, 0.99, 26, "topk"),
+]
+
+
+def _pad_case_id(c):
+  return f"{jnp.dtype(c[0]).name}-L{c[1]}H{c[2]}D{c[3]}-V{c[4]}-s{c[5]}-k{c[6]}-{c[7]}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("case", PAD_CASES, ids=_pad_case_id)
+def test_kernels_skip_padding_exactly(case, deterministic, monkeypatch):
+  """Padded batches (LRA ListOps: real lengths 500..2000 of a 2000 window): the kernels stop
+  at each example's last real key and, in the backward, at its last row with a non-zero dO.
+  Against the reference as test_kernels_match_reference, and bit for bit against the same
+  kernels over every key and row (no mask, ROWS = length): the skipped tiles add exactly 0."""
+  dt = _kernels()
+  dtype, l, h, d, vector, sparsity, rank, selection = case
+  b = 4
+  seed = zlib.crc32(f"pad-{_pad_case_id(case)}-{deterministic}".encode()) % (2 ** 31)
+  qp, kp = (jnp.asarray(x) for x in _preds(seed, (b, l, h, rank)))
+  keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+  q, k, v, ct = (jax.random.normal(kk, (b, l, h, d), dtype) for kk in keys)
+  if dtype == jnp.float32:
+    q, k, v, ct = (tf32_exact(x) for x in (q, k, v, ct))
+  # Real lengths: all, 700 (a leading key tile and a key padded too), 90, none; a hole in 0.
+  mask = _mask(b, l, [l, 700, 90, 0], hole=(0, slice(200, 260)))
+  mask[1, :64] = False
+  mask[1, 333] = False
+  # dO: 0 on padded rows (their outputs reach no loss) and on blocks of real rows: inside
+  # example 0, and example 1's last 100 real rows (its dO row extent 600 < key extent 700).
+  live = mask.copy()
+  live[0, 128:256] = False
+  live[1, 600:] = False
+  ct = jnp.where(jnp.asarray(live)[:, :, None, None], ct, 0).astype(dtype)
+  mask = jnp.asarray(mask)
+  threshold = 0.02
+  ops = ref.selection_operands(qp, kp, mask, vector=vector, scale=d ** -0.5)
+  bits = jax.jit(lambda ops: dt.select_bits(ops, mask, sparsity=sparsity, selection=selection,
+                                            threshold=threshold, poison=True))(ops)
+  want = ref.reference_select(ops, mask, sparsity=sparsity, selection=selection,
+                              threshold=threshold)
+  _check_bits(bits, want, l, vector, selection)
+  assert np.asarray(dt._key_extent(mask, b, l)).tolist() == [l, 700, 90, 0]
+  assert np.asarray(dt._row_extent(ct)).tolist() == [l, 600, 90, 0]
+  f_ref = _attention_reference(ref.expand_groups(want, vector))
+
+  def attend(mask):
+    f = jax.jit(lambda q, k, v: dt.dsa_attention_triton(
+        q, k, v, bits, mask=mask, vector=vector, deterministic=deterministic, poison=True))
+    out, vjp = jax.vjp(f, q, k, v)
+    return [np.asarray(x.astype(jnp.float32)) for x in (out,) + vjp(ct)]
+
+  got = attend(mask)
+  want_out, vjp_ref = jax.vjp(f_ref, q, k, v)
+  names = ("out", "dq", "dk", "dv")
+  _check_close(f"pad {_pad_case_id(case)} det={deterministic}",
+               zip(names, got, (want_out,) + vjp_ref(ct.astype(jnp.float32))), dtype)
+  out, dq, dk, dv = got
+  np.testing.assert_array_equal(out[-1], 0.0)                     # no real key: zeros
+  np.testing.assert_array_equal(dk[~np.asarray(mask)], 0.0)       # padded keys: no gradient
+  np.testing.assert_array_equal(dv[~np.asarray(mask)], 0.0)
+  np.testing.assert_array_equal(dq[~live], 0.0)                   # rows with dO = 0: none
+
+  # The full loops (every key tile, every query row), as the kernels ran before skipping.
+  monkeypatch.setattr(dt, "_row_extent",
+                      lambda do: jnp.full(do.shape[:1], do.shape[1], jnp.int32))
+  full = attend(None)
+  for name, a, r in zip(names, got, full):
+    if name == "dq" and not deterministic:   # fp32 atomics: the summation order varies
+      assert rel_err(a, r) < 1e-4, (name, rel_err(a, r))
+    else:
+      np.testing.assert_array_equal(a, r, err_msg=name)
 
 
 @pytest.mark.gpu

@@ -31,7 +31,9 @@ Choices (the papers leave these open):
   padding, and weight each example by its padded length. Gradients reach both the predictor
   (W~) and the main q/k projections through S, as the paper's joint update intends.
 - L_MSE is computed from d x d, d x k and k x k Gram matrices (no [L, L] array, forward or
-  backward; ``dsa_reference.prediction_mse``), with Q~, K~ in factored form (XP) W~.
+  backward; ``dsa_reference.prediction_mse``), with Q~, K~ in factored form (XP) W~. On the
+  kernel path the Grams and the gradients' length-sized products are Triton kernels with an
+  explicit backward (``kernels/dsa_gram.py``), which read Q, K and XP once each way.
 - top-k keeps ceil((1 - sparsity) * n_real) keys of each row, where n_real is the number of real
   keys of that example (sparsity 0 is dense). Padded keys are never selected. The ranking is
   exact on integers: Q~ rounded to int8 per row, K~ per (example, head), their int32 dot
@@ -65,7 +67,7 @@ import numpy as np
 import flax.linen as nn
 
 from lra_sparse.attention import common
-from lra_sparse.kernels import dsa_reference
+from lra_sparse.kernels import dsa_gram, dsa_reference
 from lra_sparse.kernels.dsa_reference import keep_counts, static_keep, topk_mask  # noqa: F401
 from lra_sparse.attention.registry import (AUX_LOSS, AUX_METRICS, AttentionDims, KindConfig,
                                            register_attention)
@@ -246,20 +248,22 @@ class DSAAttention(nn.Module):
     xp = jnp.einsum("bld,dk->blk", x, self.projection())
     w_query = fake_quantize(w_query, config.quant_bits)
     w_key = fake_quantize(w_key, config.quant_bits)
-    q_pred = jnp.einsum("blk,hkj->blhj", xp, w_query)
-    k_pred = jnp.einsum("blk,hkj->blhj", xp, w_key)
+    q_pred = dsa_reference.LowRank(xp, w_query)      # Q~, K~ in factored form: only the
+    k_pred = dsa_reference.LowRank(xp, w_key)        # selection operands expand them
     scale = q.shape[-1] ** -0.5
 
+    use_dropout = dims.dropout_rate > 0.0 and not deterministic
+    kernel = _kernels(config, q, k, v, use_dropout=use_dropout)
     # lambda * L_MSE(S, S~), from Gram matrices of Q, K and the factors XP, W~: no [L, L]
-    # array, and Q~, K~ themselves are not read (dsa_reference.prediction_mse).
-    mse = dsa_reference.prediction_mse(
-        q, k, dsa_reference.LowRank(xp, w_query), dsa_reference.LowRank(xp, w_key), mask,
-        normalization=config.mse_normalization)
+    # array, and Q~, K~ themselves are not read.
+    mse = prediction_mse(q, k, q_pred, k_pred, mask, normalization=config.mse_normalization,
+                         kernels=kernel is not None)
     self.sow(AUX_LOSS, "dsa_mse", config.mse_weight * mse)
     self.sow(AUX_METRICS, "dsa_mse", mse)
     float_rule = config.selection_rule == "float"
     if float_rule or self.is_mutable_collection("intermediates"):   # S~ is [L, L]
-      predicted = jnp.einsum("bqhj,bkhj->bhqk", q_pred.astype(q.dtype), k_pred.astype(q.dtype),
+      expand = lambda f: jnp.einsum("blk,hkj->blhj", f.x, f.w).astype(q.dtype)  # noqa: E731
+      predicted = jnp.einsum("bqhj,bkhj->bhqk", expand(q_pred), expand(k_pred),
                              preferred_element_type=jnp.float32) * jnp.float32(scale)
       self.sow("intermediates", "predicted_scores", predicted)
 
@@ -268,8 +272,6 @@ class DSAAttention(nn.Module):
         q_pred, k_pred, mask, vector=config.vector, scale=scale)
     select = dict(sparsity=config.sparsity, selection=config.selection,
                   threshold=config.threshold)
-    use_dropout = dims.dropout_rate > 0.0 and not deterministic
-    kernel = _kernels(config, q, k, v, use_dropout=use_dropout)
     if kernel is not None:
       bits = kernel.select_bits(ops, mask, **select)
       if deterministic:
@@ -278,7 +280,7 @@ class DSAAttention(nn.Module):
         self.sow(AUX_METRICS, "dsa_hit_rate", hit_rate(bits, oracle, mask=mask,
                                                        vector=config.vector))
       # A = softmax(S restricted to M) with the real S; O = A V.
-      return kernel.dsa_attention_triton(q, k, v, bits, vector=config.vector,
+      return kernel.dsa_attention_triton(q, k, v, bits, mask=mask, vector=config.vector,
                                          deterministic=config.deterministic_kernels)
     if float_rule:
       keep = predicted_mask(predicted, mask=mask, topk_algorithm=config.topk_algorithm,
@@ -301,6 +303,21 @@ class DSAAttention(nn.Module):
         q, k, v, dsa_reference.expand_groups(keep, config.vector),
         dropout_rate=dims.dropout_rate if use_dropout else 0.0,
         dropout_rng=self.make_rng("dropout") if use_dropout else None)
+
+
+def prediction_mse(q, k, q_pred, k_pred, mask, *, normalization: str, kernels: bool):
+  """L_MSE(S, S~) with Q~, K~ as ``dsa_reference.LowRank`` factors (XP) W~ sharing XP: on the
+  Gram kernels (``kernels/dsa_gram.py``: one pass over Q, K, XP each way, real rows only)
+  when the attention runs on the kernels and they take the rank, else the same Gram form in
+  XLA (``dsa_reference.prediction_mse``)."""
+  rank = q_pred.x.shape[-1]
+  if kernels and rank <= dsa_gram.MAX_RANK:
+    return dsa_gram.prediction_mse(q, k, q_pred.x, q_pred.w, k_pred.w, mask,
+                                   normalization=normalization)
+  if kernels:
+    common.warn_once(f"DSA: predictor rank {rank} is above the Gram kernels' "
+                     f"{dsa_gram.MAX_RANK}; L_MSE runs its Gram form in XLA")
+  return dsa_reference.prediction_mse(q, k, q_pred, k_pred, mask, normalization=normalization)
 
 
 def _oracle_operands(q, k, mask):

@@ -48,6 +48,13 @@ def padded_rows(length: int) -> int:
   return cdiv(length, 128) * 128
 
 
+def extent(live):
+  """One past the last True position of each row of ``live`` [B, L] (0 if none), int32: an
+  example's key extent (``live`` the key mask), or its last row with a non-zero dO."""
+  positions = jnp.arange(1, live.shape[1] + 1, dtype=jnp.int32)
+  return jnp.max(jnp.where(live, positions, 0), axis=1)
+
+
 def key_mask(mask, batch: int):
   """(KM, HAS_MASK): the key-padding mask as int32 [batch, length], or a dummy and False."""
   if mask is None:

@@ -56,6 +56,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from lra_sparse.attention.nm import check_nm
+from lra_sparse.kernels.dfss_launch import extent as _extent
 
 PERM_BLOCK = 64          # keys are permuted within blocks of this many
 MASKED = -float(2**25)   # bias of a padded key (finite and moderate: see the module docstring)
@@ -563,12 +564,6 @@ def _prepare(q, k, v, mask, m, tiles):
     bias = permute_keys(jnp.where(real, 0.0, MASKED).astype(jnp.float32), m)
     extent = _extent(real)
   return q, permute_keys(k, m), permute_keys(v, m), bias, extent
-
-
-def _extent(live):
-  """One past the last True position of each row of ``live`` [B, L] (0 if none), int32."""
-  positions = jnp.arange(1, live.shape[1] + 1, dtype=jnp.int32)
-  return jnp.max(jnp.where(live, positions, 0), axis=1)
 
 
 def _tiles_up_to(extent, block: int):

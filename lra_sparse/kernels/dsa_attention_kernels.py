@@ -10,6 +10,15 @@ log-sum-exp; the backward recomputes the tile.  A key-tile whose bits are all ze
 whole query block is skipped when SKIP (no products, no exponentials), so the work falls as
 the kept set thins out in blocks.
 
+Padding costs no work, exactly: EXT int32 [batch] is one past each example's last real key
+(L without a mask) and no bit is set past it, so the forward and dQ key loops stop there and a
+dK/dV key block past it does no step (its P is 0) and writes zeros.  ROWS int32 [batch] is one
+past the example's last query row with a non-zero dO: a row with dO = 0 adds exactly 0 to dK,
+dV and dQ (dV += P^T dO, and dS = P (dP - rowsum(dO O)) vanishes), so the dK/dV query loops
+stop there and a dQ block past it does no step and writes zeros.  Padded rows' outputs reach
+no loss in a masked model, so the backward costs what the real lengths need; the forward
+still computes padded query rows, whose outputs the semantics define.
+
 Operands are [batch, length, heads, head_dim] (row stride H*D), read in place; grid axis 1 runs
 batch*heads.  BITS int32 [batch*heads, G, W].  LSE and delta = rowsum(dO * O) are fp32
 [batch*heads, LP].  Exponentials are base 2 (the scale carries log2(e)).  A row that keeps
@@ -26,15 +35,15 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 @triton.jit
 def _program(L, H, G, W, D: tl.constexpr):
-  """(block index, batch*head index, operand base offset, bits base offset) of this program:
-  grid axis 0 runs the row (or key) blocks, axis 1 batch*heads."""
+  """(block index, batch*head index, example index, operand base offset, bits base offset)
+  of this program: grid axis 0 runs the row (or key) blocks, axis 1 batch*heads."""
   pid = tl.program_id(0)
   bh = tl.program_id(1)
   b = bh // H
   h = bh % H
   RS = H * D
   base = b.to(tl.int64) * L * RS + h * D
-  return pid, bh, base, bh.to(tl.int64) * G * W
+  return pid, bh, b, base, bh.to(tl.int64) * G * W
 
 
 @triton.jit
@@ -69,10 +78,11 @@ def _unpack(words, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def dsa_fwd(Q, K, V, BITS, sm_scale, L, LP, H, G, W, O, LSE, D: tl.constexpr,
+def dsa_fwd(Q, K, V, BITS, EXT, sm_scale, L, LP, H, G, W, O, LSE, D: tl.constexpr,
             VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SKIP: tl.constexpr):
-  """Forward: one program per BM query rows, online softmax over the kept keys."""
-  pid_m, bh, base, bbase = _program(L, H, G, W, D)
+  """Forward: one program per BM query rows, online softmax over the kept keys (the key
+  tiles below the example's extent EXT: no bit is set past it)."""
+  pid_m, bh, b, base, bbase = _program(L, H, G, W, D)
   RS = H * D
   offs_m = pid_m * BM + tl.arange(0, BM)
   offs_d = tl.arange(0, D)
@@ -82,7 +92,8 @@ def dsa_fwd(Q, K, V, BITS, sm_scale, L, LP, H, G, W, O, LSE, D: tl.constexpr,
   m_i = tl.full([BM], NEG_INF, tl.float32)
   l_i = tl.zeros([BM], tl.float32)
   acc = tl.zeros([BM, D], tl.float32)
-  for start in range(0, L, BN):
+  ext = tl.load(EXT + b)
+  for start in range(0, ext, BN):
     words = _tile_words(BITS, bbase, offs_m, rin, start, W, VEC, BN)
     if _go(words, SKIP):
       keep = _unpack(words, BM, BN)
@@ -109,13 +120,14 @@ def dsa_fwd(Q, K, V, BITS, sm_scale, L, LP, H, G, W, O, LSE, D: tl.constexpr,
 
 
 @triton.jit
-def _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV, DQ,
+def _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W, DK, DV, DQ,
               D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               SKIP: tl.constexpr):
-  """dV = P^T dO and dK = scale * dS^T Q for one block of BN keys, over all query blocks,
-  with dS = P * (dP - delta), dP = dO V^T (transposed tiles: keys x queries).  With DQ (not
-  None) also adds dQ / scale = dS K into the fp32 buffer DQ with atomics (one pass)."""
-  pid_n, bh, base, bbase = _program(L, H, G, W, D)
+  """dV = P^T dO and dK = scale * dS^T Q for one block of BN keys, over the query blocks
+  below ROWS (none when the block starts at or past the key extent EXT), with
+  dS = P * (dP - delta), dP = dO V^T (transposed tiles: keys x queries).  With DQ (not None)
+  also adds dQ / scale = dS K into the fp32 buffer DQ with atomics (one pass)."""
+  pid_n, bh, b, base, bbase = _program(L, H, G, W, D)
   RS = H * D
   offs_n = pid_n * BN + tl.arange(0, BN)
   offs_d = tl.arange(0, D)
@@ -125,7 +137,8 @@ def _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV, D
   v = tl.load(V + base + offs_n[:, None] * RS + offs_d[None, :], mask=kin[:, None], other=0.0)
   dk = tl.zeros([BN, D], tl.float32)
   dv = tl.zeros([BN, D], tl.float32)
-  for start in range(0, L, BM):
+  rows = tl.where(pid_n * BN < tl.load(EXT + b), tl.load(ROWS + b), 0)
+  for start in range(0, rows, BM):
     offs_m = start + tl.arange(0, BM)
     rin = offs_m < L
     words = _tile_words(BITS, bbase, offs_m, rin, pid_n * BN, W, VEC, BN)
@@ -154,30 +167,32 @@ def _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV, D
 
 
 @triton.jit
-def dsa_bwd_dkdv(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV,
+def dsa_bwd_dkdv(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W, DK, DV,
                  D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  SKIP: tl.constexpr):
   """Deterministic backward, first kernel: dK and dV per key block (dsa_bwd_dq: dQ)."""
-  _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV, None, D, VEC, BM,
-            BN, SKIP)
+  _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W, DK, DV, None, D,
+            VEC, BM, BN, SKIP)
 
 
 @triton.jit
-def dsa_bwd_onepass(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV, DQ,
-                    D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                    SKIP: tl.constexpr):
+def dsa_bwd_onepass(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W, DK, DV,
+                    DQ, D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr,
+                    BN: tl.constexpr, SKIP: tl.constexpr):
   """One-pass backward: dK, dV as dsa_bwd_dkdv, and dQ / scale added into the zeroed fp32
   buffer DQ with atomics (each tile's products and exponentials once; dQ's summation order,
   hence its last bits, can vary run to run)."""
-  _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV, DQ, D, VEC, BM,
-            BN, SKIP)
+  _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W, DK, DV, DQ, D,
+            VEC, BM, BN, SKIP)
 
 
 @triton.jit
-def dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DQ, D: tl.constexpr,
-               VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SKIP: tl.constexpr):
-  """dQ = scale * dS K for one block of BM query rows, over all key blocks."""
-  pid_m, bh, base, bbase = _program(L, H, G, W, D)
+def dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W, DQ,
+               D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               SKIP: tl.constexpr):
+  """dQ = scale * dS K for one block of BM query rows, over the key blocks below the key
+  extent EXT (none when the block starts at or past ROWS: its dO is 0)."""
+  pid_m, bh, b, base, bbase = _program(L, H, G, W, D)
   RS = H * D
   offs_m = pid_m * BM + tl.arange(0, BM)
   offs_d = tl.arange(0, D)
@@ -188,7 +203,8 @@ def dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DQ, D: t
   lse = tl.load(LSE + bh * LP + offs_m, mask=rin, other=POS_INF)
   dlt = tl.load(DELTA + bh * LP + offs_m, mask=rin, other=0.0)
   dq = tl.zeros([BM, D], tl.float32)
-  for start in range(0, L, BN):
+  ext = tl.where(pid_m * BM < tl.load(ROWS + b), tl.load(EXT + b), 0)
+  for start in range(0, ext, BN):
     words = _tile_words(BITS, bbase, offs_m, rin, start, W, VEC, BN)
     if _go(words, SKIP):
       keep = _unpack(words, BM, BN)

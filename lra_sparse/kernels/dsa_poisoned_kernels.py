@@ -16,39 +16,40 @@ from lra_sparse.kernels import dsa_select_kernels as sk
 
 
 @triton.jit
-def dsa_select_poisoned(Q8, K8, KM, NEED, FACTOR, threshold, L, G, W, H, BITS_NAN, BITS,
+def dsa_select_poisoned(Q8, K8, KM, EXT, NEED, FACTOR, threshold, L, G, W, H, BITS_NAN, BITS,
                         KP: tl.constexpr, R: tl.constexpr, BN: tl.constexpr,
                         TOPK: tl.constexpr, HAS_MASK: tl.constexpr):
-  sk.dsa_select(Q8, K8, KM, NEED, FACTOR, threshold, L, G, W, H, BITS, KP, R, BN, TOPK,
+  sk.dsa_select(Q8, K8, KM, EXT, NEED, FACTOR, threshold, L, G, W, H, BITS, KP, R, BN, TOPK,
                 HAS_MASK)
 
 
 @triton.jit
-def dsa_fwd_poisoned(Q, K, V, BITS, sm_scale, L, LP, H, G, W, O_NAN, LSE_NAN, O, LSE,
+def dsa_fwd_poisoned(Q, K, V, BITS, EXT, sm_scale, L, LP, H, G, W, O_NAN, LSE_NAN, O, LSE,
                      D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                      SKIP: tl.constexpr):
-  ak.dsa_fwd(Q, K, V, BITS, sm_scale, L, LP, H, G, W, O, LSE, D, VEC, BM, BN, SKIP)
+  ak.dsa_fwd(Q, K, V, BITS, EXT, sm_scale, L, LP, H, G, W, O, LSE, D, VEC, BM, BN, SKIP)
 
 
 @triton.jit
-def dsa_bwd_dkdv_poisoned(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK_NAN,
-                          DV_NAN, DK, DV, D: tl.constexpr, VEC: tl.constexpr,
+def dsa_bwd_dkdv_poisoned(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W,
+                          DK_NAN, DV_NAN, DK, DV, D: tl.constexpr, VEC: tl.constexpr,
                           BM: tl.constexpr, BN: tl.constexpr, SKIP: tl.constexpr):
-  ak.dsa_bwd_dkdv(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV, D, VEC, BM,
-                  BN, SKIP)
+  ak.dsa_bwd_dkdv(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W, DK, DV, D,
+                  VEC, BM, BN, SKIP)
 
 
 @triton.jit
-def dsa_bwd_dq_poisoned(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DQ_NAN, DQ,
-                        D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr,
+def dsa_bwd_dq_poisoned(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W,
+                        DQ_NAN, DQ, D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr,
                         BN: tl.constexpr, SKIP: tl.constexpr):
-  ak.dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DQ, D, VEC, BM, BN,
-                SKIP)
+  ak.dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W, DQ, D, VEC,
+                BM, BN, SKIP)
 
 
 @triton.jit
-def dsa_bwd_onepass_poisoned(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK_NAN,
-                             DV_NAN, DK, DV, DQ, D: tl.constexpr, VEC: tl.constexpr,
-                             BM: tl.constexpr, BN: tl.constexpr, SKIP: tl.constexpr):
-  ak.dsa_bwd_onepass(Q, K, V, BITS, DO, LSE, DELTA, sm_scale, L, LP, H, G, W, DK, DV, DQ, D, VEC,
-                     BM, BN, SKIP)
+def dsa_bwd_onepass_poisoned(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G,
+                             W, DK_NAN, DV_NAN, DK, DV, DQ, D: tl.constexpr,
+                             VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                             SKIP: tl.constexpr):
+  ak.dsa_bwd_onepass(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W, DK, DV,
+                     DQ, D, VEC, BM, BN, SKIP)

@@ -105,9 +105,21 @@ def group_queries(q, mask, vector: int):
 def selection_operands(q_pred, k_pred, mask=None, *, vector: int = 1,
                        scale: float = 1.0) -> SelectionOperands:
   """The integer operands of the selection rule from the predictor's Q~, K~ [batch, length,
-  heads, k] (any float dtype; no gradient flows).  ``scale``: the 1/sqrt(head_dim) that S~
-  carries (threshold selection compares scaled scores)."""
-  if q_pred.ndim != 4 or q_pred.shape != k_pred.shape:
+  heads, k] (any float dtype; no gradient flows), or their ``LowRank`` factors (x w): a factored
+  Q~ is grouped before it is projected, (mean of x over the group's real rows) w, which is the
+  group mean of Q~ (linear) without forming Q~ [batch, length, heads, k] in fp32.
+  ``scale``: the 1/sqrt(head_dim) that S~ carries (threshold selection compares scaled
+  scores)."""
+  if isinstance(k_pred, LowRank):
+    k_pred = jnp.einsum("blr,hrk->blhk", k_pred.x, k_pred.w)
+  if isinstance(q_pred, LowRank):
+    x = group_queries(jax.lax.stop_gradient(q_pred.x)[:, :, None, :], mask, vector)[:, :, 0]
+    q_groups = jnp.einsum("bgr,hrk->bghk", x, jax.lax.stop_gradient(q_pred.w))
+    vector_of_q, q_pred = 1, q_groups
+  else:
+    vector_of_q = vector
+  if q_pred.ndim != 4 or q_pred.shape[0] != k_pred.shape[0] or q_pred.shape[2:] != (
+      k_pred.shape[2:]) or q_pred.shape[1] * (vector // vector_of_q) != k_pred.shape[1]:
     raise ValueError(f"q_pred and k_pred must both be [batch, length, heads, k], got "
                      f"{q_pred.shape} and {k_pred.shape}")
   rank = q_pred.shape[-1]
@@ -115,7 +127,8 @@ def selection_operands(q_pred, k_pred, mask=None, *, vector: int = 1,
     raise ValueError(f"predictor rank {rank} not in [1, {MAX_RANK}]")
   q_pred = jax.lax.stop_gradient(q_pred)
   k_pred = jax.lax.stop_gradient(k_pred).astype(jnp.float32)
-  qg = group_queries(q_pred, mask, vector)                           # [B, G, H, k]
+  qg = (group_queries(q_pred, mask, vector) if vector_of_q == vector   # [B, G, H, k]
+        else q_pred.astype(jnp.float32))
   q8, q_amax = _quantize(qg, axes=(-1,))                             # per row, per head
   real = None if mask is None else mask[:, :, None, None]
   k8, k_amax = _quantize(k_pred, axes=(1, 3), valid=real)            # per (example, head)

@@ -2,9 +2,14 @@
 kept keys, written as one bit per (row group, key).  The rule is ``dsa_reference``'s.
 
 Layout: Q8 int8 [batch*heads, G, KP] (G row groups), K8 int8 [batch*heads, L, KP], KM the
-key-padding mask int32 [batch, L], NEED int32 [batch] (keys each row keeps), FACTOR fp32
-[batch*heads, G] (threshold selection).  BITS int32 [batch*heads, G, W], W = ceil(L / 32): bit
-j % 32 of word j // 32 says whether the row group keeps key j.
+key-padding mask int32 [batch, L], EXT int32 [batch] (one past each example's last real key;
+L without a mask), NEED int32 [batch] (keys each row keeps), FACTOR fp32 [batch*heads, G]
+(threshold selection).  BITS int32 [batch*heads, G, W], W = ceil(L / 32): bit j % 32 of word
+j // 32 says whether the row group keeps key j.
+
+Every pass reads the key tiles below EXT only: the keys past it are padded, never valid, so
+the row's lo / hi, counts and bits are those of all L keys; the bits of the tiles past EXT are
+stored as zero words.
 
 s is recomputed on the int8 tensor cores in every pass instead of being stored: nothing of
 size L x L is ever written but the bits.  top-k runs four passes over the row's keys:
@@ -94,13 +99,23 @@ def _store_bits(BITS, bh, G, W, offs_r, rin, start, keep, R: tl.constexpr, BN: t
 
 
 @triton.jit
-def dsa_select(Q8, K8, KM, NEED, FACTOR, threshold, L, G, W, H, BITS, KP: tl.constexpr,
+def _store_zeros(BITS, bh, G, W, offs_r, rin, ext, L, R: tl.constexpr, BN: tl.constexpr):
+  """Zero words for the key tiles past the example's extent (no key there is valid)."""
+  none = tl.zeros([R, BN], tl.int1)
+  for start in range(tl.cdiv(ext, BN) * BN, L, BN):
+    _store_bits(BITS, bh, G, W, offs_r, rin, start, none, R, BN)
+
+
+@triton.jit
+def dsa_select(Q8, K8, KM, EXT, NEED, FACTOR, threshold, L, G, W, H, BITS, KP: tl.constexpr,
                R: tl.constexpr, BN: tl.constexpr, TOPK: tl.constexpr,
                HAS_MASK: tl.constexpr):
-  """One program per R row groups of one (example, head); grid (cdiv(G, R), batch*heads)."""
+  """One program per R row groups of one (example, head); grid (cdiv(G, R), batch*heads).
+  The key loops stop at the example's extent EXT (past it every key is padded)."""
   pid = tl.program_id(0)
   bh = tl.program_id(1)
   b = bh // H
+  ext = tl.load(EXT + b)
   offs_r = pid * R + tl.arange(0, R)
   rin = offs_r < G
   offs_k = tl.arange(0, KP)
@@ -111,7 +126,7 @@ def dsa_select(Q8, K8, KM, NEED, FACTOR, threshold, L, G, W, H, BITS, KP: tl.con
     need = tl.zeros([R], tl.int32) + tl.load(NEED + b)
     lo = tl.full([R], SENTINEL, tl.int32)
     hi = tl.full([R], -SENTINEL, tl.int32)
-    for start in range(0, L, BN):
+    for start in range(0, ext, BN):
       s, valid = _row_scores(q8, K8, kbase, KM, b, start, L, KP, BN, HAS_MASK)
       lo = tl.minimum(lo, tl.min(tl.where(valid[None, :], s, SENTINEL), 1))
       hi = tl.maximum(hi, tl.max(tl.where(valid[None, :], s, -SENTINEL), 1))
@@ -122,14 +137,14 @@ def dsa_select(Q8, K8, KM, NEED, FACTOR, threshold, L, G, W, H, BITS, KP: tl.con
     counts = ()
     for d in tl.static_range(15):
       counts = counts + (tl.zeros([R], tl.int32),)
-    for start in range(0, L, BN):
+    for start in range(0, ext, BN):
       s, valid = _row_scores(q8, K8, kbase, KM, b, start, L, KP, BN, HAS_MASK)
       counts = _count_at_least(counts, _codes(s, valid, lo, shift) >> 4)
     high, above = _digit(counts, tl.zeros([R], tl.int32), need)
     counts = ()
     for d in tl.static_range(15):
       counts = counts + (tl.zeros([R], tl.int32),)
-    for start in range(0, L, BN):
+    for start in range(0, ext, BN):
       s, valid = _row_scores(q8, K8, kbase, KM, b, start, L, KP, BN, HAS_MASK)
       code = _codes(s, valid, lo, shift)
       low = tl.where((code >> 4) == high[:, None], code & 15, -1)
@@ -138,7 +153,7 @@ def dsa_select(Q8, K8, KM, NEED, FACTOR, threshold, L, G, W, H, BITS, KP: tl.con
     t = high * 16 + low
     ties = need - greater
     seen = tl.zeros([R], tl.int32)
-    for start in range(0, L, BN):
+    for start in range(0, ext, BN):
       s, valid = _row_scores(q8, K8, kbase, KM, b, start, L, KP, BN, HAS_MASK)
       code = _codes(s, valid, lo, shift)
       eq = (code == t[:, None]).to(tl.int32)
@@ -146,9 +161,11 @@ def dsa_select(Q8, K8, KM, NEED, FACTOR, threshold, L, G, W, H, BITS, KP: tl.con
       keep = (code > t[:, None]) | ((eq != 0) & (rank < ties[:, None]))
       seen += tl.sum(eq, 1)
       _store_bits(BITS, bh, G, W, offs_r, rin, start, keep, R, BN)
+    _store_zeros(BITS, bh, G, W, offs_r, rin, ext, L, R, BN)
   else:
     factor = tl.load(FACTOR + bh * G + offs_r, mask=rin, other=0.0)
-    for start in range(0, L, BN):
+    for start in range(0, ext, BN):
       s, valid = _row_scores(q8, K8, kbase, KM, b, start, L, KP, BN, HAS_MASK)
       keep = valid[None, :] & (s.to(tl.float32) * factor[:, None] >= threshold)
       _store_bits(BITS, bh, G, W, offs_r, rin, start, keep, R, BN)
+    _store_zeros(BITS, bh, G, W, offs_r, rin, ext, L, R, BN)

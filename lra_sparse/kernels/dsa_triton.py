@@ -11,6 +11,13 @@ Two steps, each one launch over batch*heads:
   kernels), reading the bits:
   ``dsa_attention_kernels``.  Memory: O and a per-row log-sum-exp.
 
+Padding costs no work, and skipping it is exact: with a key mask, every kernel stops at each
+example's key extent (one past its last real key; no key past it is valid, and no bit is set
+there), and the backward also at its row extent (one past the last query row whose dO is
+non-zero: a row with dO = 0 adds exactly 0 to dQ, dK and dV).  The skipped tiles would add
+exactly zero, so outputs and gradients equal the full loops' exactly.  The selection's bits
+past the key extent are written as zero words.
+
 Nothing here imports triton or jax_triton at module import time; ``dfss_launch.launch`` imports
 them and the kernel source on first use.  Operands are [batch, length, heads, head_dim] as
 jax.nn.dot_product_attention's, read in place.
@@ -26,7 +33,8 @@ import jax
 import jax.numpy as jnp
 
 from lra_sparse.kernels import dsa_reference
-from lra_sparse.kernels.dfss_launch import cdiv, launch, operand_reason, padded_rows, row_delta
+from lra_sparse.kernels.dfss_launch import (cdiv, extent, launch, operand_reason, padded_rows,
+                                            row_delta)
 from lra_sparse.kernels.dfss_triton import is_available  # noqa: F401  (same requirements)
 
 __all__ = ["is_available", "unsupported_reason", "select_bits", "dsa_attention_triton",
@@ -98,6 +106,20 @@ def _check_mask(mask, shape):
   return mask.astype(bool)
 
 
+def _key_extent(mask, batch: int, length: int):
+  """int32 [batch]: one past each example's last real key (the kernels' EXT; 0 when it has
+  none, length without a mask)."""
+  if mask is None:
+    return jnp.full((batch,), length, jnp.int32)
+  return extent(mask)
+
+
+def _row_extent(do):
+  """int32 [batch]: one past each example's last query row whose dO is non-zero in any head
+  or column (the backward's ROWS; later rows add exactly 0 to every gradient)."""
+  return extent(jnp.any(do != 0, axis=(2, 3)))
+
+
 # ----------------------------------------------------------------------------- selection
 def select_bits(ops: dsa_reference.SelectionOperands, mask=None, *, sparsity: float = 0.9,
                 selection: str = "topk", threshold: float = 0.0, poison: bool = False):
@@ -121,8 +143,9 @@ def select_bits(ops: dsa_reference.SelectionOperands, mask=None, *, sparsity: fl
   w = cdiv(length, 32)
   (bits,) = launch(
       _SELECT, "dsa_select",
-      (ops.q8.reshape(b * h, g, kp), ops.k8.reshape(b * h, length, kp), km, need,
-       ops.factor.reshape(b * h, g).astype(jnp.float32), float(threshold), length, g, w, h),
+      (ops.q8.reshape(b * h, g, kp), ops.k8.reshape(b * h, length, kp), km,
+       _key_extent(mask, b, length), need, ops.factor.reshape(b * h, g).astype(jnp.float32),
+       float(threshold), length, g, w, h),
       (jax.ShapeDtypeStruct((b * h, g, w), jnp.int32),), (cdiv(g, r), b * h),
       num_warps=warps, num_stages=stages, poison=poison, poisoned_module=_POISONED,
       KP=kp, R=r, BN=bn, TOPK=selection == "topk", HAS_MASK=mask is not None)
@@ -130,23 +153,24 @@ def select_bits(ops: dsa_reference.SelectionOperands, mask=None, *, sparsity: fl
 
 
 # ----------------------------------------------------------------------------- attention
-def _fwd(q, k, v, bits, vector, scale, poison):
+def _fwd(q, k, v, bits, ext, vector, scale, poison):
   b, l, h, d = q.shape
   bm, bn, warps, stages, skip = _tiles("fwd", q.dtype)
   lp = padded_rows(l)
   g, w = bits.shape[2], bits.shape[3]
   return launch(
-      _ATTEND, "dsa_fwd", (q, k, v, bits, scale, l, lp, h, g, w),
+      _ATTEND, "dsa_fwd", (q, k, v, bits, ext, scale, l, lp, h, g, w),
       (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b * h, lp), jnp.float32)),
       (cdiv(l, bm), b * h), num_warps=warps, num_stages=stages, poison=poison,
       poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip)
 
 
-def _bwd(q, k, v, bits, o, lse, do, vector, scale, poison, deterministic):
+def _bwd(q, k, v, bits, ext, o, lse, do, vector, scale, poison, deterministic):
   b, l, h, d = q.shape
-  do = do.astype(q.dtype)
+  do = do.astype(q.dtype)   # the rows' extent is read from the dO the kernels read
   g, w = bits.shape[2], bits.shape[3]
-  args = (q, k, v, bits, do, lse, row_delta(o, do), scale, l, padded_rows(l), h, g, w)
+  args = (q, k, v, bits, do, lse, row_delta(o, do), ext, _row_extent(do), scale, l,
+          padded_rows(l), h, g, w)
   if not deterministic:
     bm, bn, warps, stages, skip = _tiles("onepass", q.dtype)
     dk, dv, dq = launch(
@@ -170,34 +194,37 @@ def _bwd(q, k, v, bits, o, lse, do, vector, scale, poison, deterministic):
   return dq, dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _attn(q, k, v, bits, vector, scale, poison, deterministic):
-  return _fwd(q, k, v, bits, vector, scale, poison)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _attn(q, k, v, bits, ext, vector, scale, poison, deterministic):
+  return _fwd(q, k, v, bits, ext, vector, scale, poison)[0]
 
 
-def _attn_fwd(q, k, v, bits, vector, scale, poison, deterministic):
+def _attn_fwd(q, k, v, bits, ext, vector, scale, poison, deterministic):
   del deterministic  # backward only
-  o, lse = _fwd(q, k, v, bits, vector, scale, poison)
-  return o, (q, k, v, bits, o, lse)
+  o, lse = _fwd(q, k, v, bits, ext, vector, scale, poison)
+  return o, (q, k, v, bits, ext, o, lse)
 
 
 def _attn_bwd(vector, scale, poison, deterministic, res, do):
-  q, k, v, bits, o, lse = res
-  dq, dk, dv = _bwd(q, k, v, bits, o, lse, do, vector, scale, poison, deterministic)
-  return dq, dk, dv, None
+  q, k, v, bits, ext, o, lse = res
+  dq, dk, dv = _bwd(q, k, v, bits, ext, o, lse, do, vector, scale, poison, deterministic)
+  return dq, dk, dv, None, None
 
 
 _attn.defvjp(_attn_fwd, _attn_bwd)
 
 
-def dsa_attention_triton(q, k, v, bits, *, vector: int = 1, deterministic: bool = False,
-                         poison: bool = False):
+def dsa_attention_triton(q, k, v, bits, *, mask=None, vector: int = 1,
+                         deterministic: bool = False, poison: bool = False):
   """softmax(Q K^T / sqrt(d) over the kept keys) V.  q, k, v [batch, length, heads, head_dim]
   (fp32 / bf16 / fp16, head_dim <= 128); bits int32 [batch, heads, length / vector,
-  ceil(length / 32)] from ``select_bits`` (padded keys already excluded there).  Gradients
-  flow to q, k, v; a row that keeps nothing gives zeros.  deterministic: the backward as two
-  kernels without atomics (bit-reproducible dQ) instead of one pass with dQ by fp32 atomics.
-  poison=True (tests) pre-fills every kernel output with NaN."""
+  ceil(length / 32)] from ``select_bits`` (padded keys already excluded there).  mask: bool
+  [batch, length] key padding (True = real; None: no padding), the one ``select_bits`` was
+  given: the kernels read no key past an example's last real key (the bits keep none there)
+  and so skip the padding's work, exactly.  Gradients flow to q, k, v; a row that keeps
+  nothing gives zeros.  deterministic: the backward as two kernels without atomics
+  (bit-reproducible dQ) instead of one pass with dQ by fp32 atomics.  poison=True (tests)
+  pre-fills every kernel output with NaN."""
   reason = unsupported_reason(q, v, k=k, vector=vector)
   if reason is not None:
     raise ValueError(reason)
@@ -205,11 +232,12 @@ def dsa_attention_triton(q, k, v, bits, *, vector: int = 1, deterministic: bool 
   want = (b, h, l // vector, cdiv(l, 32))
   if tuple(bits.shape) != want or bits.dtype != jnp.int32:
     raise ValueError(f"bits must be int32 {want}, got {bits.dtype} {tuple(bits.shape)}")
+  ext = _key_extent(_check_mask(mask, (b, l)), b, l)
   kernel_dim = min(x for x in _HEAD_DIMS if x >= d)
   scale = 1.0 / math.sqrt(d)
   if kernel_dim == d:
-    return _attn(q, k, v, bits, vector, scale, bool(poison), bool(deterministic))
+    return _attn(q, k, v, bits, ext, vector, scale, bool(poison), bool(deterministic))
   # Zero columns add nothing to Q K^T; the softmax keeps the true head dim's scale: exact.
   widen = lambda x: jnp.pad(x, ((0, 0),) * 3 + ((0, kernel_dim - d),))  # noqa: E731
-  return _attn(widen(q), widen(k), widen(v), bits, vector, scale, bool(poison),
+  return _attn(widen(q), widen(k), widen(v), bits, ext, vector, scale, bool(poison),
                bool(deterministic))[..., :d]

@@ -1,0 +1,202 @@
+"""DSA's L_MSE on the GPU: the Gram form of ``dsa_reference.prediction_mse`` for factored
+predictors, with its forward and backward as Triton kernels (``dsa_gram_kernels``).
+
+Per example and head, with Q~ = (XP) W~q, K~ = (XP) W~k (XP [L, r] shared by the heads; only the
+real rows: padded ones are zero) and the Grams
+
+    G_Q = Q^T Q,  G_K = K^T K  (d x d),   C_Q = Q^T XP,  C_K = K^T XP  (d x r),   GX = XP^T XP
+    cq = C_Q W~q = Q^T Q~,  ck = C_K W~k = K^T K~  (d x k),
+    pq = W~q^T GX W~q = Q~^T Q~,  pk = W~k^T GX W~k = K~^T K~  (k x k),
+
+the squared error over all pairs of real tokens is
+
+    total = <G_Q, G_K> - 2 <cq, ck> + <pq, pk>
+
+and with s = dL/dtotal (the normalisation, and 0 where the clamp at 0 is active):
+
+    dQ    = 2s (Q G_K - XP W~q ck^T)          dK    = 2s (K G_Q - XP W~k cq^T)
+    dW~q  = 2s sum_b (GX W~q pk - C_Q^T ck)   dW~k  = 2s sum_b (GX W~k pq - C_K^T cq)
+    dXP   = XP N + sum_h (Q_h P_h + K_h R_h),  N = 2s sum_h (W~q pk W~q^T + W~k pq W~k^T),
+            P_h = -2s ck W~q^T,  R_h = -2s cq W~k^T.
+
+Only the products over the length (the Grams forward; dQ, dK and dXP backward) touch
+[L, *] arrays: they are the kernels, each reading Q, K and XP once and stopping at the
+example's last real token.  Everything else is k x k work in XLA at full fp32 precision.
+Compared with XLA's autodiff of the reference (H100, ListOps shape, 8 heads of 64, rank 128)
+this removes the [L, *] float32 copies of Q and K, their transposes for the batched matmuls
+and the three-pass bf16 split of every operand.
+
+Nothing here imports triton at module import time (``dfss_launch.launch`` does).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from lra_sparse.kernels.dfss_launch import cdiv, extent, key_mask, launch
+
+__all__ = ["MAX_RANK", "prediction_mse"]
+
+_MODULE = "dsa_gram_kernels"
+MAX_RANK = 256      # widest XP (predictor rank) the kernels take
+_HI = jax.lax.Precision.HIGHEST
+# (rows per step, warps, stages) of the four kernels (forward Grams of Q / K and of XP, the
+# backward's dQ / dK and dXP tiles); the dXP tiles take half the rows and no pipelining at head
+# dims above 64 or ranks above 128.  Chosen on ptxas' report for sm_90a: no spills at d 64 /
+# rank 128 (126-158 registers) nor at d 128 / rank 256 (222-255).
+_TILES = {"fwd": (64, 8, 2), "fwd_xp": (64, 8, 2), "bwd_qk": (64, 8, 2), "bwd_xp": (64, 8, 2)}
+_WIDE_TILES = {"bwd_xp": (32, 8, 1)}
+_RB = 64    # column block of the XP-wide tiles
+
+
+def _tiles(kernel: str, dw: int, rw: int):
+  if dw > 64 or rw > 128:
+    return _WIDE_TILES.get(kernel, _TILES[kernel])
+  return _TILES[kernel]
+
+
+def _width(n: int) -> int:
+  """A kernel tile width: n rounded up to a power of two >= 16 (zero-padded columns)."""
+  return max(16, 1 << (n - 1).bit_length())
+
+
+def _block(rw: int) -> int:
+  """RB: the column block of the XP-wide tiles."""
+  return min(rw, _RB)
+
+
+def _dot(spec, *operands):
+  return jnp.einsum(spec, *operands, precision=_HI, preferred_element_type=jnp.float32)
+
+
+def _grams(q, k, xp, km, ext, has_mask):
+  """(G [b, h, 2, d, d], C [b, h, 2, d, r], GX [b, r, r]) over the real rows (kernels)."""
+  b, l, h, d = q.shape
+  r = xp.shape[-1]
+  dw, rw = _width(d), _width(r)
+  bl, warps, stages = _tiles("fwd", dw, rw)
+  g, c = launch(_MODULE, "gram_fwd", (q, k, xp, km, ext, l, h, d, r),
+                (jax.ShapeDtypeStruct((b * h, 2, dw, dw), jnp.float32),
+                 jax.ShapeDtypeStruct((b * h, 2, dw, rw), jnp.float32)),
+                (2, b * h, rw // _block(rw)), num_warps=warps, num_stages=stages, D=dw, RP=rw,
+                RB=_block(rw), BL=bl, HAS_MASK=has_mask)
+  bl, warps, stages = _tiles("fwd_xp", dw, rw)
+  (gx,) = launch(_MODULE, "gram_fwd_xp", (xp, km, ext, l, r),
+                 (jax.ShapeDtypeStruct((b, rw, rw), jnp.float32),),
+                 (b, rw // _block(rw), rw // _block(rw)), num_warps=warps, num_stages=stages,
+                 RP=rw, RB=_block(rw), BL=bl, HAS_MASK=has_mask)
+  return (g.reshape(b, h, 2, dw, dw)[..., :d, :d], c.reshape(b, h, 2, dw, rw)[..., :d, :r],
+          gx[:, :r, :r])
+
+
+def _small_terms(g, c, gx, w_q, w_k):
+  """cq, ck [b, h, d, k] and pq, pk [b, h, k, k] from the Grams and W~."""
+  cq = _dot("bhdr,hrk->bhdk", c[:, :, 0], w_q)
+  ck = _dot("bhdr,hrk->bhdk", c[:, :, 1], w_k)
+  pq = _dot("hrk,brs,hsj->bhkj", w_q, gx, w_q)
+  pk = _dot("hrk,brs,hsj->bhkj", w_k, gx, w_k)
+  return cq, ck, pq, pk
+
+
+def _total(g, cq, ck, pq, pk):
+  return (jnp.sum(g[:, :, 0] * g[:, :, 1]) - 2.0 * jnp.sum(cq * ck) + jnp.sum(pq * pk))
+
+
+def _normalizer(mask, shape, normalization):
+  """L_MSE / total: 1 / batch (eq6) or 1 / (head_dim x heads x real pairs) (scaled_mean)."""
+  batch, length, heads, head_dim = shape
+  if normalization == "eq6":
+    return jnp.float32(1.0 / batch)
+  count = (jnp.float32(batch * length * length * heads) if mask is None else
+           jnp.sum(jnp.sum(mask, axis=-1, dtype=jnp.float32) ** 2) * heads)
+  return 1.0 / (jnp.float32(head_dim) * jnp.maximum(count, 1.0))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _mse(q, k, xp, w_q, w_k, km, ext, has_mask):
+  return _mse_fwd(q, k, xp, w_q, w_k, km, ext, has_mask)[0]
+
+
+def _mse_fwd(q, k, xp, w_q, w_k, km, ext, has_mask):
+  g, c, gx = _grams(q, k, xp, km, ext, has_mask)
+  cq, ck, pq, pk = _small_terms(g, c, gx, w_q, w_k)
+  return _total(g, cq, ck, pq, pk), (q, k, xp, w_q, w_k, km, ext, g, c, gx)
+
+
+def _mse_bwd(has_mask, res, ct):
+  q, k, xp, w_q, w_k, km, ext, g, c, gx = res
+  b, l, h, d = q.shape
+  r = xp.shape[-1]
+  dw, rw = _width(d), _width(r)
+  cq, ck, pq, pk = _small_terms(g, c, gx, w_q, w_k)
+  s2 = 2.0 * ct
+  # dX = X A + XP M per (example, head) and side (Q, K)
+  a = s2 * jnp.stack([g[:, :, 1], g[:, :, 0]], axis=2)                       # [b, h, 2, d, d]
+  m = -s2 * jnp.stack([_dot("hrk,bhdk->bhrd", w_q, ck), _dot("hrk,bhdk->bhrd", w_k, cq)],
+                      axis=2)                                                # [b, h, 2, r, d]
+  pad = lambda x, *widths: jnp.pad(x, [(0, 0)] * (x.ndim - len(widths)) + [  # noqa: E731
+      (0, w - n) for w, n in zip(widths, x.shape[x.ndim - len(widths):])])
+  bl, warps, stages = _tiles("bwd_qk", dw, rw)
+  dq, dk = launch(_MODULE, "gram_bwd_qk",
+                  (q, k, xp, km, ext, pad(a, dw, dw).reshape(b * h, 2, dw, dw),
+                   pad(m, rw, dw).reshape(b * h, 2, rw, dw), l, h, d, r),
+                  (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype)),
+                  (2, cdiv(l, bl), b * h), num_warps=warps, num_stages=stages, D=dw, RP=rw,
+                  RB=_block(rw), BL=bl, HAS_MASK=has_mask)
+  # dXP = XP N + sum_h (Q_h P_h + K_h R_h)
+  n = s2 * jnp.sum(_dot("hrk,bhkj,hsj->bhrs", w_q, pk, w_q)
+                   + _dot("hrk,bhkj,hsj->bhrs", w_k, pq, w_k), axis=1)        # [b, r, r]
+  p = -s2 * _dot("bhdk,hrk->bhdr", ck, w_q)                                  # [b, h, d, r]
+  rr = -s2 * _dot("bhdk,hrk->bhdr", cq, w_k)
+  bl, warps, stages = _tiles("bwd_xp", dw, rw)
+  (dxp,) = launch(_MODULE, "gram_bwd_xp",
+                  (q, k, xp, km, ext, pad(n, rw, rw), pad(p, dw, rw).reshape(b * h, dw, rw),
+                   pad(rr, dw, rw).reshape(b * h, dw, rw), l, h, d, r),
+                  (jax.ShapeDtypeStruct(xp.shape, jnp.float32),),
+                  (cdiv(l, bl), b, rw // _block(rw)), num_warps=warps, num_stages=stages, D=dw,
+                  RP=rw, RB=_block(rw), BL=bl, HAS_MASK=has_mask)
+  # dW~ (k x k work only)
+  dw_q = s2 * jnp.sum(_dot("brs,hsk,bhkj->bhrj", gx, w_q, pk)
+                      - _dot("bhdr,bhdj->bhrj", c[:, :, 0], ck), axis=0)
+  dw_k = s2 * jnp.sum(_dot("brs,hsk,bhkj->bhrj", gx, w_k, pq)
+                      - _dot("bhdr,bhdj->bhrj", c[:, :, 1], cq), axis=0)
+  return dq, dk, dxp, dw_q, dw_k, None, None
+
+
+_mse.defvjp(_mse_fwd, _mse_bwd)
+
+
+def prediction_mse(q, k, xp, w_q, w_k, mask=None, *, normalization: str = "eq6"):
+  """``lra_sparse.kernels.dsa_reference.prediction_mse(q, k, LowRank(xp, w_q),
+  LowRank(xp, w_k), mask, normalization=...)`` on the GPU kernels: q, k [batch, length, heads, head_dim] (float32 /
+  bfloat16 / float16, head_dim <= 128), xp [batch, length, r] (float32; r <= 256), w_q, w_k
+  [heads, r, k]; mask bool [batch, length] (None: every token real).  Gradients flow to q, k,
+  xp, w_q and w_k."""
+  if normalization not in ("eq6", "scaled_mean"):
+    raise ValueError(f"unknown DSA MSE normalization {normalization!r}; choose 'eq6' or "
+                     "'scaled_mean'")
+  if q.ndim != 4 or k.shape != q.shape or k.dtype != q.dtype:
+    raise ValueError(f"q and k must be [batch, length, heads, head_dim] of one dtype, got "
+                     f"{q.shape} {q.dtype} and {k.shape} {k.dtype}")
+  b, l, h, d = q.shape
+  if not 0 < d <= 128:
+    raise ValueError(f"head_dim {d} not in [1, 128]")
+  if xp.ndim != 3 or xp.shape[:2] != (b, l) or not 0 < xp.shape[-1] <= MAX_RANK:
+    raise ValueError(f"xp must be [batch, length, r] = ({b}, {l}, r <= {MAX_RANK}), got "
+                     f"{xp.shape}")
+  r = xp.shape[-1]
+  for name, w in (("w_q", w_q), ("w_k", w_k)):
+    if w.ndim != 3 or w.shape[:2] != (h, r) or w.shape != w_q.shape:
+      raise ValueError(f"{name} must be [heads, r, k] = ({h}, {r}, k) like w_q, got "
+                       f"{w.shape}")
+  if mask is not None and tuple(mask.shape) != (b, l):
+    raise ValueError(f"mask must be bool [batch, length] = {(b, l)}, got {mask.shape}")
+  km, has_mask = key_mask(mask, b)
+  ext = jnp.full((b,), l, jnp.int32) if mask is None else extent(mask)
+  total = _mse(q, k, xp.astype(jnp.float32), w_q.astype(jnp.float32), w_k.astype(jnp.float32),
+               km, ext, has_mask)
+  return jnp.maximum(total, 0.0) * _normalizer(mask, q.shape, normalization)
+
