@@ -58,6 +58,7 @@ LEGACY_ATTENTION_KEYS = {
 ADDED_FIELDS = (
     ("attention.dsa.mse_normalization", "scaled_mean", None),
     ("attention.dsa.selection_rule", "float", None),
+    ("attention.dsa.mse_kernels", False, None),
     ("model.dual_head", "nli_one_hidden", ("retrieval",)),
     ("data.mask_black_pixels", False, ("image", "pathfinder", "pathx")),
     ("profile_steps", "", None),

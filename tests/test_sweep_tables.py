@@ -757,21 +757,24 @@ def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
   assert new["dsa"]["attention.dsa.mse_normalization"] == "scaled_mean"
   assert new["flat_dsa"]["attention.dsa.mse_normalization"] == "scaled_mean"
   assert new["dsa"]["attention.dsa.selection_rule"] == "float"
+  assert new["dsa"]["attention.dsa.mse_kernels"] is False
   assert new["flat_dsa"]["attention.dsa.sparsity"] == 0.9
   assert new["retrieval"]["model.dual_head"] == "nli_one_hidden"
   assert new["image"]["data.mask_black_pixels"] is False
   assert new["pathx"]["data.mask_black_pixels"] is False
-  added = {"attention.dsa.mse_normalization", "attention.dsa.selection_rule", "model.dual_head",
-           "data.mask_black_pixels"}
+  added = {"attention.dsa.mse_normalization", "attention.dsa.selection_rule",
+           "attention.dsa.mse_kernels", "model.dual_head", "data.mask_black_pixels"}
   for name, keys in (("listops", added), ("retrieval", added - {"model.dual_head"}),
                      ("image", added - {"data.mask_black_pixels"}),
                      ("dsa", added - {"attention.dsa.mse_normalization",
-                                      "attention.dsa.selection_rule"})):
+                                      "attention.dsa.selection_rule",
+                                      "attention.dsa.mse_kernels"})):
     assert not keys & set(new[name]), name
   # A config written with the fields keeps its values.
   current = {"task": "image", "data": {"mask_black_pixels": True},
              "attention": {"kind": "dsa", "dsa": {"mse_normalization": "eq6",
-                                                  "selection_rule": "int8"}},
+                                                  "selection_rule": "int8",
+                                                  "mse_kernels": True}},
              "profile_steps": "3:5", "wandb": {"project": "p", "entity": ""}}
   assert config_lib.upgrade_legacy_config(current) == current
 

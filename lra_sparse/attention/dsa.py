@@ -107,6 +107,9 @@ class DSAConfig(KindConfig):
   # Triton backward: False = one pass with fp32 atomics for dQ (fastest; the last bits of dQ
   # vary run to run); True = separate dK/dV and dQ kernels (bit-reproducible).
   deterministic_kernels: bool = False
+  # L_MSE on the Gram kernels (kernels/dsa_gram.py: padding skipped) when the attention runs
+  # on the kernels | False: the same Gram form in XLA (runs recorded before the kernels).
+  mse_kernels: bool = True
 
   def __post_init__(self):
     self.check_float("sigma", low=0.0, high=1.0, low_open=True)
@@ -120,6 +123,7 @@ class DSAConfig(KindConfig):
     self.check_choice("topk_algorithm", TOPK_ALGORITHMS)
     self.check_choice("backend", BACKENDS)
     self.check_bool("deterministic_kernels")
+    self.check_bool("mse_kernels")
     self.check_choice("selection_rule", SELECTION_RULES)
 
 
@@ -257,7 +261,7 @@ class DSAAttention(nn.Module):
     # lambda * L_MSE(S, S~), from Gram matrices of Q, K and the factors XP, W~: no [L, L]
     # array, and Q~, K~ themselves are not read.
     mse = prediction_mse(q, k, q_pred, k_pred, mask, normalization=config.mse_normalization,
-                         kernels=kernel is not None)
+                         kernels=kernel is not None and config.mse_kernels)
     self.sow(AUX_LOSS, "dsa_mse", config.mse_weight * mse)
     self.sow(AUX_METRICS, "dsa_mse", mse)
     float_rule = config.selection_rule == "float"
