@@ -82,6 +82,27 @@ def test_ties_go_to_the_lower_key_index():
   np.testing.assert_array_equal(np.flatnonzero(keep), [0, 1, 3, 9])
 
 
+@pytest.mark.parametrize("vector", [1, 4])
+def test_factored_selection_operands_group_before_projecting(vector):
+  """LowRank(x, w) operands (DSA's (X P) W~) give the operands of the expanded Q~, K~: the
+  group mean of x over a group's real rows, projected, is the group mean of Q~ (up to fp32
+  rounding: at most a few int8 codes move by one)."""
+  rng = np.random.default_rng(12 + vector)
+  b, l, h, r = 2, 24, 3, 10
+  x = jnp.asarray(rng.normal(size=(b, l, r)), jnp.float32)
+  wq, wk = (jnp.asarray(rng.normal(size=(h, r, r)), jnp.float32) for _ in range(2))
+  mask = jnp.asarray(_mask(b, l, [24, 13], hole=(0, slice(2, 7))))
+  expand = lambda w: jnp.einsum("blr,hrk->blhk", x, w, precision=HI)  # noqa: E731
+  got = ref.selection_operands(ref.LowRank(x, wq), ref.LowRank(x, wk), mask, vector=vector,
+                               scale=0.125)
+  want = ref.selection_operands(expand(wq), expand(wk), mask, vector=vector, scale=0.125)
+  np.testing.assert_array_equal(np.asarray(got.k8), np.asarray(want.k8))
+  moved = np.abs(np.asarray(got.q8, np.int32) - np.asarray(want.q8, np.int32))
+  assert moved.max() <= 1 and np.mean(moved) < 0.01
+  np.testing.assert_allclose(np.asarray(got.factor), np.asarray(want.factor), rtol=1e-5)
+  assert got.q8.shape == (b, h, l // vector, ref.padded_rank(r))
+
+
 def test_topk_algorithms_agree_on_the_rule():
   qp, kp = _preds(4, (2, 48, 2, 9), ints=True)
   ops = ref.selection_operands(jnp.asarray(qp), jnp.asarray(kp), vector=4)
