@@ -850,6 +850,14 @@ def test_auto_gives_cudnn_masks_with_holes_as_a_bias(monkeypatch):
                              atol=3e-2)
 
 
+def _check_value_and_grads(got, want, what=""):
+  """(value, grads) against a float32 reference's: finite, within 3% in norm (half inputs)."""
+  for a, w in zip([got[0]] + list(got[1]), [want[0]] + list(want[1])):
+    a, w = np.asarray(a, np.float32), np.asarray(w, np.float32)
+    assert np.all(np.isfinite(a)), what
+    assert np.linalg.norm(a - w) <= 3e-2 * np.linalg.norm(w), what
+
+
 @pytest.mark.gpu
 def test_nystrom_cudnn_bias_matches_explicit_on_gpu():
   """The Nystromformer with a black-pixel-like mask on cuDNN (B V with the mask as a bias):
@@ -870,10 +878,7 @@ def test_nystrom_cudnn_bias_matches_explicit_on_gpu():
   f32 = [x.astype(jnp.float32) for x in (q, k, v)]
   want = jax.value_and_grad(functools.partial(loss, implementation="xla"),
                             argnums=(0, 1, 2))(*f32)
-  for a, w in zip([got[0]] + list(got[1]), [want[0]] + list(want[1])):
-    a, w = np.asarray(a, np.float32), np.asarray(w, np.float32)
-    assert np.all(np.isfinite(a))
-    assert np.linalg.norm(a - w) <= 3e-2 * np.linalg.norm(w)
+  _check_value_and_grads(got, want)
 
 
 @pytest.mark.gpu
@@ -897,10 +902,7 @@ def test_cudnn_bias_matches_reference_on_gpu(dtype):
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
     want = jax.value_and_grad(functools.partial(loss, implementation="reference"),
                               argnums=(0, 1, 2))(*f32)
-    for a, w in zip([got[0]] + list(got[1]), [want[0]] + list(want[1])):
-      a, w = np.asarray(a, np.float32), np.asarray(w, np.float32)
-      assert np.all(np.isfinite(a))
-      assert np.linalg.norm(a - w) <= 3e-2 * np.linalg.norm(w), head_dim
+    _check_value_and_grads(got, want, head_dim)
 
 
 @pytest.mark.gpu

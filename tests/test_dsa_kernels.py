@@ -340,6 +340,17 @@ def _attention_reference(keep):
   return f_ref
 
 
+def _select_and_check(qp, kp, mask, vector, d, sparsity, selection, threshold=0.02):
+  """(bits of the poisoned selection kernel, the reference's keep mask), checked equal."""
+  ops = ref.selection_operands(qp, kp, mask, vector=vector, scale=d ** -0.5)
+  bits = jax.jit(lambda ops: dt.select_bits(ops, mask, sparsity=sparsity, selection=selection,
+                                            threshold=threshold, poison=True))(ops)
+  want = ref.reference_select(ops, mask, sparsity=sparsity, selection=selection,
+                              threshold=threshold)
+  _check_bits(bits, want, qp.shape[1], vector, selection)
+  return bits, want
+
+
 def _check_bits(bits, want, l, vector, selection):
   """The kernel's bits (poisoned before the call) are the reference's chosen set, exactly."""
   b, h = want.shape[:2]
@@ -376,13 +387,7 @@ def test_kernels_match_reference(case, ints):
     q, k, v, ct = (tf32_exact(x) for x in (q, k, v, ct))
   n_real = int(l * 0.7) + 3
   mask = jnp.asarray(_mask(b, l, [n_real] * (b - 1) + [0], hole=(0, 1)))  # last: all padded
-  threshold = 0.02
-  ops = ref.selection_operands(qp, kp, mask, vector=vector, scale=d ** -0.5)
-  bits = jax.jit(lambda ops: dt.select_bits(ops, mask, sparsity=sparsity, selection=selection,
-                                            threshold=threshold, poison=True))(ops)
-  want = ref.reference_select(ops, mask, sparsity=sparsity, selection=selection,
-                              threshold=threshold)
-  _check_bits(bits, want, l, vector, selection)
+  bits, want = _select_and_check(qp, kp, mask, vector, d, sparsity, selection)
   f_ref = _attention_reference(ref.expand_groups(want, vector))
 
   # The tie-heavy cases run the deterministic (two-kernel) backward, the others the one-pass.
@@ -438,13 +443,7 @@ def test_kernels_skip_padding_exactly(case, deterministic, monkeypatch):
   live[1, 600:] = False
   ct = jnp.where(jnp.asarray(live)[:, :, None, None], ct, 0).astype(dtype)
   mask = jnp.asarray(mask)
-  threshold = 0.02
-  ops = ref.selection_operands(qp, kp, mask, vector=vector, scale=d ** -0.5)
-  bits = jax.jit(lambda ops: dt.select_bits(ops, mask, sparsity=sparsity, selection=selection,
-                                            threshold=threshold, poison=True))(ops)
-  want = ref.reference_select(ops, mask, sparsity=sparsity, selection=selection,
-                              threshold=threshold)
-  _check_bits(bits, want, l, vector, selection)
+  bits, want = _select_and_check(qp, kp, mask, vector, d, sparsity, selection)
   assert np.asarray(dt._key_extent(mask, b, l)).tolist() == [l, 700, 90, 0]
   assert np.asarray(dt._row_extent(ct)).tolist() == [l, 600, 90, 0]
   f_ref = _attention_reference(ref.expand_groups(want, vector))
