@@ -23,6 +23,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 
@@ -124,8 +125,8 @@ def main(argv):
                                " --xla_dump_hlo_pass_re=NONE")
     print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}", flush=True)
     for variant in FLAGS.variants:
-      for old in glob.glob(os.path.join(dump_dir, "*")):
-        os.remove(old)
+      for old in glob.glob(os.path.join(dump_dir, "*")):   # the previous variant's dump
+        shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
       wall, kernels = profile(variant, FLAGS.steps, dump_dir)
       report[variant] = {"wall_ms": wall, "kernels": kernels}
       total = sum(k["ms"] for k in kernels.values())
