@@ -342,6 +342,7 @@ def _attention_reference(keep):
 
 def _select_and_check(qp, kp, mask, vector, d, sparsity, selection, threshold=0.02):
   """(bits of the poisoned selection kernel, the reference's keep mask), checked equal."""
+  dt = _kernels()
   ops = ref.selection_operands(qp, kp, mask, vector=vector, scale=d ** -0.5)
   bits = jax.jit(lambda ops: dt.select_bits(ops, mask, sparsity=sparsity, selection=selection,
                                             threshold=threshold, poison=True))(ops)
