@@ -16,8 +16,9 @@ Every run is its task's LRA config in bf16 from scratch (Pathfinder-32: 4 layers
 batch 512, 62.4k steps; Image: 1 layer, 8 heads of 8, batch 256, 35k steps), with LRA's
 black-pixel masks; dense runs "auto" (cuDNN with the mask as a bias: 59.7 ms per
 Pathfinder step on an H100, XLA 134.0), DFSS 2:4 the fused kernels (Triton: head dims 4 and 8
-are zero-padded to 16; 82.2 ms). The runs are long (Pathfinder dense about 1 h on an H100): ``experiments/device_sweep.sh`` trains them in slices and
-carries their checkpoints from one lent machine to the next. Preset "smoke": the tiny presets
+are zero-padded to 16; 82.2 ms). The runs are long (Pathfinder dense about 1 h on an H100,
+DFSS 2:4 about 1.4 h): ``experiments/device_sweep.sh`` trains them in slices and carries
+their checkpoints from one lent machine to the next. Preset "smoke": the tiny presets
 for 20 steps on ``make demo``-sized data (pipeline check on a CPU).
 """
 from experiments._tiny import (IMAGE_STANDIN, IMAGE_STANDIN_LABEL, IMAGE_STANDIN_NAME,

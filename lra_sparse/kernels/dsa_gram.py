@@ -21,10 +21,11 @@ and with s = dL/dtotal (the normalisation, and 0 where the clamp at 0 is active)
 
 Only the products over the length (the Grams forward; dQ, dK and dXP backward) touch
 [L, *] arrays: they are the kernels, each reading Q, K and XP once and stopping at the
-example's last real token.  Everything else is k x k work in XLA at full fp32 precision.
-Compared with XLA's autodiff of the reference (H100, ListOps shape, 8 heads of 64, rank 128)
-this removes the [L, *] float32 copies of Q and K, their transposes for the batched matmuls
-and the three-pass bf16 split of every operand.
+example's last real token (XLA's autodiff of the reference works on every row).  Everything
+else is k x k work in XLA at full fp32 precision.  H100, ListOps shape (8 heads of 64, rank
+128), value and gradients per layer: 2.85 ms without padding against 2.16 ms for the XLA
+form; on padded ListOps batches the skipped rows make the kernels the faster one (train step
+36.2 against 38.6 ms, ``experiments/dsa_kernels_h100.md``).
 
 Nothing here imports triton at module import time (``dfss_launch.launch`` does).
 """
@@ -171,10 +172,10 @@ _mse.defvjp(_mse_fwd, _mse_bwd)
 
 def prediction_mse(q, k, xp, w_q, w_k, mask=None, *, normalization: str = "eq6"):
   """``lra_sparse.kernels.dsa_reference.prediction_mse(q, k, LowRank(xp, w_q),
-  LowRank(xp, w_k), mask, normalization=...)`` on the GPU kernels: q, k [batch, length, heads, head_dim] (float32 /
-  bfloat16 / float16, head_dim <= 128), xp [batch, length, r] (float32; r <= 256), w_q, w_k
-  [heads, r, k]; mask bool [batch, length] (None: every token real).  Gradients flow to q, k,
-  xp, w_q and w_k."""
+  LowRank(xp, w_k), mask, normalization=...)`` on the GPU kernels: q, k [batch, length,
+  heads, head_dim] (float32 / bfloat16 / float16, head_dim <= 128), xp [batch, length, r]
+  (float32; r <= 256), w_q, w_k [heads, r, k]; mask bool [batch, length] (None: every token
+  real).  Gradients flow to q, k, xp, w_q and w_k."""
   if normalization not in ("eq6", "scaled_mean"):
     raise ValueError(f"unknown DSA MSE normalization {normalization!r}; choose 'eq6' or "
                      "'scaled_mean'")
