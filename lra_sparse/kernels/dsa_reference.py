@@ -112,14 +112,12 @@ def selection_operands(q_pred, k_pred, mask=None, *, vector: int = 1,
   scores)."""
   if isinstance(k_pred, LowRank):
     k_pred = jnp.einsum("blr,hrk->blhk", k_pred.x, k_pred.w)
-  if isinstance(q_pred, LowRank):
+  grouped = isinstance(q_pred, LowRank)       # then q_pred becomes [batch, groups, heads, k]
+  if grouped:
     x = group_queries(jax.lax.stop_gradient(q_pred.x)[:, :, None, :], mask, vector)[:, :, 0]
-    q_groups = jnp.einsum("bgr,hrk->bghk", x, jax.lax.stop_gradient(q_pred.w))
-    vector_of_q, q_pred = 1, q_groups
-  else:
-    vector_of_q = vector
-  if q_pred.ndim != 4 or q_pred.shape[0] != k_pred.shape[0] or q_pred.shape[2:] != (
-      k_pred.shape[2:]) or q_pred.shape[1] * (vector // vector_of_q) != k_pred.shape[1]:
+    q_pred = jnp.einsum("bgr,hrk->bghk", x, jax.lax.stop_gradient(q_pred.w))
+  rows = k_pred.shape[1] // vector if grouped else k_pred.shape[1]
+  if q_pred.ndim != 4 or q_pred.shape != (k_pred.shape[0], rows) + k_pred.shape[2:]:
     raise ValueError(f"q_pred and k_pred must both be [batch, length, heads, k], got "
                      f"{q_pred.shape} and {k_pred.shape}")
   rank = q_pred.shape[-1]
@@ -127,8 +125,8 @@ def selection_operands(q_pred, k_pred, mask=None, *, vector: int = 1,
     raise ValueError(f"predictor rank {rank} not in [1, {MAX_RANK}]")
   q_pred = jax.lax.stop_gradient(q_pred)
   k_pred = jax.lax.stop_gradient(k_pred).astype(jnp.float32)
-  qg = (group_queries(q_pred, mask, vector) if vector_of_q == vector   # [B, G, H, k]
-        else q_pred.astype(jnp.float32))
+  qg = (q_pred.astype(jnp.float32) if grouped                          # [B, G, H, k]
+        else group_queries(q_pred, mask, vector))
   q8, q_amax = _quantize(qg, axes=(-1,))                             # per row, per head
   real = None if mask is None else mask[:, :, None, None]
   k8, k_amax = _quantize(k_pred, axes=(1, 3), valid=real)            # per (example, head)
