@@ -115,3 +115,20 @@ def np_select(q_pred, k_pred, mask, *, vector: int, sparsity: float, selection: 
           chosen = real[order[:need]]
         out[bi, hi, gi, chosen] = True
   return out
+
+
+def rel_err(a, b):
+  """||a - b|| / ||b|| in float64 (a kernel result against its reference)."""
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def check_close(label, pairs, tol):
+  """Each (name, kernel result, reference) pair: no NaN (an unwritten or invalid element of a
+  poisoned output), relative error below ``tol`` (printed with ``label``)."""
+  for name, a, r in pairs:
+    a = np.asarray(a.astype(np.float32))
+    assert not np.isnan(a).any(), f"{name}: NaN (unwritten or invalid) elements"
+    e = rel_err(a, r)
+    print(f"{label} {name} rel_err={e:.2e}")
+    assert e < tol, (name, e)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from lra_sparse.kernels import dsa_reference as ref
 
-from conftest import np_select  # the rule again, in float64 numpy
+from conftest import check_close, np_select, rel_err  # np_select: the rule in float64
 
 HI = jax.lax.Precision.HIGHEST
 
@@ -294,11 +294,6 @@ def _kernels():
   return dsa_triton
 
 
-def rel_err(a, b):
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 def tf32_exact(x):
   """Multiples of 2^-6 in [-4, 4]: exact in TF32 (fp32 cases: only P / dS rounding remains)."""
   return jnp.clip(jnp.round(x * 64.0) / 64.0, -4.0, 4.0).astype(x.dtype)
@@ -366,12 +361,7 @@ def _check_bits(bits, want, l, vector, selection):
 
 def _check_close(label, pairs, dtype):
   """Each (name, kernel result, reference) pair: no NaN, relative error below TOL[dtype]."""
-  for name, a, r in pairs:
-    a = np.asarray(a.astype(jnp.float32))
-    assert not np.isnan(a).any(), f"{name}: NaN (unwritten or invalid) elements"
-    e = rel_err(a, r)
-    print(f"{label} {name} rel_err={e:.2e}")
-    assert e < TOL[dtype], (name, e)
+  check_close(label, pairs, TOL[dtype])
 
 
 @pytest.mark.gpu

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from lra_sparse.attention.nm import nm_mask
 from lra_sparse.kernels import dfss_reference as ref
+from conftest import check_close, rel_err
 
 
 # ----------------------------------------------------------------------------- numpy oracle
@@ -318,12 +319,6 @@ def _need_triton():
   return dfss_triton
 
 
-def rel_err(a, b):
-  a = np.asarray(a, np.float64)
-  b = np.asarray(b, np.float64)
-  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 # fp32 inputs run their products as TF32 on the tensor cores (like XLA's default fp32 matmul on
 # Hopper).  On plain normal inputs TF32 rounding of q and k moves each score by ~1e-3, enough to
 # flip near-tie N:M choices against a HIGHEST-precision reference (measured 3e-3 .. 1.1e-2 on an
@@ -398,12 +393,7 @@ def test_triton_matches_reference(case, impl):
   tol = TOL[dtype]
   assert out.dtype == dtype and out.shape == q.shape
   named = [("out", out, want)] + [(f"d{x}", g, gr) for x, g, gr in zip("qkv", grads, grads_ref)]
-  for name, a, r in named:
-    a = np.asarray(a.astype(jnp.float32))
-    assert not np.isnan(a).any(), f"{name}: NaN (unwritten or invalid) elements"
-    e = rel_err(a, r)
-    print(f"{_case_id(case)} {impl} {name} rel_err={e:.2e}")
-    assert e < tol, (name, e)
+  check_close(f"{_case_id(case)} {impl}", named, tol)
   if masked and b > 1:  # make_mask pads the whole last sequence when b > 1
     assert np.all(np.asarray(out[-1].astype(jnp.float32)) == 0.0)
 
@@ -720,12 +710,7 @@ def test_triton_dropout_matches_reference_with_the_same_mask(case, deterministic
   want, vjp_ref = jax.vjp(f_ref, q, k, v)
   named = [("out", out, want)] + list(zip(("dq", "dk", "dv"), vjp(ct),
                                           vjp_ref(ct.astype(jnp.float32))))
-  for name, a, r in named:
-    a = np.asarray(a.astype(jnp.float32))
-    assert not np.isnan(a).any(), f"{name}: NaN (unwritten or invalid) elements"
-    e = rel_err(a, r)
-    print(f"dropout {case} det={deterministic} {name} rel_err={e:.2e}")
-    assert e < TOL[dtype], (name, e)
+  check_close(f"dropout {case} det={deterministic}", named, TOL[dtype])
   np.testing.assert_array_equal(np.asarray(run(q, k, v, seed)), np.asarray(out))
   other = np.asarray(run(q, k, v, dd.seed_words(jax.random.PRNGKey(key + 4))))
   assert not np.array_equal(other, np.asarray(out))

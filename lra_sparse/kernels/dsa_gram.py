@@ -37,6 +37,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from lra_sparse.kernels import dsa_reference
 from lra_sparse.kernels.dfss_launch import cdiv, extent, key_mask, launch
 
 __all__ = ["MAX_RANK", "prediction_mse"]
@@ -106,16 +107,6 @@ def _total(g, cq, ck, pq, pk):
   return (jnp.sum(g[:, :, 0] * g[:, :, 1]) - 2.0 * jnp.sum(cq * ck) + jnp.sum(pq * pk))
 
 
-def _normalizer(mask, shape, normalization):
-  """L_MSE / total: 1 / batch (eq6) or 1 / (head_dim x heads x real pairs) (scaled_mean)."""
-  batch, length, heads, head_dim = shape
-  if normalization == "eq6":
-    return jnp.float32(1.0 / batch)
-  count = (jnp.float32(batch * length * length * heads) if mask is None else
-           jnp.sum(jnp.sum(mask, axis=-1, dtype=jnp.float32) ** 2) * heads)
-  return 1.0 / (jnp.float32(head_dim) * jnp.maximum(count, 1.0))
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def _mse(q, k, xp, w_q, w_k, km, ext, has_mask):
   return _mse_fwd(q, k, xp, w_q, w_k, km, ext, has_mask)[0]
@@ -176,9 +167,7 @@ def prediction_mse(q, k, xp, w_q, w_k, mask=None, *, normalization: str = "eq6")
   heads, head_dim] (float32 / bfloat16 / float16, head_dim <= 128), xp [batch, length, r]
   (float32; r <= 256), w_q, w_k [heads, r, k]; mask bool [batch, length] (None: every token
   real).  Gradients flow to q, k, xp, w_q and w_k."""
-  if normalization not in ("eq6", "scaled_mean"):
-    raise ValueError(f"unknown DSA MSE normalization {normalization!r}; choose 'eq6' or "
-                     "'scaled_mean'")
+  dsa_reference.check_normalization(normalization)
   if q.ndim != 4 or k.shape != q.shape or k.dtype != q.dtype:
     raise ValueError(f"q and k must be [batch, length, heads, head_dim] of one dtype, got "
                      f"{q.shape} {q.dtype} and {k.shape} {k.dtype}")
@@ -199,5 +188,5 @@ def prediction_mse(q, k, xp, w_q, w_k, mask=None, *, normalization: str = "eq6")
   ext = jnp.full((b,), l, jnp.int32) if mask is None else extent(mask)
   total = _mse(q, k, xp.astype(jnp.float32), w_q.astype(jnp.float32), w_k.astype(jnp.float32),
                km, ext, has_mask)
-  return jnp.maximum(total, 0.0) * _normalizer(mask, q.shape, normalization)
+  return dsa_reference.normalize_mse(jnp.maximum(total, 0.0), mask, q.shape, normalization)
 

@@ -343,9 +343,7 @@ def prediction_mse(q, k, q_pred, k_pred, mask=None, *, normalization: str = "eq6
   "eq6": the paper's ||Q K^T - Q~ K~^T||^2 / batch (unscaled scores, summed over heads and
   real pairs); "scaled_mean": the mean over heads and real pairs of (S - S~)^2.
   """
-  if normalization not in ("eq6", "scaled_mean"):
-    raise ValueError(f"unknown DSA MSE normalization {normalization!r}; choose 'eq6' or "
-                     "'scaled_mean'")
+  check_normalization(normalization)
   tokens = None if mask is None else mask.astype(jnp.float32)
 
   def real(a):
@@ -359,11 +357,23 @@ def prediction_mse(q, k, q_pred, k_pred, mask=None, *, normalization: str = "eq6
   frob = lambda a, b, c, d: jnp.sum(_gram(a, b) * _gram(c, d))          # noqa: E731
   total = (frob(q, q, k, k) - 2.0 * frob(q, q_pred, k, k_pred)
            + frob(q_pred, q_pred, k_pred, k_pred))
-  total = jnp.maximum(total, 0.0)
+  return normalize_mse(jnp.maximum(total, 0.0), mask, q.shape, normalization)
+
+
+def check_normalization(normalization: str) -> None:
+  if normalization not in ("eq6", "scaled_mean"):
+    raise ValueError(f"unknown DSA MSE normalization {normalization!r}; choose 'eq6' or "
+                     "'scaled_mean'")
+
+
+def normalize_mse(total, mask, shape, normalization: str):
+  """L_MSE from ``total`` (the squared error summed over heads and real pairs) for q of
+  ``shape`` [batch, length, heads, head_dim]: total / batch ("eq6") or its mean over head_dim,
+  heads and real pairs ("scaled_mean")."""
+  batch, length, heads, head_dim = shape
   if normalization == "eq6":
-    return total / q.shape[0]
-  head_dim, length, heads = q.shape[-1], q.shape[1], q.shape[2]
-  count = (jnp.float32(q.shape[0] * length * length * heads) if mask is None else
+    return total / batch
+  count = (jnp.float32(batch * length * length * heads) if mask is None else
            jnp.sum(jnp.sum(mask, axis=-1, dtype=jnp.float32) ** 2) * heads)
   return total / head_dim / jnp.maximum(count, 1.0)
 
