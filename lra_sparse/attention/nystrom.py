@@ -172,14 +172,16 @@ def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
     key_mask = jnp.pad(mask, ((0, 0), (0, size * num_landmarks - length)))
   logit_scale = f32(head_dim ** -0.5)
 
-  def segments(x):  # Q~, K~: means of num_landmarks equal segments, float32 [b, m, h, d]
-    # One product with the 0/1 [m, L] segment-membership matrix (exact in any dtype; float32
-    # sums, then / size): on a GPU a tensor-core product reading x once, where the
-    # [b, m, size, h, d] mean over the middle axis (fused with the pad) took 0.26 ms per
-    # ListOps layer in a profile of the train step on an H100.
-    # (Batched over b: XLA's CPU backend lacks the unbatched bf16 x bf16 -> f32 product.)
-    member = (jnp.arange(x.shape[1]) // size)[None, :] == jnp.arange(num_landmarks)[:, None]
-    member = jnp.broadcast_to(member.astype(operand), (batch,) + member.shape)
+  # Q~, K~: means of num_landmarks equal segments, float32 [b, m, h, d], as one product with
+  # the 0/1 [m, L] segment-membership matrix (exact in any dtype; float32 sums, then / size):
+  # on a GPU a tensor-core product reading x once, where the [b, m, size, h, d] mean over the
+  # middle axis (fused with the pad) took 0.26 ms per ListOps layer in a profile of the train
+  # step on an H100. (Batched over b: XLA's CPU backend lacks the unbatched bf16 x bf16 -> f32
+  # product.)
+  member = (jnp.arange(qz.shape[1]) // size)[None, :] == jnp.arange(num_landmarks)[:, None]
+  member = jnp.broadcast_to(member.astype(operand), (batch,) + member.shape)
+
+  def segments(x):
     sums = jnp.einsum("bml,blhd->bmhd", member, x.astype(operand),
                       preferred_element_type=f32,
                       precision=None if half else jax.lax.Precision.HIGHEST)

@@ -55,6 +55,14 @@ def extent(live):
   return jnp.max(jnp.where(live, positions, 0), axis=1)
 
 
+def key_extent(mask, batch: int, length: int):
+  """int32 [batch]: one past each example's last real key (kernels' EXT; 0 when it has none,
+  ``length`` for every example without a mask)."""
+  if mask is None:
+    return jnp.full((batch,), length, jnp.int32)
+  return extent(mask)
+
+
 def key_mask(mask, batch: int):
   """(KM, HAS_MASK): the key-padding mask as int32 [batch, length], or a dummy and False."""
   if mask is None:

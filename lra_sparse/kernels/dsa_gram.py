@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from lra_sparse.kernels import dsa_reference
-from lra_sparse.kernels.dfss_launch import cdiv, extent, key_mask, launch
+from lra_sparse.kernels.dfss_launch import cdiv, key_extent, key_mask, launch
 
 __all__ = ["MAX_RANK", "prediction_mse"]
 
@@ -114,16 +114,15 @@ def _mse(q, k, xp, w_q, w_k, km, ext, has_mask):
 
 def _mse_fwd(q, k, xp, w_q, w_k, km, ext, has_mask):
   g, c, gx = _grams(q, k, xp, km, ext, has_mask)
-  cq, ck, pq, pk = _small_terms(g, c, gx, w_q, w_k)
-  return _total(g, cq, ck, pq, pk), (q, k, xp, w_q, w_k, km, ext, g, c, gx)
+  small = _small_terms(g, c, gx, w_q, w_k)
+  return _total(g, *small), (q, k, xp, w_q, w_k, km, ext, g, c, gx, small)
 
 
 def _mse_bwd(has_mask, res, ct):
-  q, k, xp, w_q, w_k, km, ext, g, c, gx = res
+  q, k, xp, w_q, w_k, km, ext, g, c, gx, (cq, ck, pq, pk) = res
   b, l, h, d = q.shape
   r = xp.shape[-1]
   dw, rw = _width(d), _width(r)
-  cq, ck, pq, pk = _small_terms(g, c, gx, w_q, w_k)
   s2 = 2.0 * ct
   # dX = X A + XP M per (example, head) and side (Q, K)
   a = s2 * jnp.stack([g[:, :, 1], g[:, :, 0]], axis=2)                       # [b, h, 2, d, d]
@@ -185,7 +184,7 @@ def prediction_mse(q, k, xp, w_q, w_k, mask=None, *, normalization: str = "eq6")
   if mask is not None and tuple(mask.shape) != (b, l):
     raise ValueError(f"mask must be bool [batch, length] = {(b, l)}, got {mask.shape}")
   km, has_mask = key_mask(mask, b)
-  ext = jnp.full((b,), l, jnp.int32) if mask is None else extent(mask)
+  ext = key_extent(mask, b, l)
   total = _mse(q, k, xp.astype(jnp.float32), w_q.astype(jnp.float32), w_k.astype(jnp.float32),
                km, ext, has_mask)
   return dsa_reference.normalize_mse(jnp.maximum(total, 0.0), mask, q.shape, normalization)

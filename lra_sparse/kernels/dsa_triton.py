@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from lra_sparse.kernels import dsa_reference
 from lra_sparse.kernels.dfss_launch import (cdiv, extent, launch, operand_reason, padded_rows,
                                             row_delta)
+from lra_sparse.kernels.dfss_launch import key_extent as _key_extent
 from lra_sparse.kernels.dfss_triton import is_available  # noqa: F401  (same requirements)
 
 __all__ = ["is_available", "unsupported_reason", "select_bits", "dsa_attention_triton",
@@ -104,14 +105,6 @@ def _check_mask(mask, shape):
   if mask.shape != tuple(shape):
     raise ValueError(f"mask must be bool [batch, length] = {tuple(shape)}, got {mask.shape}")
   return mask.astype(bool)
-
-
-def _key_extent(mask, batch: int, length: int):
-  """int32 [batch]: one past each example's last real key (the kernels' EXT; 0 when it has
-  none, length without a mask)."""
-  if mask is None:
-    return jnp.full((batch,), length, jnp.int32)
-  return extent(mask)
 
 
 def _row_extent(do):
