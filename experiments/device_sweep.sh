@@ -12,7 +12,10 @@
 #              when missing), e.g. the Pathfinder-32 generator for experiments/lra_pixels.py.
 #   CARRY_IN   a directory holding the roots.pI.tgz files of an earlier call: unpacked first,
 #              so runs resume from their checkpoints on a fresh machine (runs longer than one
-#              call: pass the files back in a carried, git-ignored directory).
+#              call: pass the files back in a carried, git-ignored directory). Skipped when the
+#              roots already exist (a later call on the same machine: they are newer).
+#   RETURN_CHECKPOINTS  0: no roots.pI.tgz (runs that finish on one machine, or checkpoints
+#              too large to come back); default 1.
 # With $OUT set, each root also comes back as $OUT/roots.pI.tgz: its run directories with the
 # newest checkpoint only (for CARRY_IN next time).
 set -u
@@ -24,7 +27,7 @@ elif [ ! -f data/listops/basic_train.tsv ]; then
     --num_val=2000 --num_test=2000 --seed=0 > /dev/null || exit 1
   md5sum data/listops/*.tsv
 fi
-if [ -n "${CARRY_IN:-}" ]; then
+if [ -n "${CARRY_IN:-}" ] && ! ls -d "$root".p* > /dev/null 2>&1; then
   for f in "$CARRY_IN"/roots.p*.tgz; do
     [ -f "$f" ] && { tar xzf "$f" -C / || exit 1; echo "resumed from $f"; }
   done
@@ -48,6 +51,7 @@ for r in "${roots[@]}"; do
 done
 [ -n "${OUT:-}" ] || exit 0
 tar czf "$OUT/runs.tgz" --exclude='checkpoints' --exclude='*.lock' "${roots[@]}"
+[ "${RETURN_CHECKPOINTS:-1}" = 1 ] || exit 0
 i=0
 for r in "${roots[@]}"; do
   for c in "$r"/*/checkpoints; do   # keep the newest step of each run

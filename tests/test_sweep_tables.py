@@ -799,16 +799,16 @@ def get_table():
 
 
 def test_lra_listops_spec_and_committed_table(tmp_path, monkeypatch):
-  """experiments/lra_listops.py: 5 kinds x 3 seeds in bf16 at LRA's ListOps config, a 10-run
+  """experiments/lra_listops.py: 6 kinds x 3 seeds in bf16 at LRA's ListOps config, a 12-run
   smoke preset, one row per kind; the committed markdown table is what the committed logs
   rebuild (rows and cells), so a table cannot drift from its runs."""
   monkeypatch.chdir(REPO)
   runs = _spec_runs("experiments/lra_listops.py", tmp_path / "full")
-  assert len(runs) == 15
+  assert len(runs) == 18
   assert all(run.overrides["model.dtype"] == "bfloat16" and run.config_arg ==
              "configs/listops.py" for run in runs)
-  assert {run.overrides["attention.kind"] for run in runs} == {"dense", "dfss", "nystrom"}
-  assert len(_spec_runs("experiments/lra_listops.py:smoke", tmp_path / "smoke")) == 10
+  assert {run.overrides["attention.kind"] for run in runs} == {"dense", "dfss", "nystrom", "dsa"}
+  assert len(_spec_runs("experiments/lra_listops.py:smoke", tmp_path / "smoke")) == 12
   with pytest.raises(ValueError, match="unknown preset 'x'"):
     sweep_lib.load_sweep("experiments/lra_listops.py:x")
   for preset, out in (("", "lra_listops.md"), (":best_val", "lra_listops_best_val.md")):
@@ -818,7 +818,7 @@ def test_lra_listops_spec_and_committed_table(tmp_path, monkeypatch):
     with open(os.path.join(REPO, "experiments", "results", out)) as f:
       committed = f.read()
     rows = [line for line in text.splitlines() if line.startswith("| ")]
-    assert len(rows) == 1 + 5 and all(row in committed for row in rows)
+    assert len(rows) == 1 + 6 and all(row in committed for row in rows)
 
 
 def test_lra_pixels_spec_names_the_image_stand_in(tmp_path, monkeypatch):
