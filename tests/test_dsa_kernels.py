@@ -204,7 +204,11 @@ def test_gram_mse_on_a_gpu_matches_float64(near):
   if not near:   # factored Q~_h = x w_h (the module's form)
     x = rng.normal(size=(b, l, 40)).astype(np.float32)
     wq, wk = (rng.normal(size=(h, 40, r)).astype(np.float32) for _ in range(2))
-    c = np.einsum("bqr,hrk,bsp,hpk->bhqs", *(y.astype(np.float64) for y in (x, wq, x, wk)))
+    # (x wq_h)(x wk_h)^T as two products: one 4-operand einsum loops over every index at once
+    # (~1e12 steps here; the reason this test never finished).
+    qf, kf = (np.einsum("bqr,hrk->bqhk", x.astype(np.float64), w.astype(np.float64))
+              for w in (wq, wk))
+    c = np.einsum("bqhk,bshk->bhqs", qf, kf)
     want = np.sum(np.where(pairs, (a - c) ** 2, 0.0)) / b
     got = float(ref.prediction_mse(jnp.asarray(q), jnp.asarray(k),
                                    ref.LowRank(jnp.asarray(x), jnp.asarray(wq)),
