@@ -5,7 +5,8 @@ Data: generated ListOps at LRA's sizes (96k / 2k / 2k, lengths 500-2000, LRA's g
       --num_val=2000 --num_test=2000 --seed=0
 Sweep:  python -m lra_sparse.sweep --sweep=experiments/lra_listops.py --root=runs/lra_listops
 Table:  python -m lra_sparse.tables --root=runs/lra_listops --spec=experiments/lra_listops.py \
-          --format=markdown --out=experiments/results/lra_listops.md
+          --format=markdown --out=experiments/results/lra_listops.md \
+          --plot=experiments/results/lra_listops.png
 
 Every run is LRA's ListOps config (``configs/listops.py``: 4 layers, 512 wide, 8 heads, batch 32,
 5000 steps, rsqrt schedule) in bf16, trained from scratch: dense runs on cuDNN, DFSS on the
@@ -18,8 +19,9 @@ preset "best_val": the same runs as "", the table of test accuracy at the best v
 (``--spec=experiments/lra_listops.py:best_val``).
 """
 from experiments._tiny import TINY_SEEDS, tiny_steps
+from experiments.tiny_listops import dropped_fraction
 from lra_sparse.sweep import Group, Sweep, Variant
-from lra_sparse.tables import Selector, Table
+from lra_sparse.tables import Plot, Selector, Table
 
 SEEDS = (0, 1, 2)
 VARIANTS = (  # (row label, run-name label, overrides)
@@ -58,11 +60,19 @@ def get_sweep(preset: str = "") -> Sweep:
 def get_table(preset: str = "") -> Table:
   smoke = _check(preset)
   best_val = preset == "best_val"
+  rows = [Selector(label, match) for label, _, match in VARIANTS]
   return Table(
       title=("ListOps smoke (tiny preset, 20 steps, CPU): test accuracy (%)" if smoke else
              "LRA ListOps (generated, LRA sizes; bf16, 5000 steps, from scratch): test "
              "accuracy (%) " + ("at the best validation step" if best_val else "at the last step")),
       split="test_at_best_val" if best_val else "test",
-      rows=[Selector(label, match) for label, _, match in VARIANTS],
+      rows=rows,
       columns=[Selector("ListOps", {"task": "listops"})],
+      # Each sparse kind at the fraction of a query's scores it drops; dense and
+      # Nystromformer (which drops none, but approximates) as bands.
+      plot=Plot(x=dropped_fraction, xlabel="fraction of attention scores dropped per query",
+                series=[rows[1], rows[2], rows[5]],
+                baselines=[Selector("Dense mean ± std", rows[0].match),
+                           Selector("Nystromformer mean ± std", rows[3].match)],
+                title="LRA ListOps (H100, bf16, 3 seeds): test accuracy vs. attention sparsity"),
   )
