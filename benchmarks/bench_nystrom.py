@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import inspect
 import os
 import sys
 
@@ -172,14 +173,21 @@ def swapped(module, **functions):
       setattr(module, name, fn)
 
 
+def _known_kwargs(fn):
+  """``fn`` called with only the keyword arguments its signature names."""
+  names = inspect.signature(fn).parameters
+  return lambda *args, **kwargs: fn(*args, **{k: v for k, v in kwargs.items() if k in names})
+
+
 def step_rows(old):
   rows = []
   runs = [(v, contextlib.nullcontext()) for v in FLAGS.step_variants]
   if old is not None:
-    old_conv = lambda v, w: old.depthwise_length_conv(v.astype(jnp.float32), w)  # noqa: E731
-    old_core = lambda *a, implementation, **kw: old.nystrom_attention(*a, **kw)  # noqa: E731
-    runs += [(v + " (old)", swapped(nystrom, nystrom_attention=old_core,
-                                    depthwise_length_conv=old_conv))
+    # The earlier file's functions as the model calls today's: same arguments and dtypes, only
+    # keywords its signature lacks dropped (an earlier version of this harness dropped
+    # `implementation` and cast the conv's input to float32, which timed another formulation).
+    runs += [(v + " (old)", swapped(nystrom, nystrom_attention=_known_kwargs(
+        old.nystrom_attention), depthwise_length_conv=_known_kwargs(old.depthwise_length_conv)))
              for v in FLAGS.step_variants if "nystrom" in v]
   nystrom_variants = [v for v in FLAGS.step_variants if "nystrom" in v]
   if nystrom_variants and "conv" in FLAGS.parts:
