@@ -77,16 +77,10 @@ def make_config(variant: str, *, config_path: str = LISTOPS_CONFIG, batch=None,
   return config
 
 
-def build_step(variant: str, *, config_path: str = LISTOPS_CONFIG, batch=None, length=None,
-               overrides=(), min_real_length=None):
-  """(jitted train step, its state, a random batch, an rng key) of one variant: random tokens,
-  padded with 0 after a real length uniform in [min_real_length, length] when that is given."""
-  config = make_config(variant, config_path=config_path, batch=batch, length=length,
-                       overrides=overrides)
-  batch, length = config.batch_size, config.data.max_length
-  spec = get_task(config.task).spec(config)
-  model = train.make_model(config, spec)
-  rng = np.random.default_rng(0)
+def random_batch(spec, batch: int, length: int, rng: np.random.Generator,
+                 min_real_length=None) -> dict:
+  """Random tokens and labels; padded with 0 after a real length uniform in
+  [min_real_length, length] when that is given (as a loader pads)."""
   data = {"inputs": rng.integers(1, spec.vocab_size, (batch, length), np.int32),
           "targets": rng.integers(0, spec.num_classes, (batch,), np.int32)}
   if min_real_length is not None:
@@ -94,13 +88,31 @@ def build_step(variant: str, *, config_path: str = LISTOPS_CONFIG, batch=None, l
       raise ValueError(f"--min_real_length={min_real_length} must be in [1, {length}]")
     real = rng.integers(min_real_length, length + 1, (batch,))
     data["inputs"] = np.where(np.arange(length)[None] < real[:, None], data["inputs"], 0)
+  return data
+
+
+def init_state(config: ml_collections.ConfigDict, model, data) -> train.TrainState:
+  """The trainer's state of ``model`` (initialised from key 0 on ``data``'s shapes)."""
   variables = dict(jax.jit(lambda r: model.init(r, data, deterministic=True))(
       jax.random.key(0)))
   variables.pop("aux_loss", None)
   variables.pop("aux_metrics", None)
   params = variables.pop("params")
-  state = train.TrainState.create(apply_fn=model.apply, params=params,
-                                  tx=train.make_optimizer(config), model_state=variables or None)
+  return train.TrainState.create(apply_fn=model.apply, params=params,
+                                 tx=train.make_optimizer(config), model_state=variables or None)
+
+
+def build_step(variant: str, *, config_path: str = LISTOPS_CONFIG, batch=None, length=None,
+               overrides=(), min_real_length=None):
+  """(jitted train step, its state, a random batch, an rng key) of one variant: random tokens,
+  padded with 0 after a real length uniform in [min_real_length, length] when that is given."""
+  config = make_config(variant, config_path=config_path, batch=batch, length=length,
+                       overrides=overrides)
+  spec = get_task(config.task).spec(config)
+  model = train.make_model(config, spec)
+  data = random_batch(spec, config.batch_size, config.data.max_length,
+                      np.random.default_rng(0), min_real_length)
+  state = init_state(config, model, data)
   step = jax.jit(train.make_train_step(model), donate_argnums=(0,))
   return step, state, data, jax.random.key(1)
 

@@ -1,0 +1,111 @@
+"""Compares runs of one config from their logs: loss curves, and what each workdir holds.
+
+  python -m experiments.compare_runs WORKDIR [WORKDIR ...]   # the first is the reference
+  python -m experiments.compare_runs --manifest=ROOT/sweep.json
+
+Workdirs: the train loss at a few logged steps, the largest difference to the first workdir's
+curve over the steps they share, steps/s, and what was written: train records per step (1 =
+logged once), the checkpoint steps, the TensorBoard event files. Used to show that a run
+trained by two processes (``jax.distributed``) matches one process with two devices and writes
+its logs and checkpoints once.
+Manifest: each run's GPU slot, start, end and wall time, and whether the runs overlapped (ran
+at once), from a sweep's ``sweep.json``.
+"""
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import os
+from typing import Sequence
+
+from absl import flags
+import numpy as np
+
+from lra_sparse import cli
+
+flags.DEFINE_string("manifest", "", "A sweep's sweep.json: report its runs' slots and times.")
+FLAGS = flags.FLAGS
+
+MARKS = (10, 50, 100, 150, 200)
+
+
+def train_records(workdir: str) -> list[dict]:
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path} does not exist: {workdir} is not a run directory")
+  with open(path) as f:
+    return [r for r in map(json.loads, f) if r.get("split") == "train"]
+
+
+def workdir_rows(workdirs: Sequence[str]) -> list[tuple]:
+  curves = []
+  for workdir in workdirs:
+    records = train_records(workdir)
+    if not records:
+      raise ValueError(f"{workdir}: metrics.jsonl holds no train records")
+    curves.append(records)
+  reference = {r["step"]: r["loss"] for r in curves[0]}
+  rows = []
+  for workdir, records in zip(workdirs, curves):
+    loss = {r["step"]: r["loss"] for r in records}
+    shared = sorted(set(loss) & set(reference))
+    diff = max(abs(loss[s] - reference[s]) for s in shared)
+    per_step = collections.Counter(r["step"] for r in records)
+    checkpoints = os.path.join(workdir, "checkpoints")
+    saved = sorted(int(d) for d in os.listdir(checkpoints) if d.isdigit()) \
+        if os.path.isdir(checkpoints) else []
+    events = [f for f in os.listdir(workdir) if f.startswith("events.out.tfevents")]
+    speed = [r["steps_per_sec"] for r in records if "steps_per_sec" in r]
+    rows.append((os.path.basename(os.path.normpath(workdir)),
+                 *(f"{loss[m]:.4f}" if m in loss else "-" for m in MARKS),
+                 f"{diff:.2e} ({len(shared)} steps)",
+                 f"{np.median(speed):.2f}" if speed else "-",
+                 f"{min(per_step.values())}-{max(per_step.values())}",
+                 ",".join(map(str, saved)) or "none", str(len(events))))
+  return rows
+
+
+def _time(stamp: str) -> datetime.datetime:
+  return datetime.datetime.fromisoformat(stamp)
+
+
+def manifest_rows(path: str) -> tuple[list[tuple], str]:
+  with open(path) as f:
+    runs = [r for r in json.load(f)["runs"] if "started" in r]
+  if not runs:
+    raise ValueError(f"{path}: no run of this sweep has started")
+  rows = [(r["name"], str(r.get("slot")), r["started"], r.get("ended", "-"), r.get("state", "-"),
+           str(r.get("seconds", "-"))) for r in runs]
+  spans = [(_time(r["started"]), _time(r["ended"])) for r in runs if "ended" in r]
+  overlap = max(0.0, (min(end for _, end in spans) - max(start for start, _ in spans))
+                .total_seconds()) if len(spans) > 1 else 0.0
+  slots = {r.get("slot") for r in runs}
+  summary = (f"{len(runs)} runs on slots {sorted(map(str, slots))}; all of them ran at once "
+             f"for {overlap:.0f} s")
+  return rows, summary
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def main(argv):
+  workdirs = argv[1:]
+  if FLAGS.manifest:
+    if workdirs:
+      raise ValueError("give either --manifest or workdirs, not both")
+    rows, summary = manifest_rows(FLAGS.manifest)
+    print(table(("run", "slot (GPU)", "started", "ended", "state", "seconds"), rows))
+    print(f"\n{summary}")
+    return
+  if not workdirs:
+    raise ValueError("no workdirs given (or --manifest=ROOT/sweep.json)")
+  header = ("workdir", *(f"loss @{m}" for m in MARKS), "max |diff| vs first",
+            "steps/s (median)", "train records per step", "checkpoints", "event files")
+  print(table(header, workdir_rows(workdirs)))
+
+
+if __name__ == "__main__":
+  cli.run(main)

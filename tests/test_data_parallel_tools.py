@@ -1,0 +1,118 @@
+"""The multi-GPU issue's tools on a CPU: benchmarks/bench_data_parallel.py on two forced CPU
+devices (the two-device step computes what the one-device step does: float32 loss curves equal
+up to summation order; bad device counts get one clear error), experiments/compare_runs.py on
+hand-written logs, and the --parallel=gpus sweep spec."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from lra_sparse import sweep as sweep_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ("--overrides=model.num_layers=1,model.emb_dim=32,model.qkv_dim=32,model.mlp_dim=64,"
+        "model.num_heads=2,model.classifier_dim=64")
+
+
+def _run(*args, devices=2):
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  return subprocess.run([sys.executable, "-m", "benchmarks.bench_data_parallel", TINY,
+                         "--length=64", *args], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=300)
+
+
+def _rows(text, first):
+  return [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+          if line.startswith(f"| {first}")]
+
+
+def test_two_devices_train_as_one():
+  result = _run("--variants=fp32:xla", "--per_device_batch=4", "--curve_batch=8",
+                "--curve_steps=8", "--reps=2", "--warmup=1")
+  assert result.returncode == 0, result.stderr[-2000:]
+  speed = _rows(result.stdout, "fp32:xla | ")
+  assert [row[1:3] for row in speed[:2]] == [["1", "4"], ["2", "8"]]
+  assert all(float(row[3]) > 0 for row in speed[:2]) and speed[0][5] == "1.00"
+  curves = {row[1]: row for row in speed[2:]}
+  assert set(curves) == {"1 device", "2 devices"}   # no float32 reference for a float32 run
+  # Same batches, same dropout masks, the same update: only the gradient sums' order differs.
+  assert curves["1 device"][2] == curves["2 devices"][2]      # loss at step 1
+  assert 0 <= float(curves["2 devices"][-2]) < 1e-5
+  assert re.search(r"Loss curves \(8 steps, global batch 8", result.stdout)
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--devices=1,3",), "3 devices asked for; 2 available"),
+    (("--devices=2",), "--devices=2 must include 1"),
+    (("--devices=1,2", "--curve_batch=5"), "global batch 5 does not split over 2 devices"),
+])
+def test_bad_device_counts_get_one_clear_error(args, message):
+  result = _run("--variants=fp32:xla", "--per_device_batch=2", "--reps=1", "--warmup=0",
+                "--curve_steps=2", *args)
+  assert result.returncode == 1
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: ") and message in last, result.stderr[-1500:]
+  assert "Traceback" not in result.stderr
+
+
+def _workdir(path, losses, *, repeat=(), checkpoints=(), events=1):
+  path.mkdir(parents=True)
+  records = [{"step": s, "split": "train", "loss": v, "steps_per_sec": 10.0}
+             for s, v in losses.items()]
+  records += [{"step": s, "split": "train", "loss": losses[s]} for s in repeat]
+  records.append({"step": max(losses), "split": "val", "loss": 9.0, "accuracy": 0.5})
+  (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  for step in checkpoints:
+    (path / "checkpoints" / str(step)).mkdir(parents=True)
+  for i in range(events):
+    (path / f"events.out.tfevents.{i}").write_text("")
+  return str(path)
+
+
+def _compare(*args):
+  return subprocess.run([sys.executable, "-m", "experiments.compare_runs", *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+
+
+def test_compare_runs_reports_curve_differences_and_what_was_written(tmp_path):
+  one = _workdir(tmp_path / "one_process", {10: 2.0, 50: 1.5, 100: 1.25}, checkpoints=(50, 100))
+  two = _workdir(tmp_path / "two_processes", {10: 2.0, 50: 1.5, 100: 1.2505},
+                 repeat=(50,), checkpoints=(100,), events=2)
+  result = _compare(one, two)
+  assert result.returncode == 0, result.stderr
+  rows = {row[0]: row for row in _rows(result.stdout, "")}
+  assert rows["one_process"][1:4] == ["2.0000", "1.5000", "1.2500"]
+  assert rows["one_process"][6:] == ["0.00e+00 (3 steps)", "10.00", "1-1", "50,100", "1"]
+  assert rows["two_processes"][6:] == ["5.00e-04 (3 steps)", "10.00", "1-2", "100", "2"]
+  result = _compare(one, str(tmp_path / "missing"))
+  assert result.returncode == 1 and "missing/metrics.jsonl does not exist" in result.stderr
+
+
+def test_compare_runs_tells_whether_sweep_runs_overlapped(tmp_path):
+  runs = [{"name": "a", "slot": "0", "state": "finished", "seconds": 60.0,
+           "started": "2026-01-01T00:00:00+00:00", "ended": "2026-01-01T00:01:00+00:00"},
+          {"name": "b", "slot": "1", "state": "finished", "seconds": 50.0,
+           "started": "2026-01-01T00:00:20+00:00", "ended": "2026-01-01T00:01:10+00:00"},
+          {"name": "c", "state": "pending"}]
+  manifest = tmp_path / "sweep.json"
+  manifest.write_text(json.dumps({"runs": runs}))
+  result = _compare(f"--manifest={manifest}")
+  assert result.returncode == 0, result.stderr
+  assert [row[:2] for row in _rows(result.stdout, "")[1:]] == [["a", "0"], ["b", "1"]]
+  assert "2 runs on slots ['0', '1']; all of them ran at once for 40 s" in result.stdout
+
+
+def test_parallel_gpus_spec_has_one_run_per_kind(monkeypatch):
+  monkeypatch.chdir(REPO)
+  for preset, steps, dtype in (("", 300, "bfloat16"), (":smoke", 6, None)):
+    sweep = sweep_lib.load_sweep(f"experiments/data_parallel_sweep.py{preset}")
+    (group,) = sweep.groups
+    assert [v.label for v in group.variants] == ["dense", "dfss2-4"]
+    assert group.overrides["num_train_steps"] == steps
+    assert group.overrides.get("model.dtype") == dtype
+  with pytest.raises(ValueError, match="unknown preset 'x'"):
+    sweep_lib.load_sweep("experiments/data_parallel_sweep.py:x")
