@@ -19,7 +19,8 @@ A run is
 - finished: ``result.json`` holds ``[split][metric]`` (default ``test`` / ``accuracy``). When
   ``result.json`` exists but is unreadable, the last ``split == test`` record of metrics.jsonl
   with the metric stands in (and a warning says so);
-- failed: no result, and the sweep wrote ``sweep_error.txt``;
+- failed: no result, and the sweep wrote ``sweep_error.txt`` (other than for a Ctrl-C, exit
+  code 130, after which the run resumes: unfinished);
 - unfinished: anything else (running, interrupted, or result.json unusable).
 
 Cells: ``mean ± std (n=K)`` over the K finished runs (std = SAMPLE standard deviation, ddof=1,
@@ -189,9 +190,16 @@ def load_run(workdir: str, split: str, metric: str, report: Reporter) -> RunReco
     if value is not None:
       status = "finished"
   elif os.path.exists(os.path.join(workdir, workdir_lib.ERROR_FILE)):
-    status = "failed"
+    status = "unfinished" if _interrupted(workdir) else "failed"
   return RunRecord(workdir=workdir, config=config_lib.flatten_config(config), status=status,
                    value=value, last_step=last_step)
+
+
+def _interrupted(workdir: str) -> bool:
+  """Whether the sweep's error file records a Ctrl-C (the trainer's exit code 130): such a run
+  saved its checkpoint and resumes when the sweep runs again; it did not fail."""
+  with open(os.path.join(workdir, workdir_lib.ERROR_FILE)) as f:
+    return f.readline().strip() == f"return code {cli.EXIT_INTERRUPTED}"
 
 
 def find_runs(root: str, split: str = "test", metric: str = "accuracy",

@@ -218,6 +218,17 @@ def test_csv_table_exact_numbers(synthetic_root):
   assert by_cell[("DSA-90", "ListOps")]["cell"] == "— (1 unfinished)"
 
 
+def test_interrupted_runs_count_as_unfinished_not_failed(tmp_path):
+  """A run stopped by Ctrl-C (exit code 130: checkpoint saved, the sweep resumes it) is
+  unfinished; any other error file marks a failure."""
+  for name, code in (("stopped", 130), ("crashed", 1), ("killed", -9)):
+    workdir = write_run(tmp_path, name, kind="dense", task="listops", seed=0)
+    (workdir / "sweep_error.txt").write_text(f"return code {code}\ntime: x\n")
+  status = {os.path.basename(r.workdir): r.status
+            for r in tables.find_runs(str(tmp_path), report=tables.Reporter(echo=False))}
+  assert status == {"stopped": "unfinished", "crashed": "failed", "killed": "failed"}
+
+
 def test_latex_marks(synthetic_root):
   root, spec = synthetic_root
   text = tables.make_table(str(root), str(spec), "latex", report=tables.Reporter(echo=False))
