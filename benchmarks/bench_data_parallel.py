@@ -5,7 +5,9 @@
       --devices=1,2 --per_device_batch=32 --curve_batch=64 --curve_steps=200 --out=FILE
 
 The trainer's layout (``lra_sparse.train``): parameters and optimizer state replicated over a
-one-axis ("data") mesh of the first n devices, each batch split along it.
+one-axis ("data") mesh of the first n devices, each batch split along it, the step traced
+under that mesh so the attention kernels run per device on its shard
+(``attention.common.per_data_shard``).
 
 - speed: the full train step (forward, backward, AdamW update) at a global batch of
   n x --per_device_batch on n devices, median wall time of --reps steps after --warmup; the
@@ -64,7 +66,8 @@ class DataParallelStep:
     sample = self.batch(np.random.default_rng(0))
     self.state = jax.device_put(bench_train_step.init_state(self.config, model, sample),
                                 NamedSharding(mesh, PartitionSpec()))
-    self.step = jax.jit(train.make_train_step(model), donate_argnums=(0,))
+    self.step = train.in_mesh(jax.jit(train.make_train_step(model), donate_argnums=(0,)),
+                              mesh)
     self.key = jax.random.key(1)
 
   def batch(self, rng: np.random.Generator) -> dict:

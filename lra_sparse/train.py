@@ -39,6 +39,7 @@ from lra_sparse import config as config_lib
 from lra_sparse import metric_writers
 from lra_sparse import workdir as workdir_lib
 from lra_sparse.attention import AUX_LOSS, AUX_METRICS
+from lra_sparse.attention import common
 from lra_sparse.data import get_task
 from lra_sparse.data.pipeline import eval_batches, train_dataset
 from lra_sparse.data.registry import PAD_ID, SPLITS, TaskSpec, check_split_arrays
@@ -205,6 +206,15 @@ def make_train_step(model: nn.Module, grad_accum_steps: int = 1):
     metrics["grad_norm"] = optax.global_norm(grads)
     return state.apply_gradients(grads=grads), metrics
   return train_step
+
+
+def in_mesh(step, mesh: Mesh):
+  """``step`` called under ``jax.set_mesh(mesh)``: the kernels it traces see the data axis and
+  run once per device on its part of the batch (``attention.common.per_data_shard``)."""
+  def call(*args):
+    with jax.set_mesh(mesh):
+      return step(*args)
+  return call
 
 
 def make_eval_step(model: nn.Module):
@@ -604,8 +614,8 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     raise ValueError(f"config.batch_size={config.batch_size} must be divisible by the "
                      f"{processes}{jax.local_device_count()} local devices x "
                      f"config.optim.grad_accum_steps={accum}")
-  mesh = Mesh(np.array(devices), ("data",))
-  batch_sharding = NamedSharding(mesh, PartitionSpec("data"))
+  mesh = Mesh(np.array(devices), (common.DATA_AXIS,))
+  batch_sharding = NamedSharding(mesh, PartitionSpec(common.DATA_AXIS))
   replicated = NamedSharding(mesh, PartitionSpec())
 
   rng = jax.random.key(config.seed)
@@ -680,9 +690,10 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
                         eval_model, splits, batch_sharding, dropout_rng,
                         num_params) -> dict[str, Any]:
   """The training loop and the final evaluation of ``_train_locked``'s accepted run."""
-  train_step = jax.jit(make_train_step(model, config.optim.grad_accum_steps),
-                       donate_argnums=(0,))
-  eval_step = jax.jit(make_eval_step(eval_model))
+  mesh = batch_sharding.mesh
+  train_step = in_mesh(jax.jit(make_train_step(model, config.optim.grad_accum_steps),
+                               donate_argnums=(0,)), mesh)
+  eval_step = in_mesh(jax.jit(make_eval_step(eval_model)), mesh)
   eval_cast = (lambda p: jax.tree.map(lambda x: x.astype(jnp.bfloat16), p)) \
       if config.eval_dtype == "bfloat16" else (lambda p: p)
   run_eval = lambda split, max_batches: evaluate(

@@ -116,3 +116,55 @@ def test_parallel_gpus_spec_has_one_run_per_kind(monkeypatch):
     assert group.overrides.get("model.dtype") == dtype
   with pytest.raises(ValueError, match="unknown preset 'x'"):
     sweep_lib.load_sweep("experiments/data_parallel_sweep.py:x")
+
+
+_PER_SHARD_SCRIPT = r"""
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from lra_sparse import train
+from lra_sparse.attention import dfss
+from lra_sparse.kernels import dfss_reference
+
+seen = []
+class FakeTriton:   # the kernel's contract, the reference's math; records the batch it gets
+  @staticmethod
+  def dfss_attention_triton(q, k, v, *, n, m, mask, deterministic, dropout_rate, dropout_seed):
+    seen.append(q.shape[0])
+    out = dfss_reference.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask)
+    if dropout_seed is not None:    # makes the key each shard was given visible
+      out = out + jnp.remainder(dropout_seed[1], 1024).astype(out.dtype)
+    return out
+dfss._pick_kernel = lambda *args: (FakeTriton, "triton")
+
+rng = np.random.default_rng(0)
+q, k, v = (jnp.asarray(rng.normal(size=(4, 32, 2, 16)), jnp.float32) for _ in range(3))
+mask = jnp.asarray(np.arange(32)[None] < np.array([32, 20, 9, 32])[:, None])
+loss = lambda q, k, v: jnp.sum(dfss.dfss_attention(q, k, v, mask=mask, backend="triton") ** 2)
+want = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
+assert seen == [4], seen
+mesh = Mesh(np.array(jax.devices()), ("data",))
+put = lambda x: jax.device_put(x, NamedSharding(mesh, P("data")))
+got = train.in_mesh(jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))), mesh)(
+    put(q), put(k), put(v))
+assert seen == [4, 2], seen          # one call per device, on its half of the batch
+for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+  np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+drop = lambda q: dfss.dfss_attention(q, q, q, mask=mask, backend="triton", dropout_rate=0.1,
+                                     dropout_rng=jax.random.key(3))
+base = dfss_reference.dfss_attention_reference(q, q, q, n=2, m=4, mask=mask)
+shift = np.asarray(train.in_mesh(jax.jit(drop), mesh)(put(q)) - base)[:, 0, 0, 0]
+assert (round(shift[2] - shift[0]) % 1024, round(shift[1] - shift[0])) == (1, 0), shift
+print("ok")
+"""
+
+
+def test_kernels_run_once_per_device_on_their_shard():
+  """Under the trainer's mesh (train.in_mesh) a kernel call gets each device's half of the
+  batch, not the gathered batch, with the same values and gradients as one call on the whole
+  batch; with dropout each shard's call gets its own Philox key (shard 1's second word is
+  shard 0's plus one). Checked with a stand-in for the Triton DFSS kernel on 2 CPU devices."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  result = subprocess.run([sys.executable, "-c", _PER_SHARD_SCRIPT], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]

@@ -8,7 +8,8 @@
 q, k, v are ``[batch, length, heads, head_dim]``; scores and probabilities are
 ``[batch, heads, q_len, k_len]``; ``mask`` is the bool ``[batch, length]`` key padding mask
 (True = real token). Used by the dense reference, DFSS, DSA, Nystromformer, the kernels'
-references and the analysis tools.
+references and the analysis tools. ``per_data_shard`` runs a kernel call once per shard of
+a data-parallel batch.
 """
 from __future__ import annotations
 
@@ -16,8 +17,39 @@ import logging
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 _WARNED_ONCE: set[str] = set()
+DATA_AXIS = "data"     # the trainer's mesh axis: the batch is split along it
+
+
+def data_shards() -> int:
+  """How many shards ``per_data_shard`` splits a batch into here (1: no data-parallel mesh)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or DATA_AXIS not in mesh.axis_names:
+    return 1
+  return mesh.shape[DATA_AXIS]
+
+
+def per_data_shard(fn, *args, replicated: tuple[int, ...] = ()):
+  """``fn(*args)``, on a data-parallel mesh once per device on its part of the batch.
+
+  XLA cannot split a custom call (a Triton, Pallas or Mosaic GPU kernel) along the batch: on
+  a mesh it gathers the whole batch onto every device and runs the kernel there, once per
+  device (the same result, devices times the work). Under a mesh set by ``jax.set_mesh``
+  whose ``"data"`` axis has more than one device, ``fn`` runs inside ``jax.shard_map`` instead:
+  every argument and result split along axis 0 (the batch), except the arguments at the
+  positions ``replicated`` (e.g. a conv's weights), which every shard gets whole (their
+  gradients are summed over the shards). Without such a mesh: ``fn(*args)``. ``fn`` must act
+  on each example independently; when ``data_shards() > 1``, ``jax.lax.axis_index(DATA_AXIS)``
+  inside it names the shard.
+  """
+  if data_shards() == 1:
+    return fn(*args)
+  specs = tuple(PartitionSpec() if i in replicated else PartitionSpec(DATA_AXIS)
+                for i in range(len(args)))
+  return jax.shard_map(fn, in_specs=specs, out_specs=PartitionSpec(DATA_AXIS),
+                       check_vma=False)(*args)
 
 
 def warn_once(message: str) -> None:

@@ -175,12 +175,21 @@ def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str =
   seed = dfss_dropout.seed_words(dropout_rng) if use_dropout else None
   kernel, kind = _pick_kernel(backend, q, k, v, n, m, use_dropout)
   if kind == "mosaic":
-    return kernel.dfss_attention_mgpu(q, k, v, n=n, m=m, mask=mask)
+    return common.per_data_shard(
+        lambda q, k, v, mask: kernel.dfss_attention_mgpu(q, k, v, n=n, m=m, mask=mask),
+        q, k, v, mask)
   if kind == "triton":
-    return kernel.dfss_attention_triton(q, k, v, n=n, m=m, mask=mask,
-                                        deterministic=deterministic_kernels,
-                                        dropout_rate=dropout_rate if use_dropout else 0.0,
-                                        dropout_seed=seed)
+    def triton_call(q, k, v, mask, seed):
+      if seed is not None and common.data_shards() > 1:
+        # The kernels draw by (example, head, row, column) within their call: each shard of
+        # a data-parallel batch gets its own Philox key so no two shards share masks.
+        seed = seed.at[1].add(jax.lax.axis_index(common.DATA_AXIS))
+      return kernel.dfss_attention_triton(q, k, v, n=n, m=m, mask=mask,
+                                          deterministic=deterministic_kernels,
+                                          dropout_rate=dropout_rate if use_dropout else 0.0,
+                                          dropout_seed=seed)
+    return common.per_data_shard(triton_call, q, k, v, mask, seed,
+                                 replicated=(4,))
   if use_dropout:  # plain autodiff through the kernels' reference, with their mask
     return dfss_reference.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask,
                                                    dropout_rate=dropout_rate, dropout_seed=seed)

@@ -277,15 +277,20 @@ class DSAAttention(nn.Module):
     select = dict(sparsity=config.sparsity, selection=config.selection,
                   threshold=config.threshold)
     if kernel is not None:
-      bits = kernel.select_bits(ops, mask, **select)
+      bits = common.per_data_shard(
+          lambda ops, mask: kernel.select_bits(ops, mask, **select), ops, mask)
       if deterministic:
-        oracle = kernel.select_bits(_oracle_operands(q, k, mask), mask,
-                                    sparsity=config.sparsity)
+        oracle = common.per_data_shard(
+            lambda ops, mask: kernel.select_bits(ops, mask, sparsity=config.sparsity),
+            _oracle_operands(q, k, mask), mask)
         self.sow(AUX_METRICS, "dsa_hit_rate", hit_rate(bits, oracle, mask=mask,
                                                        vector=config.vector))
       # A = softmax(S restricted to M) with the real S; O = A V.
-      return kernel.dsa_attention_triton(q, k, v, bits, mask=mask, vector=config.vector,
-                                         deterministic=config.deterministic_kernels)
+      return common.per_data_shard(
+          lambda q, k, v, bits, mask: kernel.dsa_attention_triton(
+              q, k, v, bits, mask=mask, vector=config.vector,
+              deterministic=config.deterministic_kernels),
+          q, k, v, bits, mask)
     if float_rule:
       keep = predicted_mask(predicted, mask=mask, topk_algorithm=config.topk_algorithm,
                             vector=config.vector, **select)[:, :, ::config.vector]

@@ -265,7 +265,8 @@ def depthwise_length_conv(values, kernel):
   dim = values.shape[-1]
   if jax.default_backend() == "gpu" and dim & (dim - 1) == 0:
     from lra_sparse.kernels import length_conv_pallas  # pylint: disable=import-outside-toplevel
-    return length_conv_pallas.length_conv(values, kernel)
+    return common.per_data_shard(length_conv_pallas.length_conv, values, kernel,
+                                 replicated=(1,))
   return banded_length_conv(values, kernel, block=max(64, -(-(kernel.shape[0] // 2) // 16) * 16))
 
 
