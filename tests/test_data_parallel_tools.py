@@ -168,3 +168,56 @@ def test_kernels_run_once_per_device_on_their_shard():
   result = subprocess.run([sys.executable, "-c", _PER_SHARD_SCRIPT], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
   assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+_GRAM_SCRIPT = r"""
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from lra_sparse import train
+from lra_sparse.kernels import dsa_gram, dsa_reference as ref
+
+calls = []
+def stand_in(q, k, xp, w_q, w_k, km, ext, has_mask):   # the Gram kernels' sum, in XLA
+  calls.append(q.shape[0])
+  mask = (km != 0) if has_mask else None
+  per_example = ref.prediction_mse(q.astype(jnp.float32), k.astype(jnp.float32),
+                                   ref.LowRank(xp, w_q), ref.LowRank(xp, w_k), mask,
+                                   normalization="eq6")
+  return per_example * q.shape[0]
+dsa_gram._mse = stand_in
+
+rng = np.random.default_rng(1)
+b, l, h, d, r = 4, 24, 2, 8, 6
+q, k = (jnp.asarray(rng.normal(size=(b, l, h, d)), jnp.float32) for _ in range(2))
+xp = jnp.asarray(rng.normal(size=(b, l, r)), jnp.float32)
+wq, wk = (jnp.asarray(rng.normal(size=(h, r, r)), jnp.float32) for _ in range(2))
+mask = jnp.asarray(np.arange(l)[None] < np.array([24, 24, 5, 11])[:, None])  # shards differ
+mesh = Mesh(np.array(jax.devices()), ("data",))
+put = lambda x: jax.device_put(x, NamedSharding(mesh, P("data")))
+for form in ("eq6", "scaled_mean"):
+  f = lambda q, k, xp, wq, wk: dsa_gram.prediction_mse(q, k, xp, wq, wk, mask,
+                                                       normalization=form)
+  grad = jax.value_and_grad(f, argnums=range(5))
+  want = jax.jit(grad)(q, k, xp, wq, wk)
+  ref_value = ref.prediction_mse(q, k, ref.LowRank(xp, wq), ref.LowRank(xp, wk), mask,
+                                 normalization=form)
+  got = train.in_mesh(jax.jit(grad), mesh)(put(q), put(k), put(xp), wq, wk)
+  np.testing.assert_allclose(float(want[0]), float(ref_value), rtol=1e-5)
+  for a, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(w), rtol=1e-4, atol=1e-4)
+assert calls == [4, 2, 4, 2], calls
+print("ok")
+"""
+
+
+def test_gram_mse_sums_over_shards_then_normalizes():
+  """DSA's L_MSE on the Gram kernels under the trainer's mesh: each device sums its shard's
+  squared error, the sums are added, then normalised (the mean form divides by all real pairs
+  of the batch, which the two shards hold unequally), with the same value and gradients
+  (incl. the replicated predictor weights') as one call on the whole batch. The kernels'
+  sum stood in for by the XLA Gram form, on 2 CPU devices."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  result = subprocess.run([sys.executable, "-c", _GRAM_SCRIPT], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]

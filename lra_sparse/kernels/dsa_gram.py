@@ -37,6 +37,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from lra_sparse.attention import common
 from lra_sparse.kernels import dsa_reference
 from lra_sparse.kernels.dfss_launch import cdiv, key_extent, key_mask, launch
 
@@ -183,9 +184,14 @@ def prediction_mse(q, k, xp, w_q, w_k, mask=None, *, normalization: str = "eq6")
                        f"{w.shape}")
   if mask is not None and tuple(mask.shape) != (b, l):
     raise ValueError(f"mask must be bool [batch, length] = {(b, l)}, got {mask.shape}")
-  km, has_mask = key_mask(mask, b)
-  ext = key_extent(mask, b, l)
-  total = _mse(q, k, xp.astype(jnp.float32), w_q.astype(jnp.float32), w_k.astype(jnp.float32),
-               km, ext, has_mask)
+
+  def shard_total(q, k, xp, mask, w_q, w_k):   # [1]: the squared error summed over the shard
+    km, has_mask = key_mask(mask, q.shape[0])
+    return _mse(q, k, xp, w_q, w_k, km, key_extent(mask, q.shape[0], l), has_mask)[None]
+
+  # Sums split over a data-parallel batch: once per device on its shard, then added.
+  total = jnp.sum(common.per_data_shard(shard_total, q, k, xp.astype(jnp.float32), mask,
+                                        w_q.astype(jnp.float32), w_k.astype(jnp.float32),
+                                        replicated=(4, 5)))
   return dsa_reference.normalize_mse(jnp.maximum(total, 0.0), mask, q.shape, normalization)
 
