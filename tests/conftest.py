@@ -22,6 +22,19 @@ def pytest_collection_modifyitems(config, items):
       item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _cpu_numerics_for_cpu_tests(request):
+  """The unmarked (CPU) tests hold float32 results to float32 references; on a GPU, where
+  float32 products default to TF32 (10-bit mantissa), they run with full float32 products so
+  that ``make test`` on a GPU machine checks the same things. Tests marked ``gpu`` keep the
+  GPU's defaults (their tolerances say what they allow)."""
+  if jax.default_backend() != "gpu" or "gpu" in request.keywords:
+    yield
+    return
+  with jax.default_matmul_precision("float32"):
+    yield
+
+
 if "synthetic" not in _TASKS:
   @register_task("synthetic")
   class SyntheticTask:
