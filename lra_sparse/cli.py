@@ -13,11 +13,11 @@ from typing import Any, Callable, Optional, Sequence
 
 from absl import app
 
-from lra_sparse.errors import TrainingDiverged, TrainingInterrupted, WorkdirBusy
+from lra_sparse.errors import (EXIT_INTERRUPTED, TrainingDiverged, TrainingInterrupted,
+                               WorkdirBusy)
 
 TRACEBACK_ENV = "LRA_SPARSE_TRACEBACK"
 EXIT_ERROR = 1
-EXIT_INTERRUPTED = 130
 # OSError covers missing files and directories; ValueError every config and data check.
 USER_ERRORS = (ValueError, OSError, WorkdirBusy, TrainingDiverged)
 

@@ -9,5 +9,10 @@ class TrainingDiverged(RuntimeError):
   """The loss or the gradient norm became non-finite; nothing non-finite was checkpointed."""
 
 
+# The exit code of a program stopped by Ctrl-C / SIGINT (the trainer saves its checkpoint first,
+# so a run stopped this way resumes when launched again).
+EXIT_INTERRUPTED = 130
+
+
 class TrainingInterrupted(RuntimeError):
   """SIGINT (Ctrl-C) stopped the run after its in-flight checkpoint save finished."""

@@ -17,13 +17,15 @@ group are the product of the variants, the zipped lists, the product axes and th
 
 An override value may be a :class:`Ref` to a run of an earlier group
 (``init_from=Ref("pretrain")``): it becomes that run's workdir, the run waits for it, and is
-marked ``blocked`` if it failed.
+marked ``blocked`` if it failed or was interrupted.
 
 Every run gets a deterministic name (group, config, variant label, axis values, seed) and the
 workdir ``<root>/<name>``. A run is finished iff ``<workdir>/result.json`` exists; re-running a
 sweep skips finished runs and launches the others with the same workdir (the trainer resumes
 from its last checkpoint). A run that exits non-zero (or exits without result.json) gets
-``<workdir>/sweep_error.txt`` (return code, command, the tail of its log) and the sweep moves on.
+``<workdir>/sweep_error.txt`` (return code, command, the tail of its log) and the sweep moves on:
+the run is ``failed``, or ``interrupted`` when the trainer was stopped by Ctrl-C (exit code 130,
+its checkpoint saved; tables count it unfinished). Both are launched again by the next call.
 See WORKSPACE.md for the layout of the sweep root.
 
 ``--executor=slurm`` submits each run that is neither finished, running nor queued as one job
@@ -68,8 +70,9 @@ ERROR_TAIL_LINES = 60
 DEFAULT_MAIN = (sys.executable, "-m", "lra_sparse.main")
 
 FINISHED, RUNNING, FAILED, PENDING, BLOCKED = "finished", "running", "failed", "pending", "blocked"
+INTERRUPTED = "interrupted"         # stopped by Ctrl-C with its checkpoint: the next call resumes it
 QUEUED = "queued"                   # a SLURM job for the run waits in the queue
-STATES = (FINISHED, RUNNING, QUEUED, FAILED, BLOCKED, PENDING)
+STATES = (FINISHED, RUNNING, QUEUED, INTERRUPTED, FAILED, BLOCKED, PENDING)
 _MISSING = object()
 
 SUBMITIT_DIR = "_submitit"          # in the sweep root: submitit's job scripts, pickles and logs
@@ -378,14 +381,16 @@ def _read_running(workdir: str) -> dict[str, Any] | None:
 
 
 def run_state(run: RunPlan, states: Mapping[str, str] | None = None) -> str:
-  """finished | running | failed | blocked (a dependency failed) | pending."""
+  """finished | running | interrupted | failed | blocked (a dependency did not finish) |
+  pending."""
   if is_finished(run.workdir):
     return FINISHED
   if _read_running(run.workdir) is not None:
     return RUNNING
   if os.path.exists(os.path.join(run.workdir, ERROR_FILE)):
-    return FAILED
-  if states is not None and any(states.get(dep) in (FAILED, BLOCKED) for dep in run.depends_on):
+    return INTERRUPTED if workdir_lib.was_interrupted(run.workdir) else FAILED
+  if states is not None and any(states.get(dep) in (INTERRUPTED, FAILED, BLOCKED)
+                                for dep in run.depends_on):
     return BLOCKED
   return PENDING
 
@@ -397,7 +402,8 @@ def with_job_state(state: str, job_state: str | None) -> str:
   node failure, cancelled) ``failed``. An error file wins over a live state (sacct lags behind);
   UNKNOWN (no record yet, or sacct failed) changes nothing.
   """
-  if job_state is None or job_state == "UNKNOWN" or state in (FINISHED, RUNNING, FAILED):
+  if job_state is None or job_state == "UNKNOWN" or state in (FINISHED, RUNNING, INTERRUPTED,
+                                                               FAILED):
     return state
   if job_state in LIVE_JOB_STATES:
     return RUNNING if job_state in ("RUNNING", "COMPLETING") else QUEUED
@@ -812,12 +818,14 @@ def _write_error_file(workdir: str, reason: str, command: Sequence[str]) -> None
 
 
 def _record_failure(run: RunPlan, reason: str, main_command: Sequence[str]) -> str:
-  """Writes sweep_error.txt and says so; the sweep goes on with other runs."""
+  """Writes sweep_error.txt and says so; the sweep goes on with other runs. The run's state:
+  interrupted (exit code 130: it resumes next time) or failed."""
   _remove(os.path.join(run.workdir, RUNNING_FILE))
   _write_error_file(run.workdir, reason, run.command(main_command))
-  print(f"sweep: {run.name} failed ({reason}); see {os.path.join(run.workdir, ERROR_FILE)}",
-        file=sys.stderr)
-  return FAILED
+  state = INTERRUPTED if workdir_lib.was_interrupted(run.workdir) else FAILED
+  print(f"sweep: {run.name} {'was ' if state == INTERRUPTED else ''}{state} ({reason}); see "
+        f"{os.path.join(run.workdir, ERROR_FILE)}", file=sys.stderr)
+  return state
 
 
 # ----------------------------------------------------------------------------- job executors
@@ -972,7 +980,7 @@ def describe_runs(runs: Sequence[RunPlan], show_overrides: bool,
     else:
       step = last_logged_step(run.workdir)
       detail = f"step {step}" if step is not None else ""
-      if state == FAILED:
+      if state in (FAILED, INTERRUPTED):
         detail = (detail + "  " if detail else "") + error_summary(run.workdir)
       if state == BLOCKED:
         detail = "waits on " + ", ".join(run.depends_on)
@@ -1049,7 +1057,7 @@ def main(argv: Sequence[str]) -> None:
   counts = {s: sum(1 for v in states.values() if v == s) for s in STATES}
   done = "submitted" if slurm and not FLAGS.wait else "done"
   print(f"sweep {done}: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
-  if counts[FAILED] or counts[BLOCKED]:
+  if counts[FAILED] or counts[BLOCKED] or counts[INTERRUPTED]:
     sys.exit(1)
 
 

@@ -190,16 +190,9 @@ def load_run(workdir: str, split: str, metric: str, report: Reporter) -> RunReco
     if value is not None:
       status = "finished"
   elif os.path.exists(os.path.join(workdir, workdir_lib.ERROR_FILE)):
-    status = "unfinished" if _interrupted(workdir) else "failed"
+    status = "unfinished" if workdir_lib.was_interrupted(workdir) else "failed"
   return RunRecord(workdir=workdir, config=config_lib.flatten_config(config), status=status,
                    value=value, last_step=last_step)
-
-
-def _interrupted(workdir: str) -> bool:
-  """Whether the sweep's error file records a Ctrl-C (the trainer's exit code 130): such a run
-  saved its checkpoint and resumes when the sweep runs again; it did not fail."""
-  with open(os.path.join(workdir, workdir_lib.ERROR_FILE)) as f:
-    return f.readline().strip() == f"return code {cli.EXIT_INTERRUPTED}"
 
 
 def find_runs(root: str, split: str = "test", metric: str = "accuracy",

@@ -35,7 +35,7 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from lra_sparse import config as config_lib
-from lra_sparse.errors import WorkdirBusy
+from lra_sparse.errors import EXIT_INTERRUPTED, WorkdirBusy
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -215,3 +215,13 @@ def last_logged_step(workdir: str) -> Optional[int]:
     except (ValueError, TypeError):
       continue
   return max(steps, default=None)
+
+
+def was_interrupted(workdir: str) -> bool:
+  """Whether the run's ``sweep_error.txt`` records an interruption (exit code 130: stopped on
+  request with its checkpoint saved; it resumes, it did not fail). False without the file."""
+  try:
+    with open(os.path.join(workdir, ERROR_FILE)) as f:
+      return f.readline().strip() == f"return code {EXIT_INTERRUPTED}"
+  except OSError:
+    return False

@@ -387,7 +387,7 @@ time.sleep(float(os.environ.get("FAKE_MAIN_SLEEP", "0")))
 failing = config["attention"].get("kind") == "dense" and int(config["seed"]) == 1
 if failing and os.environ.get("FAKE_FAIL"):
   print("Traceback: boom for seed 1", file=sys.stderr)
-  sys.exit(1)
+  sys.exit(int(os.environ.get("FAKE_EXIT", "1")))
 resumed = os.path.isdir(os.path.join(workdir, "checkpoints"))
 json.dump({"step": 5, "test": {"accuracy": 0.5, "loss": 1.0}, "resumed": resumed,
            "init_from": config.get("init_from", ""),
@@ -512,6 +512,34 @@ def test_rerunning_finished_sweep_launches_nothing(sweep_spec, tmp_path, monkeyp
   assert manifest["sweep"] == "synthetic"
   assert [r["name"] for r in manifest["runs"]] == EXPECTED_NAMES
   assert manifest["counts"]["finished"] == 10
+
+
+def test_interrupted_run_is_not_failed_and_resumes(sweep_spec, tmp_path, monkeypatch):
+  """A trainer stopped by Ctrl-C (exit code 130) leaves the run "interrupted", not failed: its
+  dependents wait (blocked), the sweep exits non-zero, tables count it unfinished, and the
+  next call launches it again."""
+  spec, launcher = sweep_spec
+  root = tmp_path / "root"
+  monkeypatch.setenv("FAKE_FAIL", "1")
+  monkeypatch.setenv("FAKE_EXIT", "130")
+  stopped = "pre__listops-tiny__seed=1"
+  states = sweep_lib.run_sweep(f"{spec}:tiny", str(root), launcher=launcher,
+                               poll_seconds=0.01, show_progress=False)
+  assert states[stopped] == "interrupted"
+  assert sorted(set(states.values())) == ["blocked", "finished", "interrupted"]
+  proc = subprocess.run([sys.executable, "-m", "lra_sparse.sweep", f"--sweep={spec}:tiny",
+                         f"--root={root}", "--status"], cwd=REPO, capture_output=True,
+                        text=True, timeout=120)
+  lines = proc.stdout.splitlines()
+  assert any(line.startswith(f"interrupted {stopped}") and "return code 130" in line
+             for line in lines), proc.stdout
+  assert lines[-1] == "10 runs: 5 finished, 1 interrupted, 4 blocked", lines[-1]
+  records = tables.find_runs(str(root), report=tables.Reporter(echo=False))
+  assert {os.path.basename(r.workdir): r.status for r in records}[stopped] == "unfinished"
+  monkeypatch.delenv("FAKE_FAIL")
+  states = sweep_lib.run_sweep(f"{spec}:tiny", str(root), launcher=launcher,
+                               poll_seconds=0.01, show_progress=False)
+  assert set(states.values()) == {"finished"}
 
 
 def test_failed_run_is_recorded_others_run_and_dependents_blocked(sweep_spec, tmp_path,
