@@ -1,8 +1,9 @@
 """Data-parallel training on the local devices: step speed and the loss curve; prints tables.
 
   python -m benchmarks.bench_data_parallel            # every local GPU, LRA ListOps shape, bf16
-  python -m benchmarks.bench_data_parallel --variants=bf16:cudnn,bf16:kind=dfss+nm=2:4+backend=triton \\
-      --devices=1,2 --per_device_batch=32 --curve_batch=64 --curve_steps=200 --out=FILE
+  python -m benchmarks.bench_data_parallel \\
+      --variants=bf16:cudnn,bf16:kind=dfss+nm=2:4+backend=triton --devices=1,2 \\
+      --per_device_batch=32 --curve_batch=64 --curve_steps=200 --out=FILE
 
 The trainer's layout (``lra_sparse.train``): parameters and optimizer state replicated over a
 one-axis ("data") mesh of the first n devices, each batch split along it, the step traced
@@ -32,6 +33,7 @@ import numpy as np
 from benchmarks import bench_train_step
 from benchmarks.bench_dfss_kernels import gpu_state
 from lra_sparse import cli
+from lra_sparse import tables
 from lra_sparse import train
 from lra_sparse.data import get_task
 
@@ -134,11 +136,6 @@ def curve_rows(variant: str, counts) -> list[tuple]:
   return rows
 
 
-def table(header: tuple, rows: list[tuple]) -> str:
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
-
-
 def main(argv):
   del argv
   counts = sorted({int(n) for n in FLAGS.devices} or {1, jax.local_device_count()})
@@ -153,13 +150,14 @@ def main(argv):
   text = (f"Data-parallel training; {len(devices)} x {devices[0].device_kind}; jax "
           f"{jax.__version__}; {gpu_state()}\n\n"
           f"Speed (global batch = devices x {FLAGS.per_device_batch}):\n\n" +
-          table(("variant", "devices", "global batch", "ms/step", "steps/s",
-                 "examples/s vs 1 device"), speed))
+          tables.markdown_grid(("variant", "devices", "global batch", "ms/step", "steps/s",
+                                "examples/s vs 1 device"), speed) + "\n")
   if curves:
     marks = tuple(f"loss @{m}" for m in CURVE_MARKS if m <= FLAGS.curve_steps)
     text += (f"\nLoss curves ({FLAGS.curve_steps} steps, global batch {FLAGS.curve_batch}, "
              "same batches; differences against the one-device run):\n\n" +
-             table(("variant", "run", *marks, "max |diff|", "mean |diff|"), curves))
+             tables.markdown_grid(("variant", "run", *marks, "max |diff|", "mean |diff|"),
+                                  curves) + "\n")
   print(text)
   if FLAGS.out:
     with open(FLAGS.out, "w") as f:

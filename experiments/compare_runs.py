@@ -23,6 +23,7 @@ from absl import flags
 import numpy as np
 
 from lra_sparse import cli
+from lra_sparse import tables
 
 flags.DEFINE_string("manifest", "", "A sweep's sweep.json: report its runs' slots and times.")
 FLAGS = flags.FLAGS
@@ -86,25 +87,21 @@ def manifest_rows(path: str) -> tuple[list[tuple], str]:
   return rows, summary
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
-
-
 def main(argv):
   workdirs = argv[1:]
   if FLAGS.manifest:
     if workdirs:
       raise ValueError("give either --manifest or workdirs, not both")
     rows, summary = manifest_rows(FLAGS.manifest)
-    print(table(("run", "slot (GPU)", "started", "ended", "state", "seconds"), rows))
+    print(tables.markdown_grid(("run", "slot (GPU)", "started", "ended", "state", "seconds"),
+                               rows))
     print(f"\n{summary}")
     return
   if not workdirs:
     raise ValueError("no workdirs given (or --manifest=ROOT/sweep.json)")
   header = ("workdir", *(f"loss @{m}" for m in MARKS), "max |diff| vs first",
             "steps/s (median)", "train records per step", "checkpoints", "event files")
-  print(table(header, workdir_rows(workdirs)))
+  print(tables.markdown_grid(header, workdir_rows(workdirs)))
 
 
 if __name__ == "__main__":

@@ -387,15 +387,21 @@ def _grid(table: Table, cells: Mapping[tuple[int, int], CellStats], plus_minus: 
   return header, body
 
 
+def markdown_grid(header: Sequence[str], body: Sequence[Sequence[str]], *,
+                  center: bool = False) -> str:
+  """A markdown table: ``|`` in cells escaped; with ``center``, every column but the first
+  centred."""
+  escape = lambda text: str(text).replace("|", "\\|")  # noqa: E731
+  rule = ["---"] + [":---:" if center else "---"] * (len(header) - 1)
+  lines = ["| " + " | ".join(map(escape, header)) + " |", "|" + "|".join(rule) + "|"]
+  lines += ["| " + " | ".join(map(escape, line)) + " |" for line in body]
+  return "\n".join(lines)
+
+
 def render_markdown(table: Table, cells: Mapping[tuple[int, int], CellStats]) -> str:
   header, body = _grid(table, cells, PLUS_MINUS, MISSING_MARK)
-  escape = lambda text: text.replace("|", "\\|")
-  lines = [f"### {table.title}", "",
-           "| " + " | ".join(map(escape, header)) + " |",
-           "|" + "|".join(["---"] + [":---:"] * (len(header) - 1)) + "|"]
-  lines += ["| " + " | ".join(map(escape, line)) + " |" for line in body]
-  lines += ["", legend(table), ""]
-  return "\n".join(lines)
+  return "\n".join([f"### {table.title}", "", markdown_grid(header, body, center=True), "",
+                    legend(table), ""])
 
 
 def _latex_escape(text: str) -> str:

@@ -52,14 +52,6 @@ def _mask(lengths=LENGTHS, length=L):
   return np.arange(length)[None, :] < np.asarray(lengths)[:, None]
 
 
-@pytest.fixture
-def full_fp32_products():
-  """float32 products in full precision on a GPU too (default there: TF32), for tests that
-  compare the iterative pseudo-inverse, which amplifies product rounding, with float64."""
-  with jax.default_matmul_precision("float32"):
-    yield
-
-
 def _fp32_tol(cpu_tol):
   """Tolerance for float32 products: a GPU runs them in TF32 (10-bit mantissa) by default."""
   return max(cpu_tol, 3e-3) if jax.default_backend() == "gpu" else cpu_tol
@@ -605,7 +597,6 @@ def test_dsa_config_errors():
 
 
 # ------------------------------------------------------------------------------------ Nystrom
-@pytest.mark.usefixtures("full_fp32_products")
 def test_nystrom_as_many_landmarks_as_tokens_is_close_to_dense():
   """Landmarks = tokens: F = A = B = softmax(QK^T/sqrt(d)), so O = A pinv(A) A V = A V once the
   iterative pinv has converged (6 iterations leave ~2e-2 on near-uniform A; 20 converge)."""
@@ -619,7 +610,6 @@ def test_nystrom_as_many_landmarks_as_tokens_is_close_to_dense():
 
 
 @pytest.mark.parametrize("num_landmarks", [4, 8])
-@pytest.mark.usefixtures("full_fp32_products")
 def test_nystrom_matches_numpy_port_of_official(num_landmarks):
   q, k, v = _qkv(9)
   mask = _mask()
@@ -629,7 +619,6 @@ def test_nystrom_matches_numpy_port_of_official(num_landmarks):
 
 
 @pytest.mark.parametrize("nm", ["1:2", "2:4"])
-@pytest.mark.usefixtures("full_fp32_products")
 def test_nystrom_dfss_matches_numpy(nm):
   q, k, v = _qkv(10)
   mask = _mask()
@@ -641,7 +630,6 @@ def test_nystrom_dfss_matches_numpy(nm):
   assert not np.allclose(want, plain, atol=1e-3)   # the pruning really changes the result
 
 
-@pytest.mark.usefixtures("full_fp32_products")
 def test_nystrom_pads_length_to_a_multiple_of_landmarks():
   q, k, v = _qkv(11, (B, 30, H, D))
   mask = _mask(lengths=[30, 17], length=30)
@@ -651,7 +639,6 @@ def test_nystrom_pads_length_to_a_multiple_of_landmarks():
   np.testing.assert_allclose(np.asarray(got), want, rtol=_fp32_tol(1e-4), atol=_fp32_tol(1e-4))
 
 
-@pytest.mark.usefixtures("full_fp32_products")
 def test_nystrom_core_with_conv_matches_numpy_and_trains():
   q, k, v = _qkv(12)
   mask = jnp.asarray(_mask())
