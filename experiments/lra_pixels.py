@@ -1,9 +1,10 @@
 """LRA Pathfinder-32 and Image at LRA's settings on a GPU: dense vs. DFSS 2:4, one seed each.
 
 Pathfinder-32 is generated at LRA's size and the difficulty of its leaderboard (hard: contour
-length 14, 200k images, 160k / 20k / 20k):
-  python -m lra_sparse.generators.pathfinder --output_dir=data/pathfinder32 --difficulty=hard \
-      --num_images=200000 --seed=0 --num_workers=16
+length 14, 200k images, 160k / 20k / 20k), with the compact cache, so that a resumed run reads
+its data in a second instead of decoding 200k PNGs again:
+  python -m lra_sparse.data.prepare --task=pathfinder --data_dir=data --offline
+(into ``data/pathfinder``; every core generates; about a minute on 16 cores).
 Image is Fashion-MNIST, the offline stand-in for CIFAR-10 (named ``fmnist-standin`` in run
 names and labelled so in the table): ``configs/image.py`` with ``data.source=fashion_mnist``
 read from ``data/fashion-mnist`` (a copy of the Debian package's files, which a lent GPU
@@ -31,6 +32,7 @@ KINDS = (  # (row label, run-name label, overrides)
     ("DFSS 2:4", "dfss2-4", {"attention.kind": "dfss", "attention.dfss.nm": "2:4"}),
 )
 FMNIST_DIR = "data/fashion-mnist"
+PATHFINDER_DIR = "data/pathfinder"
 
 
 def _check(preset: str) -> bool:
@@ -48,7 +50,8 @@ def get_sweep(preset: str = "") -> Sweep:
   return Sweep(
       name="lra_pixels" + ("_smoke" if smoke else ""),
       groups=[Group(config="configs/pathfinder.py" + tiny, name="pathfinder32",
-                    overrides=common,
+                    overrides=dict(common, **({} if smoke else
+                                               {"data.data_dir": PATHFINDER_DIR})),
                     variants=[Variant(name, match) for _, name, match in KINDS]),
               Group(config="configs/image.py" + tiny, name=f"image-{IMAGE_STANDIN_NAME}",
                     overrides=dict(common, **image),
