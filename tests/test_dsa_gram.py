@@ -14,6 +14,7 @@ import pytest
 
 from lra_sparse.kernels import dsa_gram
 from lra_sparse.kernels import dsa_reference as ref
+from triton_cpu import interpreted_launch, interpreting, run_interpreted
 
 jax.config.update("jax_enable_x64", False)
 
@@ -25,10 +26,15 @@ def _real(km, ext, has_mask, length):
 
 
 def _stand_in(module, kernel, args, out_shapes, grid, **kw):
-  """The four kernels' contracts in float64 numpy, including their padded output widths."""
+  """The four kernels' contracts in float64 numpy, including their padded output widths and
+  the (hi, lo) parts of their operands (lo unread for an exact X)."""
   assert module == "dsa_gram_kernels"
   d, rp, = kw.get("D"), kw["RP"]
   f64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
+  join = lambda hi, lo, exact=False: f64(hi) + (0.0 if exact else f64(lo))  # noqa: E731
+  exact = kw.get("X_EXACT", False)
+  for x in args:   # every array operand is bf16 parts, fp32 / int32 outside the parts
+    assert isinstance(x, int) or x.dtype in (jnp.bfloat16, jnp.int32), (kernel, x.dtype)
 
   def widen(x, axis, width):
     pad = [(0, 0)] * x.ndim
@@ -36,38 +42,38 @@ def _stand_in(module, kernel, args, out_shapes, grid, **kw):
     return np.pad(x, pad)
 
   if kernel == "gram_fwd":
-    q, k, xp, km, ext, length, h, d0, r0 = args
+    qh, ql, kh, kl, xph, xpl, km, ext, length, h, d0, r0 = args
     live = _real(km, ext, kw["HAS_MASK"], length)[:, :, None, None]
-    q, k = (widen(np.where(live, f64(x), 0), 3, d) for x in (q, k))
-    xp = widen(np.where(live[..., 0], f64(xp), 0), 2, rp)
+    q, k = (widen(np.where(live, join(*x, exact), 0), 3, d) for x in ((qh, ql), (kh, kl)))
+    xp = widen(np.where(live[..., 0], join(xph, xpl), 0), 2, rp)
     g = np.stack([np.einsum("blhd,blhe->bhde", x, x) for x in (q, k)], 2)
     c = np.stack([np.einsum("blhd,blr->bhdr", x, xp) for x in (q, k)], 2)
     return tuple(jnp.asarray(x.reshape(s.shape), s.dtype) for x, s in zip((g, c), out_shapes))
   if kernel == "gram_fwd_xp":
-    xp, km, ext, length, r0 = args
+    xph, xpl, km, ext, length, r0 = args
     live = _real(km, ext, kw["HAS_MASK"], length)[:, :, None]
-    xp = widen(np.where(live, f64(xp), 0), 2, rp)
+    xp = widen(np.where(live, join(xph, xpl), 0), 2, rp)
     return (jnp.asarray(np.einsum("blr,bls->brs", xp, xp), jnp.float32),)
   if kernel == "gram_bwd_qk":
-    q, k, xp, km, ext, a, m, length, h, d0, r0 = args
-    b = q.shape[0]
+    qh, ql, kh, kl, xph, xpl, km, ext, ah, al, mh, ml, length, h, d0, r0 = args
+    b = qh.shape[0]
     live = _real(km, ext, kw["HAS_MASK"], length)[:, :, None, None]
-    a, m = f64(a).reshape(b, h, 2, d, d), f64(m).reshape(b, h, 2, rp, d)
-    xpw = widen(f64(xp), 2, rp)
+    a, m = join(ah, al).reshape(b, h, 2, d, d), join(mh, ml).reshape(b, h, 2, rp, d)
+    xpw = widen(join(xph, xpl), 2, rp)
     outs = []
-    for side, x in enumerate((q, k)):
-      out = (np.einsum("blhd,bhde->blhe", widen(f64(x), 3, d), a[:, :, side])
+    for side, x in enumerate(((qh, ql), (kh, kl))):
+      out = (np.einsum("blhd,bhde->blhe", widen(join(*x, exact), 3, d), a[:, :, side])
              + np.einsum("blr,bhrd->blhd", xpw, m[:, :, side]))[..., :d0]
-      outs.append(jnp.asarray(np.where(live, out, 0), x.dtype))
+      outs.append(jnp.asarray(np.where(live, out, 0), out_shapes[side].dtype))
     return tuple(outs)
   if kernel == "gram_bwd_xp":
-    q, k, xp, km, ext, n, p, r, length, h, d0, r0 = args
-    b = q.shape[0]
+    qh, ql, kh, kl, xph, xpl, km, ext, nh, nl, ph, pl, rh, rl, length, h, d0, r0 = args
+    b = qh.shape[0]
     live = _real(km, ext, kw["HAS_MASK"], length)[:, :, None]
-    p, r = f64(p).reshape(b, h, d, rp), f64(r).reshape(b, h, d, rp)
-    out = (np.einsum("blr,brs->bls", widen(f64(xp), 2, rp), f64(n))
-           + np.einsum("blhd,bhdr->blr", widen(f64(q), 3, d), p)
-           + np.einsum("blhd,bhdr->blr", widen(f64(k), 3, d), r))[..., :r0]
+    p, r = join(ph, pl).reshape(b, h, d, rp), join(rh, rl).reshape(b, h, d, rp)
+    out = (np.einsum("blr,brs->bls", widen(join(xph, xpl), 2, rp), join(nh, nl))
+           + np.einsum("blhd,bhdr->blr", widen(join(qh, ql, exact), 3, d), p)
+           + np.einsum("blhd,bhdr->blr", widen(join(kh, kl, exact), 3, d), r))[..., :r0]
     return (jnp.asarray(np.where(live, out, 0), jnp.float32),)
   raise AssertionError(kernel)
 
@@ -171,6 +177,30 @@ def test_gram_kernels_match_float64(dtype, shape, near):
   padding and a hole; gradients of padded rows exactly 0."""
   if jax.default_backend() != "gpu":
     pytest.skip("needs a GPU")
+  _check_against_float64(dtype, shape, near)
+
+
+def test_gram_kernel_source_on_the_cpu_matches_float64():
+  """The Triton source itself, run by Triton's interpreter on the CPU (in a subprocess: see
+  ``triton_cpu``), through the wrapper's custom VJP, with outputs starting as NaN: the GPU
+  test's checks at small shapes (``test_interpreted_gram_kernels``)."""
+  run_interpreted(__file__, "test_interpreted_gram_kernels")
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("shape,near", [
+    ((2, 70, 2, 64, 128), True),       # S~ ~ S; two row blocks, the second partly padded
+    ((3, 67, 3, 20, 26), False),       # odd head dim and rank: padded columns
+    ((2, 40, 1, 128, 169), False),     # the wide tiles (rank above 128: column blocks)
+])
+def test_interpreted_gram_kernels(monkeypatch, dtype, shape, near):
+  if not interpreting():
+    pytest.skip("runs under Triton's interpreter (test_gram_kernel_source_on_the_cpu_...)")
+  monkeypatch.setattr(dsa_gram, "launch", interpreted_launch())
+  _check_against_float64(dtype, shape, near)
+
+
+def _check_against_float64(dtype, shape, near):
   rng = np.random.default_rng(sum(shape) + near)
   b, l, h, d, r = shape
   q, k = (rng.normal(size=(b, l, h, d)) for _ in range(2))

@@ -46,19 +46,20 @@ __all__ = ["MAX_RANK", "prediction_mse"]
 _MODULE = "dsa_gram_kernels"
 MAX_RANK = 256      # widest XP (predictor rank) the kernels take
 _HI = jax.lax.Precision.HIGHEST
-# (rows per step, warps, stages) of the four kernels (forward Grams of Q / K and of XP, the
-# backward's dQ / dK and dXP tiles); the dXP tiles take half the rows and no pipelining at head
-# dims above 64 or ranks above 128.  Chosen on ptxas' report for sm_90a: no spills at d 64 /
-# rank 128 (126-158 registers) nor at d 128 / rank 256 (222-255).
-_TILES = {"fwd": (64, 8, 2), "fwd_xp": (64, 8, 2), "bwd_qk": (64, 8, 2), "bwd_xp": (64, 8, 2)}
-_WIDE_TILES = {"bwd_xp": (32, 8, 1)}
-_RB = 64    # column block of the XP-wide tiles
+# (rows per step, warps, stages, column block) of the four kernels (forward Grams of Q / K and
+# of XP, the backward's dQ / dK and dXP tiles); at head dims above 64 or ranks above 128 the
+# column blocks and the dXP tiles shrink to bound the registers and the shared memory.
+_TILES = {"fwd": (64, 8, 3, 128), "fwd_xp": (64, 8, 3, 64), "bwd_qk": (64, 8, 1, 128),
+          "bwd_xp": (64, 8, 2, 128)}
+_WIDE_TILES = {"fwd": (64, 8, 2, 64), "bwd_xp": (32, 8, 2, 64)}
 
 
 def _tiles(kernel: str, dw: int, rw: int):
-  if dw > 64 or rw > 128:
-    return _WIDE_TILES.get(kernel, _TILES[kernel])
-  return _TILES[kernel]
+  """(BL, warps, stages, RB) of a kernel at padded head dim dw and rank rw (RB <= rw)."""
+  wide = dw > 64 or rw > 128
+  bl, warps, stages, rb = (_WIDE_TILES.get(kernel, _TILES[kernel]) if wide
+                           else _TILES[kernel])
+  return bl, warps, stages, min(rb, rw)
 
 
 def _width(n: int) -> int:
@@ -66,31 +67,38 @@ def _width(n: int) -> int:
   return max(16, 1 << (n - 1).bit_length())
 
 
-def _block(rw: int) -> int:
-  """RB: the column block of the XP-wide tiles."""
-  return min(rw, _RB)
+def _split(x):
+  """(hi, lo) bf16 arrays with hi + lo ~ x to about 16 mantissa bits; a bf16 x is exact
+  (lo = hi, which the kernels do not read: pass ``exact``)."""
+  if x.dtype == jnp.bfloat16:
+    return x, x
+  x = x.astype(jnp.float32)
+  hi = x.astype(jnp.bfloat16)
+  return hi, (x - hi.astype(jnp.float32)).astype(jnp.bfloat16)
 
 
 def _dot(spec, *operands):
   return jnp.einsum(spec, *operands, precision=_HI, preferred_element_type=jnp.float32)
 
 
-def _grams(q, k, xp, km, ext, has_mask):
-  """(G [b, h, 2, d, d], C [b, h, 2, d, r], GX [b, r, r]) over the real rows (kernels)."""
-  b, l, h, d = q.shape
-  r = xp.shape[-1]
+def _grams(x, xp, km, ext, has_mask, exact):
+  """(G [b, h, 2, d, d], C [b, h, 2, d, r], GX [b, r, r]) over the real rows (kernels); x the
+  (hi, lo) parts of Q and K, xp of XP."""
+  (qh, ql), (kh, kl) = x
+  b, l, h, d = qh.shape
+  r = xp[0].shape[-1]
   dw, rw = _width(d), _width(r)
-  bl, warps, stages = _tiles("fwd", dw, rw)
-  g, c = launch(_MODULE, "gram_fwd", (q, k, xp, km, ext, l, h, d, r),
+  bl, warps, stages, rb = _tiles("fwd", dw, rw)
+  g, c = launch(_MODULE, "gram_fwd", (qh, ql, kh, kl, *xp, km, ext, l, h, d, r),
                 (jax.ShapeDtypeStruct((b * h, 2, dw, dw), jnp.float32),
                  jax.ShapeDtypeStruct((b * h, 2, dw, rw), jnp.float32)),
-                (2, b * h, rw // _block(rw)), num_warps=warps, num_stages=stages, D=dw, RP=rw,
-                RB=_block(rw), BL=bl, HAS_MASK=has_mask)
-  bl, warps, stages = _tiles("fwd_xp", dw, rw)
-  (gx,) = launch(_MODULE, "gram_fwd_xp", (xp, km, ext, l, r),
+                (2, b * h, rw // rb), num_warps=warps, num_stages=stages, D=dw, RP=rw, RB=rb,
+                BL=bl, HAS_MASK=has_mask, X_EXACT=exact)
+  bl, warps, stages, rb = _tiles("fwd_xp", dw, rw)
+  (gx,) = launch(_MODULE, "gram_fwd_xp", (*xp, km, ext, l, r),
                  (jax.ShapeDtypeStruct((b, rw, rw), jnp.float32),),
-                 (b, rw // _block(rw), rw // _block(rw)), num_warps=warps, num_stages=stages,
-                 RP=rw, RB=_block(rw), BL=bl, HAS_MASK=has_mask)
+                 (b, rw // rb, rw // rb), num_warps=warps, num_stages=stages, RP=rw, RB=rb,
+                 BL=bl, HAS_MASK=has_mask)
   return (g.reshape(b, h, 2, dw, dw)[..., :d, :d], c.reshape(b, h, 2, dw, rw)[..., :d, :r],
           gx[:, :r, :r])
 
@@ -114,42 +122,50 @@ def _mse(q, k, xp, w_q, w_k, km, ext, has_mask):
 
 
 def _mse_fwd(q, k, xp, w_q, w_k, km, ext, has_mask):
-  g, c, gx = _grams(q, k, xp, km, ext, has_mask)
+  # Q, K and XP go to the kernels as bf16 parts (made once here, kept for the backward); the
+  # zero-size array carries q's dtype (that of dQ, dK) to the backward.
+  x, xps = (_split(q), _split(k)), _split(xp)
+  g, c, gx = _grams(x, xps, km, ext, has_mask, q.dtype == jnp.bfloat16)
   small = _small_terms(g, c, gx, w_q, w_k)
-  return _total(g, *small), (q, k, xp, w_q, w_k, km, ext, g, c, gx, small)
+  return _total(g, *small), (x, xps, w_q, w_k, km, ext, g, c, gx, small,
+                             jnp.zeros((0,), q.dtype))
 
 
 def _mse_bwd(has_mask, res, ct):
-  q, k, xp, w_q, w_k, km, ext, g, c, gx, (cq, ck, pq, pk) = res
-  b, l, h, d = q.shape
-  r = xp.shape[-1]
+  x, xps, w_q, w_k, km, ext, g, c, gx, (cq, ck, pq, pk), like_q = res
+  (qh, ql), (kh, kl) = x
+  b, l, h, d = qh.shape
+  r = xps[0].shape[-1]
   dw, rw = _width(d), _width(r)
+  exact = like_q.dtype == jnp.bfloat16
   s2 = 2.0 * ct
+  pad = lambda x, *widths: jnp.pad(x, [(0, 0)] * (x.ndim - len(widths)) + [  # noqa: E731
+      (0, w - n) for w, n in zip(widths, x.shape[x.ndim - len(widths):])])
   # dX = X A + XP M per (example, head) and side (Q, K)
   a = s2 * jnp.stack([g[:, :, 1], g[:, :, 0]], axis=2)                       # [b, h, 2, d, d]
   m = -s2 * jnp.stack([_dot("hrk,bhdk->bhrd", w_q, ck), _dot("hrk,bhdk->bhrd", w_k, cq)],
                       axis=2)                                                # [b, h, 2, r, d]
-  pad = lambda x, *widths: jnp.pad(x, [(0, 0)] * (x.ndim - len(widths)) + [  # noqa: E731
-      (0, w - n) for w, n in zip(widths, x.shape[x.ndim - len(widths):])])
-  bl, warps, stages = _tiles("bwd_qk", dw, rw)
+  bl, warps, stages, rb = _tiles("bwd_qk", dw, rw)
   dq, dk = launch(_MODULE, "gram_bwd_qk",
-                  (q, k, xp, km, ext, pad(a, dw, dw).reshape(b * h, 2, dw, dw),
-                   pad(m, rw, dw).reshape(b * h, 2, rw, dw), l, h, d, r),
-                  (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype)),
+                  (qh, ql, kh, kl, *xps, km, ext,
+                   *_split(pad(a, dw, dw).reshape(b * h, 2, dw, dw)),
+                   *_split(pad(m, rw, dw).reshape(b * h, 2, rw, dw)), l, h, d, r),
+                  (jax.ShapeDtypeStruct(qh.shape, like_q.dtype),) * 2,
                   (2, cdiv(l, bl), b * h), num_warps=warps, num_stages=stages, D=dw, RP=rw,
-                  RB=_block(rw), BL=bl, HAS_MASK=has_mask)
+                  RB=rb, BL=bl, HAS_MASK=has_mask, X_EXACT=exact)
   # dXP = XP N + sum_h (Q_h P_h + K_h R_h)
   n = s2 * jnp.sum(_dot("hrk,bhkj,hsj->bhrs", w_q, pk, w_q)
                    + _dot("hrk,bhkj,hsj->bhrs", w_k, pq, w_k), axis=1)        # [b, r, r]
   p = -s2 * _dot("bhdk,hrk->bhdr", ck, w_q)                                  # [b, h, d, r]
   rr = -s2 * _dot("bhdk,hrk->bhdr", cq, w_k)
-  bl, warps, stages = _tiles("bwd_xp", dw, rw)
+  bl, warps, stages, rb = _tiles("bwd_xp", dw, rw)
   (dxp,) = launch(_MODULE, "gram_bwd_xp",
-                  (q, k, xp, km, ext, pad(n, rw, rw), pad(p, dw, rw).reshape(b * h, dw, rw),
-                   pad(rr, dw, rw).reshape(b * h, dw, rw), l, h, d, r),
-                  (jax.ShapeDtypeStruct(xp.shape, jnp.float32),),
-                  (cdiv(l, bl), b, rw // _block(rw)), num_warps=warps, num_stages=stages, D=dw,
-                  RP=rw, RB=_block(rw), BL=bl, HAS_MASK=has_mask)
+                  (qh, ql, kh, kl, *xps, km, ext, *_split(pad(n, rw, rw)),
+                   *_split(pad(p, dw, rw).reshape(b * h, dw, rw)),
+                   *_split(pad(rr, dw, rw).reshape(b * h, dw, rw)), l, h, d, r),
+                  (jax.ShapeDtypeStruct((b, l, r), jnp.float32),),
+                  (cdiv(l, bl), b, rw // rb), num_warps=warps, num_stages=stages, D=dw, RP=rw,
+                  RB=rb, BL=bl, HAS_MASK=has_mask, X_EXACT=exact)
   # dW~ (k x k work only)
   dw_q = s2 * jnp.sum(_dot("brs,hsk,bhkj->bhrj", gx, w_q, pk)
                       - _dot("bhdr,bhdj->bhrj", c[:, :, 0], ck), axis=0)
