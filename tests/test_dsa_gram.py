@@ -42,7 +42,8 @@ def _stand_in(module, kernel, args, out_shapes, grid, **kw):
     return np.pad(x, pad)
 
   if kernel == "gram_fwd":
-    qh, ql, kh, kl, xph, xpl, km, ext, length, h, d0, r0 = args
+    qh, ql, kh, kl, xph, xpl, km, ext, length = args
+    h, d0, r0 = kw["H"], kw["D0"], kw["R0"]
     live = _real(km, ext, kw["HAS_MASK"], length)[:, :, None, None]
     q, k = (widen(np.where(live, join(*x, exact), 0), 3, d) for x in ((qh, ql), (kh, kl)))
     xp = widen(np.where(live[..., 0], join(xph, xpl), 0), 2, rp)
@@ -50,12 +51,13 @@ def _stand_in(module, kernel, args, out_shapes, grid, **kw):
     c = np.stack([np.einsum("blhd,blr->bhdr", x, xp) for x in (q, k)], 2)
     return tuple(jnp.asarray(x.reshape(s.shape), s.dtype) for x, s in zip((g, c), out_shapes))
   if kernel == "gram_fwd_xp":
-    xph, xpl, km, ext, length, r0 = args
+    xph, xpl, km, ext, length = args
     live = _real(km, ext, kw["HAS_MASK"], length)[:, :, None]
     xp = widen(np.where(live, join(xph, xpl), 0), 2, rp)
     return (jnp.asarray(np.einsum("blr,bls->brs", xp, xp), jnp.float32),)
   if kernel == "gram_bwd_qk":
-    qh, ql, kh, kl, xph, xpl, km, ext, ah, al, mh, ml, length, h, d0, r0 = args
+    qh, ql, kh, kl, xph, xpl, km, ext, ah, al, mh, ml, length = args
+    h, d0 = kw["H"], kw["D0"]
     b = qh.shape[0]
     live = _real(km, ext, kw["HAS_MASK"], length)[:, :, None, None]
     a, m = join(ah, al).reshape(b, h, 2, d, d), join(mh, ml).reshape(b, h, 2, rp, d)
@@ -67,7 +69,8 @@ def _stand_in(module, kernel, args, out_shapes, grid, **kw):
       outs.append(jnp.asarray(np.where(live, out, 0), out_shapes[side].dtype))
     return tuple(outs)
   if kernel == "gram_bwd_xp":
-    qh, ql, kh, kl, xph, xpl, km, ext, nh, nl, ph, pl, rh, rl, length, h, d0, r0 = args
+    qh, ql, kh, kl, xph, xpl, km, ext, nh, nl, ph, pl, rh, rl, length = args
+    h, r0 = kw["H"], kw["R0"]
     b = qh.shape[0]
     live = _real(km, ext, kw["HAS_MASK"], length)[:, :, None]
     p, r = join(ph, pl).reshape(b, h, d, rp), join(rh, rl).reshape(b, h, d, rp)

@@ -89,16 +89,16 @@ def _grams(x, xp, km, ext, has_mask, exact):
   r = xp[0].shape[-1]
   dw, rw = _width(d), _width(r)
   bl, warps, stages, rb = _tiles("fwd", dw, rw)
-  g, c = launch(_MODULE, "gram_fwd", (qh, ql, kh, kl, *xp, km, ext, l, h, d, r),
+  g, c = launch(_MODULE, "gram_fwd", (qh, ql, kh, kl, *xp, km, ext, l),
                 (jax.ShapeDtypeStruct((b * h, 2, dw, dw), jnp.float32),
                  jax.ShapeDtypeStruct((b * h, 2, dw, rw), jnp.float32)),
-                (2, b * h, rw // rb), num_warps=warps, num_stages=stages, D=dw, RP=rw, RB=rb,
-                BL=bl, HAS_MASK=has_mask, X_EXACT=exact)
+                (2, b * h, rw // rb), num_warps=warps, num_stages=stages, H=h, D0=d, R0=r, D=dw,
+                RP=rw, RB=rb, BL=bl, HAS_MASK=has_mask, X_EXACT=exact)
   bl, warps, stages, rb = _tiles("fwd_xp", dw, rw)
-  (gx,) = launch(_MODULE, "gram_fwd_xp", (*xp, km, ext, l, r),
+  (gx,) = launch(_MODULE, "gram_fwd_xp", (*xp, km, ext, l),
                  (jax.ShapeDtypeStruct((b, rw, rw), jnp.float32),),
-                 (b, rw // rb, rw // rb), num_warps=warps, num_stages=stages, RP=rw, RB=rb,
-                 BL=bl, HAS_MASK=has_mask)
+                 (b, rw // rb, rw // rb), num_warps=warps, num_stages=stages, R0=r, RP=rw,
+                 RB=rb, BL=bl, HAS_MASK=has_mask)
   return (g.reshape(b, h, 2, dw, dw)[..., :d, :d], c.reshape(b, h, 2, dw, rw)[..., :d, :r],
           gx[:, :r, :r])
 
@@ -149,10 +149,10 @@ def _mse_bwd(has_mask, res, ct):
   dq, dk = launch(_MODULE, "gram_bwd_qk",
                   (qh, ql, kh, kl, *xps, km, ext,
                    *_split(pad(a, dw, dw).reshape(b * h, 2, dw, dw)),
-                   *_split(pad(m, rw, dw).reshape(b * h, 2, rw, dw)), l, h, d, r),
+                   *_split(pad(m, rw, dw).reshape(b * h, 2, rw, dw)), l),
                   (jax.ShapeDtypeStruct(qh.shape, like_q.dtype),) * 2,
-                  (2, cdiv(l, bl), b * h), num_warps=warps, num_stages=stages, D=dw, RP=rw,
-                  RB=rb, BL=bl, HAS_MASK=has_mask, X_EXACT=exact)
+                  (2, cdiv(l, bl), b * h), num_warps=warps, num_stages=stages, H=h, D0=d, R0=r,
+                  D=dw, RP=rw, RB=rb, BL=bl, HAS_MASK=has_mask, X_EXACT=exact)
   # dXP = XP N + sum_h (Q_h P_h + K_h R_h)
   n = s2 * jnp.sum(_dot("hrk,bhkj,hsj->bhrs", w_q, pk, w_q)
                    + _dot("hrk,bhkj,hsj->bhrs", w_k, pq, w_k), axis=1)        # [b, r, r]
@@ -162,10 +162,10 @@ def _mse_bwd(has_mask, res, ct):
   (dxp,) = launch(_MODULE, "gram_bwd_xp",
                   (qh, ql, kh, kl, *xps, km, ext, *_split(pad(n, rw, rw)),
                    *_split(pad(p, dw, rw).reshape(b * h, dw, rw)),
-                   *_split(pad(rr, dw, rw).reshape(b * h, dw, rw)), l, h, d, r),
+                   *_split(pad(rr, dw, rw).reshape(b * h, dw, rw)), l),
                   (jax.ShapeDtypeStruct((b, l, r), jnp.float32),),
-                  (cdiv(l, bl), b, rw // rb), num_warps=warps, num_stages=stages, D=dw, RP=rw,
-                  RB=rb, BL=bl, HAS_MASK=has_mask, X_EXACT=exact)
+                  (cdiv(l, bl), b, rw // rb), num_warps=warps, num_stages=stages, H=h, D0=d,
+                  R0=r, D=dw, RP=rw, RB=rb, BL=bl, HAS_MASK=has_mask, X_EXACT=exact)
   # dW~ (k x k work only)
   dw_q = s2 * jnp.sum(_dot("brs,hsk,bhkj->bhrj", gx, w_q, pk)
                       - _dot("bhdr,bhdj->bhrj", c[:, :, 0], ck), axis=0)

@@ -24,7 +24,9 @@ their pairs), the loops stop at the extent, and the backward writes zeros there.
 
 Operands: QH, QL, KH, KL [batch, length, heads, D0] (rows of stride H * D0; QL = QH and KL = KH
 unread with X_EXACT), XPH, XPL [batch, length, R0]; D and RP are D0 and R0 rounded up to powers
-of two >= 16 (the padded columns are read as zeros).  The small matrices come padded to D / RP,
+of two >= 16 (the padded columns are read as zeros).  H, D0 and R0 are compile-time constants:
+with them the row strides are known multiples of 8 elements, so the bf16 tiles load as 16-byte
+vectors and the loops' loads go through asynchronous copies (runtime strides allowed neither).  The small matrices come padded to D / RP,
 as hi and lo.  Columns of width RP are handled in blocks of RB (a grid axis, or a loop over the
 contraction) to bound the registers.  This module imports triton: ``dsa_gram`` launches it.
 """
@@ -77,9 +79,9 @@ def _trans(a):
 
 
 @triton.jit
-def gram_fwd(QH, QL, KH, KL, XPH, XPL, KM, EXT, L, H, D0, R0, G, C, D: tl.constexpr,
-             RP: tl.constexpr, RB: tl.constexpr, BL: tl.constexpr, HAS_MASK: tl.constexpr,
-             X_EXACT: tl.constexpr):
+def gram_fwd(QH, QL, KH, KL, XPH, XPL, KM, EXT, L, G, C, H: tl.constexpr, D0: tl.constexpr,
+             R0: tl.constexpr, D: tl.constexpr, RP: tl.constexpr, RB: tl.constexpr,
+             BL: tl.constexpr, HAS_MASK: tl.constexpr, X_EXACT: tl.constexpr):
   """For X = Q (program_id(0) = 0) or K (1) of one (example, head) = program_id(1):
   C [batch*heads, 2, D, RP] columns program_id(2) * RB... of X^T (XP), and with the first
   column block G [batch*heads, 2, D, D] = X^T X."""
@@ -115,7 +117,7 @@ def gram_fwd(QH, QL, KH, KL, XPH, XPL, KM, EXT, L, H, D0, R0, G, C, D: tl.conste
 
 
 @triton.jit
-def gram_fwd_xp(XPH, XPL, KM, EXT, L, R0, GX, RP: tl.constexpr, RB: tl.constexpr,
+def gram_fwd_xp(XPH, XPL, KM, EXT, L, GX, R0: tl.constexpr, RP: tl.constexpr, RB: tl.constexpr,
                 BL: tl.constexpr, HAS_MASK: tl.constexpr):
   """GX [batch, RP, RP] = (XP)^T (XP) of one example = program_id(0), the block of rows
   program_id(1) * RB... and columns program_id(2) * RB...."""
@@ -136,9 +138,10 @@ def gram_fwd_xp(XPH, XPL, KM, EXT, L, R0, GX, RP: tl.constexpr, RB: tl.constexpr
 
 
 @triton.jit
-def gram_bwd_qk(QH, QL, KH, KL, XPH, XPL, KM, EXT, AH, AL, MH, ML, L, H, D0, R0, DQ, DK,
-                D: tl.constexpr, RP: tl.constexpr, RB: tl.constexpr, BL: tl.constexpr,
-                HAS_MASK: tl.constexpr, X_EXACT: tl.constexpr):
+def gram_bwd_qk(QH, QL, KH, KL, XPH, XPL, KM, EXT, AH, AL, MH, ML, L, DQ, DK, H: tl.constexpr,
+                D0: tl.constexpr, R0: tl.constexpr, D: tl.constexpr, RP: tl.constexpr,
+                RB: tl.constexpr, BL: tl.constexpr, HAS_MASK: tl.constexpr,
+                X_EXACT: tl.constexpr):
   """dX = X A + XP M on the real rows program_id(1) * BL... (zeros on the others) for X = Q
   (program_id(0) = 0, into DQ) or K (1, into DK) of one (example, head) = program_id(2);
   A [batch*heads, 2, D, D], M [batch*heads, 2, RP, D] as hi and lo."""
@@ -177,9 +180,10 @@ def gram_bwd_qk(QH, QL, KH, KL, XPH, XPL, KM, EXT, AH, AL, MH, ML, L, H, D0, R0,
 
 
 @triton.jit
-def gram_bwd_xp(QH, QL, KH, KL, XPH, XPL, KM, EXT, NH, NL, PH, PL, RH, RL, L, H, D0, R0, DXP,
-                D: tl.constexpr, RP: tl.constexpr, RB: tl.constexpr, BL: tl.constexpr,
-                HAS_MASK: tl.constexpr, X_EXACT: tl.constexpr):
+def gram_bwd_xp(QH, QL, KH, KL, XPH, XPL, KM, EXT, NH, NL, PH, PL, RH, RL, L, DXP,
+                H: tl.constexpr, D0: tl.constexpr, R0: tl.constexpr, D: tl.constexpr,
+                RP: tl.constexpr, RB: tl.constexpr, BL: tl.constexpr, HAS_MASK: tl.constexpr,
+                X_EXACT: tl.constexpr):
   """d(XP) = XP N + sum_h (Q_h P_h + K_h R_h) on the real rows program_id(0) * BL... of one
   example = program_id(1), columns program_id(2) * RB... (zeros on the other rows);
   N [batch, RP, RP], P, R [batch*heads, D, RP] as hi and lo."""

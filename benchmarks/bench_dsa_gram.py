@@ -1,0 +1,165 @@
+"""DSA's L_MSE (value, and value + gradients) on the Gram kernels against XLA's Gram form, in
+ONE process on one GPU; optionally an older copy of the kernels (A/B) and tile variants.
+
+Per shape BATCHxLENGTH:HEADS:RANK (head_dim 64, Q and K in bf16, XP fp32, predictor width k =
+RANK / 8), each method is timed as ``--steps`` dependent calls chained in one jit (lax.scan over
+3 random input sets), median of ``--rounds`` after warm-up, methods interleaved round by round:
+
+  xla        ``dsa_reference.prediction_mse`` on the factored predictors (XLA's Gram form)
+  kernels    ``dsa_gram.prediction_mse`` of this checkout
+  old        the same function of an older copy (``--old=DIR`` holding its ``dsa_gram.py`` and
+             ``dsa_gram_kernels.py``, e.g. from ``git show REV:...`` into the git-ignored .ab/)
+  tiles:...  this checkout with one kernel's tiles replaced (``--tiles``)
+
+With ``--masked`` every example has key padding (real lengths uniform in [L/4, L], as ListOps
+batches), which the kernels skip and XLA's form does not.  Also checks that each method's value
+and gradients agree with the first kernel method (relative error of each).
+
+  python -m benchmarks.bench_dsa_gram [--shapes=32x2000:8:128,16x2048:4:64] [--masked]
+      [--old=.ab/gram_old] [--tiles=fwd=128:8:3:128,bwd_xp=128:8:2:128] [--out=FILE]
+"""
+from __future__ import annotations
+
+import datetime
+import statistics
+import sys
+import time
+from typing import Sequence
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.ab_dfss_kernels import chained, load_module
+from benchmarks.bench_dfss_kernels import gpu_state
+from lra_sparse import tables
+from lra_sparse.kernels import dsa_gram, dsa_reference
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("shapes", ["32x2000:8:128", "16x2048:4:64"], "BxL:heads:rank entries.")
+flags.DEFINE_bool("masked", False, "Key padding: real lengths uniform in [L/4, L].")
+flags.DEFINE_string("old", "", "Directory with an older dsa_gram.py and dsa_gram_kernels.py.")
+flags.DEFINE_list("tiles", [], "KERNEL=BL:WARPS:STAGES:RB variants of this checkout's tiles "
+                  "(kernels: fwd, fwd_xp, bwd_qk, bwd_xp); '+' joins several in one variant.")
+flags.DEFINE_integer("steps", 10, "Calls chained in one jit.")
+flags.DEFINE_integer("rounds", 5, "Timed rounds (median).")
+flags.DEFINE_string("out", "", "Also write the table here.")
+
+
+def _old_module(directory: str):
+  """The older wrapper, launching its own kernels (registered as dsa_gram_kernels_old)."""
+  load_module(f"{directory}/dsa_gram_kernels.py", "lra_sparse.kernels.dsa_gram_kernels_old")
+  mod = load_module(f"{directory}/dsa_gram.py", "lra_sparse.kernels.dsa_gram_old")
+  mod._MODULE = "dsa_gram_kernels_old"  # pylint: disable=protected-access
+  return mod
+
+
+def _tile_variant(spec: str):
+  """(label, tiles dict) from 'fwd=128:8:3:128+bwd_xp=...'."""
+  tiles = dict(dsa_gram._TILES)  # pylint: disable=protected-access
+  for part in spec.split("+"):
+    kernel, values = part.split("=")
+    if kernel not in tiles:
+      raise ValueError(f"--tiles: unknown kernel {kernel!r}; known: {sorted(tiles)}")
+    tiles[kernel] = tuple(int(v) for v in values.split(":"))
+  return "tiles " + spec, tiles
+
+
+def _with_tiles(fn, tiles):
+  """fn with dsa_gram's tile table replaced while it runs (traces)."""
+  def run(*args):
+    saved = dsa_gram._TILES  # pylint: disable=protected-access
+    dsa_gram._TILES = tiles  # read while tracing; restored before the next method traces
+    try:
+      return fn(*args)
+    finally:
+      dsa_gram._TILES = saved
+  return run
+
+
+def _time(methods, xs):
+  """Median ms per call of each (label, fn), rounds interleaved across methods."""
+  runs = {label: chained(fn, FLAGS.steps) for label, fn in methods}
+  for label, run in runs.items():       # compile + warm up
+    run(xs).block_until_ready()
+    run(xs).block_until_ready()
+  times = {label: [] for label in runs}
+  for _ in range(FLAGS.rounds):
+    for label, run in runs.items():
+      t0 = time.perf_counter()
+      run(xs).block_until_ready()
+      times[label].append((time.perf_counter() - t0) / FLAGS.steps * 1e3)
+  return {label: statistics.median(t) for label, t in times.items()}
+
+
+def _rel(x, y):
+  x, y = (np.asarray(a, np.float64) for a in (x, y))
+  return float(np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-30))
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}\n{gpu_state()}",
+        flush=True)
+  impls = [("kernels", dsa_gram.prediction_mse, None)]   # (label, function, tiles)
+  if FLAGS.old:
+    impls.append(("old", _old_module(FLAGS.old).prediction_mse, None))
+  impls += [(label, dsa_gram.prediction_mse, tiles)
+            for label, tiles in map(_tile_variant, FLAGS.tiles)]
+  xla = lambda q, k, x, wq, wk, mask: dsa_reference.prediction_mse(  # noqa: E731
+      q, k, dsa_reference.LowRank(x, wq), dsa_reference.LowRank(x, wk), mask)
+  impls.append(("xla", xla, None))
+  rows = []
+  for entry in FLAGS.shapes:
+    bl, h, rank = entry.split(":")
+    b, l = map(int, bl.split("x"))
+    h, rank, d, width = int(h), int(rank), 64, max(int(rank) // 8, 1)
+    key = jax.random.PRNGKey(b * l + h)
+    sets = []
+    for i in range(3):
+      ks = jax.random.split(jax.random.fold_in(key, i), 6)
+      q, k = (jax.random.normal(kk, (b, l, h, d), jnp.bfloat16) for kk in ks[:2])
+      xp = jax.random.normal(ks[2], (b, l, rank), jnp.float32)
+      wq, wk = (jax.random.normal(kk, (h, rank, width), jnp.float32) / np.sqrt(rank)
+                for kk in ks[3:5])
+      lengths = (jax.random.randint(ks[5], (b,), l // 4, l + 1) if FLAGS.masked
+                 else jnp.full((b,), l))
+      mask = jnp.arange(l)[None, :] < lengths[:, None]
+      sets.append((q, k, xp, wq, wk, mask))
+    xs = tuple(jnp.stack([sets[i % 3][j] for i in range(FLAGS.steps)]) for j in range(6))
+    methods, checks = [], {}
+    for label, fn, tiles in impls:
+      value = lambda q, k, x, wq, wk, m, fn=fn: fn(q, k, x, wq, wk, m)  # noqa: E731
+      grads = lambda q, k, x, wq, wk, m, fn=fn: jax.value_and_grad(  # noqa: E731
+          lambda *a: fn(*a, m), argnums=range(5))(q, k, x, wq, wk)
+      if tiles is not None:   # the backward kernels are traced after fn returns: wrap it all
+        value, grads = _with_tiles(value, tiles), _with_tiles(grads, tiles)
+      methods += [(f"{label} value", value), (f"{label} value+grads", grads)]
+      checks[label] = jax.jit(grads)(*sets[0])
+    ms = _time(methods, xs)
+    ref_value, ref_grads = checks["kernels"]
+    base = ms["xla value+grads"]
+    for label, _, _ in impls:
+      value, grads = checks[label]
+      err = max([_rel(value, ref_value)] + [_rel(g, r) for g, r in zip(grads, ref_grads)])
+      rows.append([entry + (" masked" if FLAGS.masked else ""), label,
+                   f"{ms[label + ' value']:.3f}", f"{ms[label + ' value+grads']:.3f}",
+                   f"{base / ms[label + ' value+grads']:.2f}", f"{err:.1e}"])
+      print(" | ".join(rows[-1]), flush=True)
+  header = (f"# DSA L_MSE: Gram kernels vs XLA ({jax.devices()[0].device_kind})\n\n"
+            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, jax "
+            f"{jax.__version__}; `{' '.join(['python -m benchmarks.bench_dsa_gram'] + sys.argv[1:])}`"
+            f"; {FLAGS.steps} chained calls per jit, median of {FLAGS.rounds}; head_dim 64, "
+            f"bf16 Q/K, predictor width rank/8.\nend of run, {gpu_state()}\n\n")
+  table = tables.markdown_grid(
+      ["shape", "method", "value ms", "value+grads ms", "speed vs XLA (value+grads)",
+       "max rel. diff vs kernels"], rows)
+  print("\n" + header + table)
+  if FLAGS.out:
+    with open(FLAGS.out, "w") as f:
+      f.write(header + table + "\n")
+
+
+if __name__ == "__main__":
+  app.run(main)
