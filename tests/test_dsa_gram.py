@@ -43,7 +43,7 @@ def _stand_in(module, kernel, args, out_shapes, grid, **kw):
 
   if kernel == "gram_fwd":
     qh, ql, kh, kl, xph, xpl, km, ext, length = args
-    h, d0, r0 = kw["H"], kw["D0"], kw["R0"]
+    assert (kw["H"], kw["D0"], kw["R0"]) == qh.shape[2:] + xph.shape[2:]
     live = _real(km, ext, kw["HAS_MASK"], length)[:, :, None, None]
     q, k = (widen(np.where(live, join(*x, exact), 0), 3, d) for x in ((qh, ql), (kh, kl)))
     xp = widen(np.where(live[..., 0], join(xph, xpl), 0), 2, rp)
