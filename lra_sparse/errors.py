@@ -15,4 +15,5 @@ EXIT_INTERRUPTED = 130
 
 
 class TrainingInterrupted(RuntimeError):
-  """SIGINT (Ctrl-C) stopped the run after its in-flight checkpoint save finished."""
+  """SIGINT (Ctrl-C) stopped the run after its in-flight save finished and the step it reached
+  was checkpointed (``train._save_on_interrupt`` says when it cannot be)."""
