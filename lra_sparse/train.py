@@ -363,30 +363,31 @@ def _sigint_deferred():
     signal.signal(signal.SIGINT, previous)
 
 
-def _save_on_interrupt(manager, state, finite, last_saved) -> str:
+def _save_on_interrupt(manager, state, finite, last_saved) -> tuple[Optional[int], str]:
   """Checkpoints the state reached when Ctrl-C stopped training, so that a resumed run loses
-  no steps; returns what the workdir keeps, for the message.  Skipped (and said) when that
+  no steps; returns (the step reached, as the state counts it, or None where unknown; what the
+  workdir keeps, for the message).  Skipped (and said) when that
   step is already saved, when something non-finite was seen since the last save, when the
   interrupt came while a step was consuming its (donated) input state, and with several
   processes (a save is collective there and the others may not have stopped)."""
   kept = (f"checkpoints up to step {last_saved} are kept" if last_saved is not None
           else "no checkpoint was written yet")
   if jax.process_count() > 1:
-    return kept
+    return None, kept
   leaves = jax.tree.leaves(state)
   if any(getattr(x, "is_deleted", lambda: False)() for x in leaves):
-    return kept + " (the interrupt came mid-step)"
+    return None, kept + " (the interrupt came mid-step)"
   step = int(jax.device_get(state.step))
   if step == last_saved or step in manager.all_steps():
-    return f"its checkpoint at step {step} is kept"
+    return step, f"its checkpoint at step {step} is kept"
   if not (bool(finite) and bool(_all_finite(state.params))):
-    return kept + " (nothing non-finite is saved)"
+    return step, kept + " (nothing non-finite is saved)"
   try:
     manager.save(step, args=ocp.args.StandardSave(state))
     manager.wait_until_finished()
   except Exception as e:  # pylint: disable=broad-except  (the interrupt is what gets reported)
-    return kept + f" (saving step {step} failed: {_first_line(e)})"
-  return f"saved a checkpoint at step {step}"
+    return step, kept + f" (saving step {step} failed: {_first_line(e)})"
+  return step, f"saved a checkpoint at step {step}"
 
 
 def _first_line(error: BaseException) -> str:
@@ -812,10 +813,10 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
     progress.close()
     with _sigint_deferred():           # a second Ctrl-C (a sweep forwards its own) waits
       manager.wait_until_finished()    # a save in flight completes (or fails) first
-      kept = _save_on_interrupt(manager, state, finite, last_saved)
+      reached, kept = _save_on_interrupt(manager, state, finite, last_saved)
       manager.close()
-    raise TrainingInterrupted(f"interrupted at step {done}; {kept}; run the same command to "
-                              "resume") from None
+    raise TrainingInterrupted(f"interrupted at step {reached or done}; {kept}; run the same "
+                              "command to resume") from None
   except TrainingDiverged:
     progress.close()
     manager.wait_until_finished()
