@@ -22,10 +22,10 @@ and with s = dL/dtotal (the normalisation, and 0 where the clamp at 0 is active)
 Only the products over the length (the Grams forward; dQ, dK and dXP backward) touch
 [L, *] arrays: they are the kernels, each reading Q, K and XP once and stopping at the
 example's last real token (XLA's autodiff of the reference works on every row).  Everything
-else is k x k work in XLA at full fp32 precision.  H100, ListOps shape (8 heads of 64, rank
-128), value and gradients per layer: 2.85 ms without padding against 2.16 ms for the XLA
-form; on padded ListOps batches the skipped rows make the kernels the faster one (train step
-36.2 against 38.6 ms, ``experiments/dsa_kernels_h100.md``).
+else is k x k work in XLA at full fp32 precision.  H100, ListOps shape (32 x 2000, 8 heads of
+64, rank 128), value and gradients per layer: 1.20 ms without padding against 1.95 ms for the
+XLA form (the first kernels, which split fp32 tiles in registers and loaded bf16 rows without
+alignment, took 2.24 ms in the same process; ``experiments/dsa_gram_h100.md``).
 
 Nothing here imports triton at module import time (``dfss_launch.launch`` does).
 """
@@ -49,16 +49,26 @@ _HI = jax.lax.Precision.HIGHEST
 # (rows per step, warps, stages, column block) of the four kernels (forward Grams of Q / K and
 # of XP, the backward's dQ / dK and dXP tiles); at head dims above 64 or ranks above 128 the
 # column blocks and the dXP tiles shrink to bound the registers and the shared memory.
-_TILES = {"fwd": (64, 8, 3, 128), "fwd_xp": (64, 8, 3, 64), "bwd_qk": (64, 8, 1, 128),
-          "bwd_xp": (64, 8, 2, 128)}
-_WIDE_TILES = {"fwd": (64, 8, 2, 64), "bwd_xp": (32, 8, 2, 64)}
+# Chosen on an H100 (``benchmarks/bench_dsa_gram.py``, ``experiments/dsa_gram_h100.md``) among
+# tiles that ptxas compiles for sm_90a without spills and whose buffers fit the 227 KiB of
+# shared memory: wider head dims or ranks, and fp32 / fp16 Q and K (two bf16 parts each, so
+# twice the buffers of the dXP loop), take smaller ones.
+_TILES = {"fwd": (128, 8, 2, 128), "fwd_xp": (64, 8, 3, 64), "bwd_qk": (128, 8, 1, 128),
+          "bwd_xp": (64, 4, 2, 128)}
+_WIDE_TILES = {"fwd": (64, 8, 2, 64), "bwd_qk": (64, 8, 1, 128), "bwd_xp": (32, 8, 2, 64)}
+_SPLIT_X_TILES = {"fwd": (64, 8, 2, 128), "bwd_xp": (64, 8, 2, 64)}
 
 
-def _tiles(kernel: str, dw: int, rw: int):
-  """(BL, warps, stages, RB) of a kernel at padded head dim dw and rank rw (RB <= rw)."""
-  wide = dw > 64 or rw > 128
-  bl, warps, stages, rb = (_WIDE_TILES.get(kernel, _TILES[kernel]) if wide
-                           else _TILES[kernel])
+def _tiles(kernel: str, dw: int, rw: int, exact: bool = True):
+  """(BL, warps, stages, RB) of a kernel at padded head dim dw and rank rw (RB <= rw); exact:
+  Q and K are bf16 (one part each)."""
+  if dw > 64 or rw > 128:
+    tiles = _WIDE_TILES.get(kernel, _TILES[kernel])
+  elif not exact:
+    tiles = _SPLIT_X_TILES.get(kernel, _TILES[kernel])
+  else:
+    tiles = _TILES[kernel]
+  bl, warps, stages, rb = tiles
   return bl, warps, stages, min(rb, rw)
 
 
@@ -91,7 +101,7 @@ def _grams(x, xp, km, ext, has_mask, exact):
   b, l, h, d = qh.shape
   r = xp[0].shape[-1]
   dw, rw = _width(d), _width(r)
-  bl, warps, stages, rb = _tiles("fwd", dw, rw)
+  bl, warps, stages, rb = _tiles("fwd", dw, rw, exact)
   g, c = launch(_MODULE, "gram_fwd", (qh, ql, kh, kl, *xp, km, ext, l),
                 (jax.ShapeDtypeStruct((b * h, 2, dw, dw), jnp.float32),
                  jax.ShapeDtypeStruct((b * h, 2, dw, rw), jnp.float32)),
@@ -148,7 +158,7 @@ def _mse_bwd(has_mask, res, ct):
   a = s2 * jnp.stack([g[:, :, 1], g[:, :, 0]], axis=2)                       # [b, h, 2, d, d]
   m = -s2 * jnp.stack([_dot("hrk,bhdk->bhrd", w_q, ck), _dot("hrk,bhdk->bhrd", w_k, cq)],
                       axis=2)                                                # [b, h, 2, r, d]
-  bl, warps, stages, rb = _tiles("bwd_qk", dw, rw)
+  bl, warps, stages, rb = _tiles("bwd_qk", dw, rw, exact)
   dq, dk = launch(_MODULE, "gram_bwd_qk",
                   (qh, ql, kh, kl, *xps, km, ext,
                    *_split(pad(a, dw, dw).reshape(b * h, 2, dw, dw)),
@@ -161,7 +171,7 @@ def _mse_bwd(has_mask, res, ct):
                    + _dot("hrk,bhkj,hsj->bhrs", w_k, pq, w_k), axis=1)        # [b, r, r]
   p = -s2 * _dot("bhdk,hrk->bhdr", ck, w_q)                                  # [b, h, d, r]
   rr = -s2 * _dot("bhdk,hrk->bhdr", cq, w_k)
-  bl, warps, stages, rb = _tiles("bwd_xp", dw, rw)
+  bl, warps, stages, rb = _tiles("bwd_xp", dw, rw, exact)
   (dxp,) = launch(_MODULE, "gram_bwd_xp",
                   (qh, ql, kh, kl, *xps, km, ext, *_split(pad(n, rw, rw)),
                    *_split(pad(p, dw, rw).reshape(b * h, dw, rw)),
