@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from lra_sparse.kernels import dsa_reference as ref
 
 from conftest import check_close, np_select, rel_err  # np_select: the rule in float64
+from triton_cpu import interpreted_launch, interpreting, run_interpreted
 
 HI = jax.lax.Precision.HIGHEST
 
@@ -293,7 +294,7 @@ def test_padding_extents_match_a_loop():
 # ----------------------------------------------------------------------------- GPU: kernels
 def _kernels():
   from lra_sparse.kernels import dsa_triton
-  if not dsa_triton.is_available():
+  if not dsa_triton.is_available() and not interpreting():
     pytest.skip("needs a GPU and jax_triton")
   return dsa_triton
 
@@ -372,6 +373,12 @@ def _check_close(label, pairs, dtype):
 @pytest.mark.parametrize("ints", [False, True])
 @pytest.mark.parametrize("case", GPU_CASES, ids=_case_id)
 def test_kernels_match_reference(case, ints):
+  _check_kernels_against_reference(case, ints)
+
+
+def _check_kernels_against_reference(case, ints):
+  """Selection bits exactly the reference's; out, dq, dk, dv against full-precision fp32 on
+  those bits (outputs poisoned); a fully padded example gives zeros."""
   dt = _kernels()
   dtype, b, l, h, d, vector, sparsity, rank, selection = case
   seed = zlib.crc32(f"{_case_id(case)}-{ints}".encode()) % (2 ** 31)
@@ -537,3 +544,28 @@ def test_float_selection_rule_of_older_runs_still_runs():
   assert 0.0 < float(state["aux_metrics"]["dsa_hit_rate"][0]) <= 1.0
   with pytest.raises(ValueError, match="selection_rule='int4' is not one of"):
     DSAConfig(selection_rule="int4")
+
+
+# ----------------------------------------------------------------------------- CPU: the source
+INTERPRETED_CASES = [   # small: Triton's interpreter runs every program in numpy
+    (jnp.float32, 2, 70, 2, 32, 1, 0.75, 26, "topk"),
+    (jnp.bfloat16, 2, 96, 1, 64, 8, 0.9, 26, "threshold"),
+    (jnp.float32, 2, 64, 1, 16, 4, 0.5, 84, "topk"),
+]
+
+
+def test_kernel_source_on_the_cpu_matches_reference():
+  """The selection and attention kernels' Triton source, run by Triton's interpreter on the
+  CPU (in a subprocess: ``triton_cpu``), through the same checks as the GPU test at small
+  shapes (``test_interpreted_kernels``)."""
+  run_interpreted(__file__, "test_interpreted_kernels")
+
+
+@pytest.mark.parametrize("ints", [False, True])
+@pytest.mark.parametrize("case", INTERPRETED_CASES, ids=_case_id)
+def test_interpreted_kernels(monkeypatch, case, ints):
+  if not interpreting():
+    pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
+  from lra_sparse.kernels import dsa_triton   # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
+  _check_kernels_against_reference(case, ints)

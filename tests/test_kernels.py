@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from lra_sparse.attention.nm import nm_mask
 from lra_sparse.kernels import dfss_reference as ref
 from conftest import check_close, rel_err
+from triton_cpu import interpreted_launch, interpreting, run_interpreted
 
 
 # ----------------------------------------------------------------------------- numpy oracle
@@ -314,7 +315,7 @@ def test_unsupported_reason_states_what_the_triton_kernel_runs():
 # ----------------------------------------------------------------------------- GPU: kernels
 def _need_triton():
   from lra_sparse.kernels import dfss_triton
-  if not dfss_triton.is_available():
+  if not dfss_triton.is_available() and not interpreting():
     pytest.skip("needs a GPU and jax_triton")
   return dfss_triton
 
@@ -366,6 +367,12 @@ def make_holes_mask(key, b, l):
 @pytest.mark.parametrize("impl", ["fused", "fused-deterministic", "compressed"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=_case_id)
 def test_triton_matches_reference(case, impl):
+  _check_triton_case(case, impl)
+
+
+def _check_triton_case(case, impl):
+  """out, dq, dk, dv of one kernel path (outputs poisoned) against the fp32 reference at
+  full precision; a fully padded sequence gives zeros."""
   dt = _need_triton()
   dtype, n, m, b, l, h, d, masked = case
   seed = zlib.crc32(f"{_case_id(case)}-{impl}".encode()) % (2**31)
@@ -685,6 +692,10 @@ def test_triton_dropout_matches_reference_with_the_same_mask(case, deterministic
   """Attention dropout inside the fused kernels: outputs and gradients (outputs poisoned)
   equal the reference that applies dfss_dropout's mask for the same seed; the same seed gives
   the same output, bit for bit, and another seed a different one."""
+  _check_dropout_case(case, deterministic)
+
+
+def _check_dropout_case(case, deterministic):
   from lra_sparse.kernels import dfss_dropout as dd
   dt = _need_triton()
   dtype, n, m, b, l, h, d, masked, rate = case
@@ -714,6 +725,48 @@ def test_triton_dropout_matches_reference_with_the_same_mask(case, deterministic
   np.testing.assert_array_equal(np.asarray(run(q, k, v, seed)), np.asarray(out))
   other = np.asarray(run(q, k, v, dd.seed_words(jax.random.PRNGKey(key + 4))))
   assert not np.array_equal(other, np.asarray(out))
+
+
+# ----------------------------------------------------------------------------- CPU: the source
+# The fused and compressed kernels' Triton source run by Triton's interpreter on the CPU (in a
+# subprocess: ``triton_cpu``), through the GPU tests' checks at small shapes.
+INTERPRETED_CASES = [
+    (jnp.float32, 2, 4, 2, 70, 2, 32, True),
+    (jnp.bfloat16, 1, 2, 1, 40, 1, 16, False),
+    (jnp.bfloat16, 3, 8, 3, 130, 1, 64, "holes"),
+]
+INTERPRETED_DROPOUT_CASES = [
+    (jnp.bfloat16, 2, 4, 2, 70, 2, 32, True, 0.1),
+    (jnp.float32, 1, 2, 1, 64, 1, 16, False, 0.3),
+]
+
+
+def test_kernel_source_on_the_cpu_matches_reference():
+  run_interpreted(__file__, "test_interpreted_")
+
+
+def _interpret_kernels(monkeypatch):
+  if not interpreting():
+    pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
+  from lra_sparse.kernels import dfss_compressed, dfss_triton  # pylint: disable=import-outside-toplevel
+  launch = interpreted_launch()
+  monkeypatch.setattr(dfss_triton, "launch", launch)
+  monkeypatch.setattr(dfss_compressed, "launch", launch)
+
+
+@pytest.mark.parametrize("impl", ["fused", "fused-deterministic", "compressed"])
+@pytest.mark.parametrize("case", INTERPRETED_CASES, ids=_case_id)
+def test_interpreted_kernels(monkeypatch, case, impl):
+  _interpret_kernels(monkeypatch)
+  _check_triton_case(case, impl)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("case", INTERPRETED_DROPOUT_CASES,
+                         ids=lambda c: _case_id(c[:8]) + f"-p{c[8]}")
+def test_interpreted_dropout_kernels(monkeypatch, case, deterministic):
+  _interpret_kernels(monkeypatch)
+  _check_dropout_case(case, deterministic)
 
 
 # ----------------------------------------------------------------------------- Mosaic GPU path
