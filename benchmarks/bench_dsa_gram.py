@@ -159,9 +159,10 @@ def main(argv: Sequence[str]) -> None:
                    f"{ms[label + ' value']:.3f}", f"{ms[label + ' value+grads']:.3f}",
                    f"{base / ms[label + ' value+grads']:.2f}", f"{err:.1e}"])
       print(" | ".join(rows[-1]), flush=True)
+  command = " ".join(["python -m benchmarks.bench_dsa_gram"] + sys.argv[1:])
   header = (f"# DSA L_MSE: Gram kernels vs XLA ({jax.devices()[0].device_kind})\n\n"
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, jax "
-            f"{jax.__version__}; `{' '.join(['python -m benchmarks.bench_dsa_gram'] + sys.argv[1:])}`"
+            f"{jax.__version__}; `{command}`"
             f"; {FLAGS.steps} chained calls per jit, median of {FLAGS.rounds}; head_dim 64, "
             f"bf16 Q/K, predictor width rank/8.\nend of run, {gpu_state()}\n\n")
   table = tables.markdown_grid(

@@ -748,7 +748,8 @@ def test_kernel_source_on_the_cpu_matches_reference():
 def _interpret_kernels(monkeypatch):
   if not interpreting():
     pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
-  from lra_sparse.kernels import dfss_compressed, dfss_triton  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from lra_sparse.kernels import dfss_compressed, dfss_triton
   launch = interpreted_launch()
   monkeypatch.setattr(dfss_triton, "launch", launch)
   monkeypatch.setattr(dfss_compressed, "launch", launch)

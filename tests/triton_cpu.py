@@ -27,8 +27,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # independent callbacks on several threads at once.
 _ONE_KERNEL = threading.Lock()
 
-_TORCH_NAMES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
-                "int32": "int32", "int8": "int8", "uint8": "uint8", "int64": "int64"}
+# numpy's dtype names of the operands the kernels take, which torch spells the same way
+_DTYPE_NAMES = ("float32", "float16", "bfloat16", "int32", "int8", "uint8", "int64")
 
 
 class _DType:
@@ -42,7 +42,7 @@ class _DType:
     return "torch." + self.name
 
 
-_DTYPES = {name: _DType(torch_name) for name, torch_name in _TORCH_NAMES.items()}
+_DTYPES = {name: _DType(name) for name in _DTYPE_NAMES}
 
 
 class _HostArray:

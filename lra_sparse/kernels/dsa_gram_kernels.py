@@ -26,9 +26,10 @@ Operands: QH, QL, KH, KL [batch, length, heads, D0] (rows of stride H * D0; QL =
 unread with X_EXACT), XPH, XPL [batch, length, R0]; D and RP are D0 and R0 rounded up to powers
 of two >= 16 (the padded columns are read as zeros).  H, D0 and R0 are compile-time constants:
 with them the row strides are known multiples of 8 elements, so the bf16 tiles load as 16-byte
-vectors and the loops' loads go through asynchronous copies (runtime strides allowed neither).  The small matrices come padded to D / RP,
-as hi and lo.  Columns of width RP are handled in blocks of RB (a grid axis, or a loop over the
-contraction) to bound the registers.  This module imports triton: ``dsa_gram`` launches it.
+vectors and the loops' loads go through asynchronous copies (runtime strides allowed neither).
+The small matrices come padded to D / RP, as hi and lo.  Columns of width RP are handled in
+blocks of RB (a grid axis, or a loop over the contraction) to bound the registers.  This module
+imports triton: ``dsa_gram`` launches it.
 """
 
 import triton
