@@ -2,12 +2,15 @@
 
   python -m experiments.compare_runs WORKDIR [WORKDIR ...]   # the first is the reference
   python -m experiments.compare_runs --manifest=ROOT/sweep.json
+  python -m experiments.compare_runs --plot=curves.png WORKDIR [WORKDIR ...]
 
 Workdirs: the train loss at a few logged steps, the largest difference to the first workdir's
 curve over the steps they share, steps/s, and what was written: train records per step (1 =
 logged once), the checkpoint steps, the TensorBoard event files. Used to show that a run
 trained by two processes (``jax.distributed``) matches one process with two devices and writes
 its logs and checkpoints once.
+Plot: validation accuracy and train loss against the step, one line per workdir (a step logged
+more than once, as a run restarted from an older checkpoint logs it, takes its last record).
 Manifest: each run's GPU slot, start, end and wall time, and whether the runs overlapped (ran
 at once), from a sweep's ``sweep.json``.
 """
@@ -26,6 +29,8 @@ from lra_sparse import cli
 from lra_sparse import tables
 
 flags.DEFINE_string("manifest", "", "A sweep's sweep.json: report its runs' slots and times.")
+flags.DEFINE_string("plot", "", "Also draw the workdirs' validation accuracy and train loss "
+                    "curves to this PNG file.")
 FLAGS = flags.FLAGS
 
 MARKS = (10, 50, 100, 150, 200)
@@ -67,6 +72,34 @@ def workdir_rows(workdirs: Sequence[str]) -> list[tuple]:
   return rows
 
 
+def _curve(workdir: str, split: str, key: str) -> tuple[list[int], list[float]]:
+  """(steps, values) of ``key`` in the ``split`` records, the last record of each step."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    last = {r["step"]: r[key] for r in map(json.loads, f)
+            if r.get("split") == split and key in r}
+  steps = sorted(last)
+  return steps, [last[s] for s in steps]
+
+
+def plot_curves(workdirs: Sequence[str], path: str) -> None:
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  for workdir in workdirs:
+    label = os.path.basename(os.path.normpath(workdir))
+    axes[0].plot(*_curve(workdir, "val", "accuracy"), label=label)
+    axes[1].plot(*_curve(workdir, "train", "loss"), label=label, linewidth=0.8)
+  for ax, title in zip(axes, ("validation accuracy", "train loss")):
+    ax.set_xlabel("step")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  print(f"wrote {path}")
+
+
 def _time(stamp: str) -> datetime.datetime:
   return datetime.datetime.fromisoformat(stamp)
 
@@ -102,6 +135,8 @@ def main(argv):
   header = ("workdir", *(f"loss @{m}" for m in MARKS), "max |diff| vs first",
             "steps/s (median)", "train records per step", "checkpoints", "event files")
   print(tables.markdown_grid(header, workdir_rows(workdirs)))
+  if FLAGS.plot:
+    plot_curves(workdirs, FLAGS.plot)
 
 
 if __name__ == "__main__":
