@@ -14,7 +14,7 @@ temp-buffer size of one fwd+bwd call (memory_analysis).
 
   python -m benchmarks.bench_dsa [--shapes=32x1024,16x2048,8x4096] [--heads=4] [--dim=64]
       [--settings=90:1:0.25,95:1:0.25,99:1:0.25,95:8:0.1,99:8:0.1] [--steps=20] [--rounds=7]
-      [--skip_reference] [--out=FILE]
+      [--skip_reference] [--forwards=tiles,gather] [--select_only] [--out=FILE]
 """
 
 from __future__ import annotations
@@ -46,15 +46,23 @@ def define_flags() -> None:
   flags.DEFINE_list("tiles", [], "Kernel tile overrides KERNEL:OPERANDS:BM:BN:WARPS:STAGES:SKIP "
                     "(dsa_triton.set_tiles), e.g. fwd:half:128:64:8:3:0.")
   flags.DEFINE_bool("no_dense", False, "Skip the XLA / cuDNN / DFSS rows (tuning runs).")
+  flags.DEFINE_list("forwards", ["tiles"], "DSA forward kernels to time, one row each "
+                    "(dsa_triton.set_forward): tiles, gather.")
+  flags.DEFINE_bool("select_only", False, "Add a row per DSA setting timing the selection "
+                    "alone (its forward; the attention kernel's share is the difference).")
 
 
-def dsa_fns(sparsity, vector, triton: bool):
+def dsa_fns(sparsity, vector, triton: bool, forward: str = "tiles"):
   def attend(q, k, v, qp, kp):
     ops = dsa_reference.selection_operands(qp, kp, None, vector=vector,
                                            scale=q.shape[-1] ** -0.5)
     if triton:
       bits = dsa_triton.select_bits(ops, sparsity=sparsity)
-      return dsa_triton.dsa_attention_triton(q, k, v, bits, vector=vector)
+      dsa_triton.set_forward(forward)       # read while tracing
+      try:
+        return dsa_triton.dsa_attention_triton(q, k, v, bits, vector=vector)
+      finally:
+        dsa_triton.set_forward(None)
     keep = dsa_reference.reference_select(ops, sparsity=sparsity)
     return dsa_reference.attention_under_keep(q, k, v,
                                               dsa_reference.expand_groups(keep, vector))
@@ -76,6 +84,17 @@ def dsa_fns(sparsity, vector, triton: bool):
   return fwd, fwd_bwd
 
 
+def select_fns(sparsity, vector):
+  """The selection alone (predictor scores and bits): what the forward spends before the
+  attention kernel; no backward (None: the row's fwd+bwd is not timed)."""
+  def fwd(q, k, v, qp, kp, ct):
+    del k, v, ct
+    ops = dsa_reference.selection_operands(qp, kp, None, vector=vector,
+                                           scale=q.shape[-1] ** -0.5)
+    return dsa_triton.select_bits(ops, sparsity=sparsity)
+  return fwd, None
+
+
 def dense_fns(f):
   def fwd(q, k, v, qp, kp, ct):
     del qp, kp, ct
@@ -93,7 +112,8 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   for entry in FLAGS.tiles:
     kernel, operands, *nums = entry.split(":")
-    dsa_triton.set_tiles(kernel, operands, tuple(int(x) for x in nums[:4]) + (nums[4] == "1",))
+    last = int(nums[4]) if kernel == "fwd_gather" else nums[4] == "1"   # CW, or skip
+    dsa_triton.set_tiles(kernel, operands, tuple(int(x) for x in nums[:4]) + (last,))
   dev = jax.devices()[0]
   triton_ok = dsa_triton.is_available()
   now = datetime.datetime.now(datetime.timezone.utc)
@@ -127,7 +147,11 @@ def main(argv: Sequence[str]) -> None:
       ranks[rank] = None
       tag = f"DSA-{round(sparsity * 100)} V={vec} k={rank}"
       if triton_ok:
-        methods[f"{tag} Triton"] = dsa_fns(sparsity, vec, True) + (rank,)
+        for forward in FLAGS.forwards:
+          suffix = "" if forward == "tiles" else f" ({forward} fwd)"
+          methods[f"{tag} Triton{suffix}"] = dsa_fns(sparsity, vec, True, forward) + (rank,)
+        if FLAGS.select_only:
+          methods[f"{tag} selection alone"] = select_fns(sparsity, vec) + (rank,)
       if not FLAGS.skip_reference:
         methods[f"{tag} pure-JAX"] = dsa_fns(sparsity, vec, False) + (rank,)
     key = jax.random.PRNGKey(b * l)
@@ -143,12 +167,15 @@ def main(argv: Sequence[str]) -> None:
       xs = tuple(jnp.stack([sets[i % 3][j] for i in range(FLAGS.steps)]) for j in range(6))
       res = {}
       for kind, f in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
+        if f is None:
+          res[kind] = float("nan")
+          continue
         try:
           res[kind] = chained_ms(f, xs, FLAGS.steps, FLAGS.rounds)
         except Exception as e:  # noqa: BLE001  report and go on
           print(f"{shape} {name} {kind} failed: {type(e).__name__}: {str(e)[-600:]}", flush=True)
           res[kind] = float("nan")
-      res["temp"] = temp_mib(fwd_bwd, *sets[0])
+      res["temp"] = temp_mib(fwd_bwd or fwd, *sets[0])
       rows.append((shape, name, res))
       print(f"{shape} {name}: fwd {res['fwd']:.3f} fwd+bwd {res['fwd+bwd']:.3f} "
             f"temp {res['temp']:.0f} MiB", flush=True)

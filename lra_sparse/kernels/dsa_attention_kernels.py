@@ -119,6 +119,74 @@ def dsa_fwd(Q, K, V, BITS, EXT, sm_scale, L, LP, H, G, W, O, LSE, D: tl.constexp
   tl.store(LSE + bh * LP + offs_m, lse)
 
 
+
+@triton.jit
+def _or(a, b):
+  return a | b
+
+
+@triton.jit
+def dsa_fwd_gather(Q, K, V, BITS, EXT, sm_scale, L, LP, H, G, W, O, LSE, D: tl.constexpr,
+                   VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CW: tl.constexpr):
+  """Forward over gathered keys (the paper's SDDMM / SpMM layout): one program per BM query
+  rows, i.e. BM / VEC row groups (BM % VEC == 0).  Only the keys some group of the block
+  keeps are loaded and multiplied, so the work falls with the kept fraction even when no
+  key tile is empty.  Chunk by chunk (32 * CW candidate keys, below EXT), the union of the
+  groups' keep words gives the kept candidates; the inclusive prefix sum c of their bits
+  numbers them, and slot j of a window of BN takes the candidate at position
+  #{positions p : c[p] <= j} (the (j + 1)-th kept one).  K and V rows are loaded by those
+  indices; each row keeps its own group's keys of the window (a second read of its keep
+  word).  Same outputs as ``dsa_fwd``: O and the per-row log-sum-exp (base 2)."""
+  pid_m, bh, b, base, bbase = _program(L, H, G, W, D)
+  RS = H * D
+  NG: tl.constexpr = BM // VEC
+  offs_m = pid_m * BM + tl.arange(0, BM)
+  offs_g = pid_m * NG + tl.arange(0, NG)
+  offs_d = tl.arange(0, D)
+  rin = offs_m < L
+  gin = offs_g < G
+  q = tl.load(Q + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None], other=0.0)
+  qk_scale = sm_scale * LOG2E
+  m_i = tl.full([BM], NEG_INF, tl.float32)
+  l_i = tl.zeros([BM], tl.float32)
+  acc = tl.zeros([BM, D], tl.float32)
+  ext = tl.load(EXT + b)
+  row_words = BITS + bbase + (offs_m // VEC) * W       # each row's group's keep words
+  for start in range(0, ext, 32 * CW):
+    offs_w = start // 32 + tl.arange(0, CW)
+    words = tl.load(BITS + bbase + offs_g[:, None] * W + offs_w[None, :],
+                    mask=gin[:, None] & (offs_w[None, :] < W), other=0)       # [NG, CW]
+    union = tl.reduce(words, 0, _or)                                          # [CW]
+    flags = tl.reshape((union[:, None] >> tl.arange(0, 32)[None, :]) & 1, [32 * CW])
+    count = tl.sum(flags, 0)
+    ranks = tl.cumsum(flags, 0)                 # inclusive: the kept candidates' numbers
+    for first in range(0, count, BN):
+      slots = first + tl.arange(0, BN)
+      kin = slots < count
+      pos = tl.sum((ranks[None, :] <= slots[:, None]).to(tl.int32), 1)         # [BN]
+      idx = tl.where(kin, start + pos, 0)
+      word = tl.load(row_words[:, None] + (idx // 32)[None, :],
+                     mask=rin[:, None] & kin[None, :], other=0)               # [BM, BN]
+      keep = ((word >> (idx % 32)[None, :]) & 1) != 0
+      kt = tl.load(K + base + idx[None, :] * RS + offs_d[:, None], mask=kin[None, :],
+                   other=0.0)
+      s = tl.where(keep, tl.dot(q, kt), NEG_INF)
+      m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+      m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
+      alpha = tl.math.exp2(m_i - m_safe)
+      p = tl.math.exp2(s * qk_scale - m_safe[:, None])
+      l_i = l_i * alpha + tl.sum(p, 1)
+      v = tl.load(V + base + idx[:, None] * RS + offs_d[None, :], mask=kin[:, None],
+                  other=0.0)
+      acc = tl.dot(p.to(V.dtype.element_ty), v, acc * alpha[:, None])
+      m_i = m_new
+  l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+  out = acc / l_safe[:, None]
+  tl.store(O + base + offs_m[:, None] * RS + offs_d[None, :], out.to(O.dtype.element_ty),
+           mask=rin[:, None])
+  lse = tl.where(l_i == 0.0, POS_INF, m_i + tl.math.log2(l_safe))
+  tl.store(LSE + bh * LP + offs_m, lse)
+
 @triton.jit
 def _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W, DK, DV, DQ,
               D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
