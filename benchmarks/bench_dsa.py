@@ -14,7 +14,7 @@ temp-buffer size of one fwd+bwd call (memory_analysis).
 
   python -m benchmarks.bench_dsa [--shapes=32x1024,16x2048,8x4096] [--heads=4] [--dim=64]
       [--settings=90:1:0.25,95:1:0.25,99:1:0.25,95:8:0.1,99:8:0.1] [--steps=20] [--rounds=7]
-      [--skip_reference] [--forwards=tiles,gather] [--select_only] [--out=FILE]
+      [--skip_reference] [--select_only] [--out=FILE]
 """
 
 from __future__ import annotations
@@ -46,23 +46,17 @@ def define_flags() -> None:
   flags.DEFINE_list("tiles", [], "Kernel tile overrides KERNEL:OPERANDS:BM:BN:WARPS:STAGES:SKIP "
                     "(dsa_triton.set_tiles), e.g. fwd:half:128:64:8:3:0.")
   flags.DEFINE_bool("no_dense", False, "Skip the XLA / cuDNN / DFSS rows (tuning runs).")
-  flags.DEFINE_list("forwards", ["tiles"], "DSA forward kernels to time, one row each "
-                    "(dsa_triton.set_forward): tiles, gather.")
   flags.DEFINE_bool("select_only", False, "Add a row per DSA setting timing the selection "
                     "alone (its forward; the attention kernel's share is the difference).")
 
 
-def dsa_fns(sparsity, vector, triton: bool, forward: str = "tiles"):
+def dsa_fns(sparsity, vector, triton: bool):
   def attend(q, k, v, qp, kp):
     ops = dsa_reference.selection_operands(qp, kp, None, vector=vector,
                                            scale=q.shape[-1] ** -0.5)
     if triton:
       bits = dsa_triton.select_bits(ops, sparsity=sparsity)
-      dsa_triton.set_forward(forward)       # read while tracing
-      try:
-        return dsa_triton.dsa_attention_triton(q, k, v, bits, vector=vector)
-      finally:
-        dsa_triton.set_forward(None)
+      return dsa_triton.dsa_attention_triton(q, k, v, bits, vector=vector)
     keep = dsa_reference.reference_select(ops, sparsity=sparsity)
     return dsa_reference.attention_under_keep(q, k, v,
                                               dsa_reference.expand_groups(keep, vector))
@@ -112,8 +106,7 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   for entry in FLAGS.tiles:
     kernel, operands, *nums = entry.split(":")
-    last = int(nums[4]) if kernel == "fwd_gather" else nums[4] == "1"   # CW, or skip
-    dsa_triton.set_tiles(kernel, operands, tuple(int(x) for x in nums[:4]) + (last,))
+    dsa_triton.set_tiles(kernel, operands, tuple(int(x) for x in nums[:4]) + (nums[4] == "1",))
   dev = jax.devices()[0]
   triton_ok = dsa_triton.is_available()
   now = datetime.datetime.now(datetime.timezone.utc)
@@ -147,9 +140,7 @@ def main(argv: Sequence[str]) -> None:
       ranks[rank] = None
       tag = f"DSA-{round(sparsity * 100)} V={vec} k={rank}"
       if triton_ok:
-        for forward in FLAGS.forwards:
-          suffix = "" if forward == "tiles" else f" ({forward} fwd)"
-          methods[f"{tag} Triton{suffix}"] = dsa_fns(sparsity, vec, True, forward) + (rank,)
+        methods[f"{tag} Triton"] = dsa_fns(sparsity, vec, True) + (rank,)
         if FLAGS.select_only:
           methods[f"{tag} selection alone"] = select_fns(sparsity, vec) + (rank,)
       if not FLAGS.skip_reference:

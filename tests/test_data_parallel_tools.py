@@ -92,6 +92,16 @@ def test_compare_runs_reports_curve_differences_and_what_was_written(tmp_path):
   assert result.returncode == 1 and "missing/metrics.jsonl does not exist" in result.stderr
 
 
+def test_compare_runs_plots_the_curves(tmp_path):
+  one = _workdir(tmp_path / "dense", {10: 2.0, 50: 1.5, 100: 1.25})
+  two = _workdir(tmp_path / "dfss", {10: 2.0, 50: 1.4, 100: 1.3}, repeat=(50,))
+  png = tmp_path / "curves.png"
+  result = _compare(f"--plot={png}", one, two)
+  assert result.returncode == 0, result.stderr
+  assert f"wrote {png}" in result.stdout
+  assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
 def test_compare_runs_tells_whether_sweep_runs_overlapped(tmp_path):
   runs = [{"name": "a", "slot": "0", "state": "finished", "seconds": 60.0,
            "started": "2026-01-01T00:00:00+00:00", "ended": "2026-01-01T00:01:00+00:00"},

@@ -240,8 +240,6 @@ def test_bad_inputs_give_one_clear_error():
     ref.selection_operands(jnp.ones((1, 16, 1, 0)), jnp.ones((1, 16, 1, 0)))
   with pytest.raises(ValueError, match="length 18 is not a multiple of the column-vector size 8"):
     ref.selection_operands(jnp.ones((1, 18, 1, 4)), jnp.ones((1, 18, 1, 4)), vector=8)
-  with pytest.raises(ValueError, match="unknown DSA forward kernel 'dense'"):
-    dsa_triton.set_forward("dense")
 
 
 def test_backend_triton_without_a_gpu_is_one_clear_error():
@@ -378,19 +376,10 @@ def test_kernels_match_reference(case, ints):
   _check_kernels_against_reference(case, ints)
 
 
-def _check_kernels_against_reference(case, ints, forward="tiles"):
+def _check_kernels_against_reference(case, ints):
   """Selection bits exactly the reference's; out, dq, dk, dv against full-precision fp32 on
-  those bits (outputs poisoned); a fully padded example gives zeros.  forward: the forward
-  kernel (``dsa_triton.set_forward``)."""
+  those bits (outputs poisoned); a fully padded example gives zeros."""
   dt = _kernels()
-  dt.set_forward(forward)
-  try:
-    _check_kernels(dt, case, ints)
-  finally:
-    dt.set_forward(None)
-
-
-def _check_kernels(dt, case, ints):
   dtype, b, l, h, d, vector, sparsity, rank, selection = case
   seed = zlib.crc32(f"{_case_id(case)}-{ints}".encode()) % (2 ** 31)
   qp, kp = (jnp.asarray(x) for x in _preds(seed, (b, l, h, rank), ints))
@@ -413,14 +402,6 @@ def _check_kernels(dt, case, ints):
   assert out.dtype == dtype and out.shape == q.shape
   _check_close(f"{_case_id(case)} ints={ints}", pairs, dtype)
   np.testing.assert_array_equal(np.asarray(out[-1].astype(jnp.float32)), 0.0)  # all padded
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", [c for c in GPU_CASES if c[5] > 1 or c[2] == 2048],
-                         ids=_case_id)
-def test_gather_forward_matches_reference(case):
-  """The gathered forward (only the kept keys' rows loaded) through the same checks."""
-  _check_kernels_against_reference(case, False, forward="gather")
 
 
 PAD_CASES = [
@@ -577,7 +558,7 @@ def test_kernel_source_on_the_cpu_matches_reference():
   """The selection and attention kernels' Triton source, run by Triton's interpreter on the
   CPU (in a subprocess: ``triton_cpu``), through the same checks as the GPU test at small
   shapes (``test_interpreted_kernels``)."""
-  run_interpreted(__file__, "test_interpreted_kernels or test_interpreted_gather_forward")
+  run_interpreted(__file__, "test_interpreted_kernels")
 
 
 @pytest.mark.parametrize("ints", [False, True])
@@ -588,20 +569,3 @@ def test_interpreted_kernels(monkeypatch, case, ints):
   from lra_sparse.kernels import dsa_triton   # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
   _check_kernels_against_reference(case, ints)
-
-
-@pytest.mark.parametrize("case", INTERPRETED_CASES, ids=_case_id)
-def test_interpreted_gather_forward(monkeypatch, case):
-  """The gathered forward's source with 32-key chunks and 16-key windows, so a program walks
-  several chunks and a chunk may fill more than one window."""
-  if not interpreting():
-    pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
-  from lra_sparse.kernels import dsa_triton   # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
-  for operands in ("half", "f32"):
-    dsa_triton.set_tiles("fwd_gather", operands, (16, 16, 4, 2, 1))
-  try:
-    _check_kernels_against_reference(case, False, forward="gather")
-  finally:
-    for operands in ("half", "f32"):
-      dsa_triton.set_tiles("fwd_gather", operands)

@@ -30,13 +30,6 @@ def dsa_fwd_poisoned(Q, K, V, BITS, EXT, sm_scale, L, LP, H, G, W, O_NAN, LSE_NA
   ak.dsa_fwd(Q, K, V, BITS, EXT, sm_scale, L, LP, H, G, W, O, LSE, D, VEC, BM, BN, SKIP)
 
 
-
-@triton.jit
-def dsa_fwd_gather_poisoned(Q, K, V, BITS, EXT, sm_scale, L, LP, H, G, W, O_NAN, LSE_NAN, O,
-                            LSE, D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr,
-                            BN: tl.constexpr, CW: tl.constexpr):
-  ak.dsa_fwd_gather(Q, K, V, BITS, EXT, sm_scale, L, LP, H, G, W, O, LSE, D, VEC, BM, BN, CW)
-
 @triton.jit
 def dsa_bwd_dkdv_poisoned(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W,
                           DK_NAN, DV_NAN, DK, DV, D: tl.constexpr, VEC: tl.constexpr,

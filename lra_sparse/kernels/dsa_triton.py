@@ -9,13 +9,7 @@ Two steps, each one launch over batch*heads:
 * ``dsa_attention_triton``: softmax over the kept keys and the product with V, forward and
   backward (custom VJP; one pass with dQ by atomics, or dK/dV and dQ in two deterministic
   kernels), reading the bits:
-  ``dsa_attention_kernels``.  Memory: O and a per-row log-sum-exp.  Two forwards
-  (``set_forward``): "tiles" computes every key tile below the extent with the pruned entries
-  at -inf, so its work does not fall with sparsity unless whole tiles are empty (rare: a
-  64-row tile keeps something in almost every key tile); "gather" loads and multiplies only
-  the keys its row groups keep (their union per block of 16 rows), so its work falls with
-  (1 - sparsity) as the paper's SDDMM / SpMM.  Both write the same O and log-sum-exp, which
-  the one backward reads.
+  ``dsa_attention_kernels``.  Memory: O and a per-row log-sum-exp.
 
 Padding costs no work, and skipping it is exact: with a key mask, every kernel stops at each
 example's key extent (one past its last real key; no key past it is valid, and no bit is set
@@ -45,7 +39,7 @@ from lra_sparse.kernels.dfss_launch import key_extent as _key_extent
 from lra_sparse.kernels.dfss_triton import is_available  # noqa: F401  (same requirements)
 
 __all__ = ["is_available", "unsupported_reason", "select_bits", "dsa_attention_triton",
-           "set_tiles", "set_forward"]
+           "set_tiles"]
 
 _HEAD_DIMS = (16, 32, 64, 128)
 _VECTORS = (1, 4, 8)
@@ -67,19 +61,13 @@ _TILES = {
     ("onepass", "f32"): (32, 64, 4, 2, False),
     ("dq", "half"): (64, 64, 4, 2, False),
     ("dq", "f32"): (32, 64, 4, 2, False),
-    # the gathered forward (``set_forward("gather")``): (BM, BN, warps, stages, CW), CW the
-    # keep words (32 keys each) compacted per chunk; not yet timed on a GPU
-    ("fwd_gather", "half"): (16, 32, 4, 2, 4),
-    ("fwd_gather", "f32"): (16, 32, 4, 2, 4),
 }
 
 
 def set_tiles(kernel: str, operands: str, tiles: Optional[tuple] = None):
-  """Overrides (BM, BN, warps, stages, skip) of a kernel ("select", "fwd", "dkdv", "dq",
-  "onepass") for an operand class ("int8", "half", "f32"); BN must be a multiple of 32; skip:
-  test each tile's bits and skip the empty ones (attention kernels).  "fwd_gather" takes
-  (BM, BN, warps, stages, CW) instead: BM a multiple of the vector size and at least 16, CW a
-  power of two.  None restores the default (tuning)."""
+  """Overrides (BM, BN, warps, stages, skip) of a kernel ("select", "fwd", "dkdv", "dq") for
+  an operand class ("int8", "half", "f32"); BN must be a multiple of 32; skip: test each tile's
+  bits and skip the empty ones (attention kernels).  None restores the default (tuning)."""
   key = (kernel, operands)
   if key not in _DEFAULTS:
     raise ValueError(f"unknown DSA kernel tiles {key}; choose one of {sorted(_DEFAULTS)}")
@@ -87,18 +75,6 @@ def set_tiles(kernel: str, operands: str, tiles: Optional[tuple] = None):
 
 
 _DEFAULTS = dict(_TILES)
-FORWARDS = ("tiles", "gather")
-_FORWARD = ["tiles"]
-
-
-def set_forward(kernel: Optional[str] = None):
-  """Which forward kernel the attention runs (A/B on a GPU): "tiles" (``dsa_fwd``, every key
-  tile below the extent; the default) or "gather" (``dsa_fwd_gather``, only the kept keys'
-  rows; the backward is the same either way).  None restores the default."""
-  kernel = FORWARDS[0] if kernel is None else kernel
-  if kernel not in FORWARDS:
-    raise ValueError(f"unknown DSA forward kernel {kernel!r}; choose one of {FORWARDS}")
-  _FORWARD[0] = kernel
 
 
 def _tiles(kernel: str, dtype) -> tuple:
@@ -172,21 +148,14 @@ def select_bits(ops: dsa_reference.SelectionOperands, mask=None, *, sparsity: fl
 # ----------------------------------------------------------------------------- attention
 def _fwd(q, k, v, bits, ext, vector, scale, poison):
   b, l, h, d = q.shape
+  bm, bn, warps, stages, skip = _tiles("fwd", q.dtype)
   lp = padded_rows(l)
   g, w = bits.shape[2], bits.shape[3]
-  out_types = (jax.ShapeDtypeStruct(q.shape, q.dtype),
-               jax.ShapeDtypeStruct((b * h, lp), jnp.float32))
-  args = (q, k, v, bits, ext, scale, l, lp, h, g, w)
-  if _FORWARD[0] == "gather":
-    bm, bn, warps, stages, cw = _tiles("fwd_gather", q.dtype)
-    bm = cdiv(bm, vector) * vector    # whole row groups per program
-    return launch(_ATTEND, "dsa_fwd_gather", args, out_types, (cdiv(l, bm), b * h),
-                  num_warps=warps, num_stages=stages, poison=poison, poisoned_module=_POISONED,
-                  D=d, VEC=vector, BM=bm, BN=bn, CW=cw)
-  bm, bn, warps, stages, skip = _tiles("fwd", q.dtype)
-  return launch(_ATTEND, "dsa_fwd", args, out_types, (cdiv(l, bm), b * h), num_warps=warps,
-                num_stages=stages, poison=poison, poisoned_module=_POISONED, D=d, VEC=vector,
-                BM=bm, BN=bn, SKIP=skip)
+  return launch(
+      _ATTEND, "dsa_fwd", (q, k, v, bits, ext, scale, l, lp, h, g, w),
+      (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b * h, lp), jnp.float32)),
+      (cdiv(l, bm), b * h), num_warps=warps, num_stages=stages, poison=poison,
+      poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip)
 
 
 def _bwd(q, k, v, bits, ext, o, lse, do, vector, scale, poison, deterministic):
