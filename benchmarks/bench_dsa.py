@@ -101,6 +101,11 @@ def dense_fns(f):
   return fwd, fwd_bwd
 
 
+def _num(x, digits: int) -> str:
+  """x with ``digits`` decimals; "-" for a cell not timed (None)."""
+  return "-" if x is None else f"{x:.{digits}f}"
+
+
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -159,17 +164,17 @@ def main(argv: Sequence[str]) -> None:
       res = {}
       for kind, f in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
         if f is None:
-          res[kind] = float("nan")
+          res[kind] = None            # not timed (a selection-only row has no backward)
           continue
         try:
           res[kind] = chained_ms(f, xs, FLAGS.steps, FLAGS.rounds)
         except Exception as e:  # noqa: BLE001  report and go on
           print(f"{shape} {name} {kind} failed: {type(e).__name__}: {str(e)[-600:]}", flush=True)
           res[kind] = float("nan")
-      res["temp"] = temp_mib(fwd_bwd or fwd, *sets[0])
+      res["temp"] = None if fwd_bwd is None else temp_mib(fwd_bwd, *sets[0])
       rows.append((shape, name, res))
-      print(f"{shape} {name}: fwd {res['fwd']:.3f} fwd+bwd {res['fwd+bwd']:.3f} "
-            f"temp {res['temp']:.0f} MiB", flush=True)
+      print(f"{shape} {name}: fwd {_num(res['fwd'], 3)} fwd+bwd {_num(res['fwd+bwd'], 3)} "
+            f"temp {_num(res['temp'], 0)} MiB", flush=True)
   cols = ["BxL", "method", "fwd ms", "fwd+bwd ms", "fwd / cuDNN", "fwd+bwd / cuDNN",
           "fwd+bwd / XLA", "temp MiB (fwd+bwd)"]
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -177,10 +182,11 @@ def main(argv: Sequence[str]) -> None:
   for shape, name, res in rows:
     ref = {n: r for s, n, r in rows if s == shape}
     cu, xla = ref.get("cuDNN dense", nan), ref.get("XLA dense", nan)
+    ratio = lambda a, b: None if a is None else a / b  # noqa: E731
     lines.append("| " + " | ".join([
-        shape, name, f"{res['fwd']:.3f}", f"{res['fwd+bwd']:.3f}",
-        f"{res['fwd'] / cu['fwd']:.2f}", f"{res['fwd+bwd'] / cu['fwd+bwd']:.2f}",
-        f"{res['fwd+bwd'] / xla['fwd+bwd']:.2f}", f"{res['temp']:.0f}"]) + " |")
+        shape, name, _num(res["fwd"], 3), _num(res["fwd+bwd"], 3),
+        _num(ratio(res["fwd"], cu["fwd"]), 2), _num(ratio(res["fwd+bwd"], cu["fwd+bwd"]), 2),
+        _num(ratio(res["fwd+bwd"], xla["fwd+bwd"]), 2), _num(res["temp"], 0)]) + " |")
   text = header + "\nend: " + gpu_state() + "\n\n" + "\n".join(lines) + "\n"
   print("\n" + text)
   if FLAGS.out:
