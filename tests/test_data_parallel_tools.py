@@ -100,6 +100,14 @@ def test_compare_runs_plots_the_curves(tmp_path):
   assert result.returncode == 0, result.stderr
   assert f"wrote {png}" in result.stdout
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+  # the plotted curve: each step once, a step logged twice (a resume) with its last record
+  with open(os.path.join(two, "metrics.jsonl"), "a") as f:
+    f.write(json.dumps({"step": 50, "split": "train", "loss": 0.5}) + "\n")
+  probe = subprocess.run(
+      [sys.executable, "-c", "import sys; from experiments import compare_runs as c; "
+       "print(c._curve(sys.argv[1], 'train', 'loss'))", two],
+      cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert probe.stdout.strip() == "([10, 50, 100], [2.0, 0.5, 1.3])", probe.stderr
 
 
 def test_compare_runs_tells_whether_sweep_runs_overlapped(tmp_path):
