@@ -292,6 +292,28 @@ def test_dfss_core_dropout_and_deterministic():
   assert not np.allclose(np.asarray(dropped), np.asarray(out))
 
 
+def test_dense_with_attention_dropout_never_ignores_an_explicit_cudnn():
+  """Training with attention dropout runs the explicit formulation; an explicit cuDNN choice
+  (which has no dropout) is one error instead of being silently replaced."""
+  from lra_sparse.attention import dense as dense_lib  # pylint: disable=import-outside-toplevel
+  q, k, v = _qkv(7)
+  mask = jnp.asarray(_mask())
+  rngs = {"dropout": jax.random.PRNGKey(3)}
+  core = build_attention(_config("dense"), _dims(dropout=0.5))
+  params = _init(core, q, k, v, mask=mask)
+  dropped = _apply(core, params, q, k, v, mask=mask, deterministic=False, rngs=rngs)
+  kept = _apply(core, params, q, k, v, mask=mask, deterministic=True)
+  np.testing.assert_allclose(np.asarray(kept), np.asarray(
+      dense_lib.dense_attention_reference(q, k, v, mask)), rtol=1e-5, atol=1e-5)
+  assert np.all(np.isfinite(np.asarray(dropped)))
+  assert not np.allclose(np.asarray(dropped), np.asarray(kept))
+  for implementation in ("cudnn", "cudnn_bias"):
+    core = build_attention(_config("dense", implementation=implementation), _dims(dropout=0.5))
+    with pytest.raises(ValueError, match=rf"implementation='{implementation}' cannot apply "
+                                         r"attention dropout \(model.attention_dropout_rate=0.5\)"):
+      _apply(core, params, q, k, v, mask=mask, deterministic=False, rngs=rngs)
+
+
 def test_dfss_cpu_path_never_imports_triton():
   if jax.default_backend() == "gpu":
     pytest.skip("CPU-only check")

@@ -119,6 +119,16 @@ class DenseAttention(nn.Module):
   def __call__(self, q, k, v, *, mask, inputs=None, deterministic=True):
     del inputs
     if self.dims.dropout_rate > 0.0 and not deterministic:
+      implementation = self.config.implementation
+      if implementation in ("cudnn", "cudnn_bias"):
+        raise ValueError(
+            f"config.attention.dense.implementation={implementation!r} cannot apply attention "
+            f"dropout (model.attention_dropout_rate={self.dims.dropout_rate}): cuDNN has none "
+            "through JAX's API; use implementation='auto' (XLA while training with dropout) "
+            "or attention_dropout_rate=0")
+      if implementation == "auto" and _on_gpu():
+        common.warn_once("dense attention: attention dropout runs on XLA's explicit attention "
+                         "(cuDNN has no dropout through JAX); evaluation stays on cuDNN")
       return dense_attention_reference(q, k, v, mask, dropout_rate=self.dims.dropout_rate,
                                        dropout_rng=self.make_rng("dropout"))
     return dense_attention(q, k, v, mask, implementation=self.config.implementation,
