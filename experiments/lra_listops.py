@@ -17,6 +17,9 @@ accuracy at the best validation step. LRA's Transformer row: 36.37.
 Preset "smoke": the tiny CPU preset for 20 steps on ``make demo``'s data (pipeline check);
 preset "best_val": the same runs as "", the table of test accuracy at the best validation step
 (``--spec=experiments/lra_listops.py:best_val``).
+The committed runs trained with the config's attention dropout of 0 (LRA's: 0.1), so dense ran
+on cuDNN and DSA on its kernels, neither of which has attention dropout
+(``experiments/results/lra_listops_notes.md``).
 """
 from experiments._tiny import TINY_SEEDS, tiny_steps
 from experiments.tiny_listops import dropped_fraction

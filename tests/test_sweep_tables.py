@@ -752,6 +752,19 @@ def test_dfss_table4_bf16_rows_finetune_the_float_dense_run(tmp_path, monkeypatc
   assert rows["Transformer (bfloat16)"]["init_from"]("") is False
 
 
+def test_dfss_table4_trains_with_lras_attention_dropout(tmp_path, monkeypatch):
+  """Every full-size run (float rows and bf16 fine-tunes) sets LRA's attention dropout of its
+  task, valid against the config files; the tiny variant keeps the presets' value."""
+  monkeypatch.chdir(REPO)
+  want = {"listops.py": 0.1, "text.py": 0.1, "retrieval.py": 0.1, "image.py": 0.2,
+          "pathfinder.py": 0.1}
+  runs = _spec_runs("experiments/dfss_table4.py", tmp_path / "full")
+  assert {run.overrides["model.attention_dropout_rate"] == want[os.path.basename(run.config)]
+          for run in runs} == {True}
+  tiny = _spec_runs("experiments/dfss_table4.py:tiny", tmp_path / "tiny")
+  assert all("model.attention_dropout_rate" not in run.overrides for run in tiny)
+
+
 def test_dsa_specs_run_text_at_the_papers_4k(tmp_path, monkeypatch):
   monkeypatch.chdir(REPO)
   for spec in ("experiments/dsa_table2.py", "experiments/dsa_sparsity.py"):
