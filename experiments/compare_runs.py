@@ -27,6 +27,7 @@ import numpy as np
 
 from lra_sparse import cli
 from lra_sparse import tables
+from lra_sparse import workdir as workdir_lib
 
 flags.DEFINE_string("manifest", "", "A sweep's sweep.json: report its runs' slots and times.")
 flags.DEFINE_string("plot", "", "Also draw the workdirs' validation accuracy and train loss "
@@ -74,9 +75,8 @@ def workdir_rows(workdirs: Sequence[str]) -> list[tuple]:
 
 def _curve(workdir: str, split: str, key: str) -> tuple[list[int], list[float]]:
   """(steps, values) of ``key`` in the ``split`` records, the last record of each step."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    last = {r["step"]: r[key] for r in map(json.loads, f)
-            if r.get("split") == split and key in r}
+  last = {r["step"]: r[key] for _, r in workdir_lib.read_metrics(workdir)
+          if r["split"] == split and key in r}
   steps = sorted(last)
   return steps, [last[s] for s in steps]
 
