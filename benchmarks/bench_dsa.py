@@ -14,7 +14,11 @@ temp-buffer size of one fwd+bwd call (memory_analysis).
 
   python -m benchmarks.bench_dsa [--shapes=32x1024,16x2048,8x4096] [--heads=4] [--dim=64]
       [--settings=90:1:0.25,95:1:0.25,99:1:0.25,95:8:0.1,99:8:0.1] [--steps=20] [--rounds=7]
-      [--skip_reference] [--select_only] [--out=FILE]
+      [--skip_reference] [--select_only] [--dropout=0.1] [--out=FILE]
+
+--dropout=RATE adds, per shape, XLA dense with attention dropout (what a dense model trains
+on then: cuDNN has none through JAX) and each DSA Triton setting with dropout in its kernels;
+"drop / no drop" is such a row's time over the same method's without dropout.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import jax.numpy as jnp
 
 from benchmarks.ab_dfss_kernels import chained_ms
 from benchmarks.bench_dfss_kernels import gpu_state, temp_mib
+from lra_sparse.attention.dense import dense_attention_reference
 from lra_sparse.kernels import dfss_triton, dsa_reference, dsa_triton
 
 FLAGS = flags.FLAGS
@@ -48,15 +53,21 @@ def define_flags() -> None:
   flags.DEFINE_bool("no_dense", False, "Skip the XLA / cuDNN / DFSS rows (tuning runs).")
   flags.DEFINE_bool("select_only", False, "Add a row per DSA setting timing the selection "
                     "alone (its forward; the attention kernel's share is the difference).")
+  flags.DEFINE_float("dropout", 0.0, "> 0: add XLA dense and DSA Triton rows with attention "
+                     "dropout at this rate.")
 
 
-def dsa_fns(sparsity, vector, triton: bool):
+_SEED = jnp.array([12345, -6789], jnp.int32)   # dropout rows: one fixed Philox key
+
+
+def dsa_fns(sparsity, vector, triton: bool, rate: float = 0.0):
   def attend(q, k, v, qp, kp):
     ops = dsa_reference.selection_operands(qp, kp, None, vector=vector,
                                            scale=q.shape[-1] ** -0.5)
     if triton:
       bits = dsa_triton.select_bits(ops, sparsity=sparsity)
-      return dsa_triton.dsa_attention_triton(q, k, v, bits, vector=vector)
+      return dsa_triton.dsa_attention_triton(q, k, v, bits, vector=vector, dropout_rate=rate,
+                                             dropout_seed=_SEED if rate else None)
     keep = dsa_reference.reference_select(ops, sparsity=sparsity)
     return dsa_reference.attention_under_keep(q, k, v,
                                               dsa_reference.expand_groups(keep, vector))
@@ -134,6 +145,10 @@ def main(argv: Sequence[str]) -> None:
         "cuDNN dense": dense_fns(lambda q, k, v: jax.nn.dot_product_attention(
             q, k, v, implementation="cudnn")),
     }
+    drop = f" drop {FLAGS.dropout:g}"
+    if FLAGS.dropout and not FLAGS.no_dense:
+      methods["XLA dense" + drop] = dense_fns(lambda q, k, v: dense_attention_reference(
+          q, k, v, dropout_rate=FLAGS.dropout, dropout_rng=jax.random.PRNGKey(0)))
     if FLAGS.no_dense:
       methods = {}
     elif triton_ok:
@@ -146,6 +161,8 @@ def main(argv: Sequence[str]) -> None:
       tag = f"DSA-{round(sparsity * 100)} V={vec} k={rank}"
       if triton_ok:
         methods[f"{tag} Triton"] = dsa_fns(sparsity, vec, True) + (rank,)
+        if FLAGS.dropout:
+          methods[f"{tag} Triton{drop}"] = dsa_fns(sparsity, vec, True, FLAGS.dropout) + (rank,)
         if FLAGS.select_only:
           methods[f"{tag} selection alone"] = select_fns(sparsity, vec) + (rank,)
       if not FLAGS.skip_reference:
@@ -177,16 +194,23 @@ def main(argv: Sequence[str]) -> None:
             f"temp {_num(res['temp'], 0)} MiB", flush=True)
   cols = ["BxL", "method", "fwd ms", "fwd+bwd ms", "fwd / cuDNN", "fwd+bwd / cuDNN",
           "fwd+bwd / XLA", "temp MiB (fwd+bwd)"]
+  drop = f" drop {FLAGS.dropout:g}"
+  if FLAGS.dropout:
+    cols += ["fwd drop / no drop", "fwd+bwd drop / no drop"]
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   nan = {"fwd": float("nan"), "fwd+bwd": float("nan")}
   for shape, name, res in rows:
     ref = {n: r for s, n, r in rows if s == shape}
     cu, xla = ref.get("cuDNN dense", nan), ref.get("XLA dense", nan)
     ratio = lambda a, b: None if a is None else a / b  # noqa: E731
-    lines.append("| " + " | ".join([
-        shape, name, _num(res["fwd"], 3), _num(res["fwd+bwd"], 3),
-        _num(ratio(res["fwd"], cu["fwd"]), 2), _num(ratio(res["fwd+bwd"], cu["fwd+bwd"]), 2),
-        _num(ratio(res["fwd+bwd"], xla["fwd+bwd"]), 2), _num(res["temp"], 0)]) + " |")
+    cells = [shape, name, _num(res["fwd"], 3), _num(res["fwd+bwd"], 3),
+             _num(ratio(res["fwd"], cu["fwd"]), 2), _num(ratio(res["fwd+bwd"], cu["fwd+bwd"]), 2),
+             _num(ratio(res["fwd+bwd"], xla["fwd+bwd"]), 2), _num(res["temp"], 0)]
+    if FLAGS.dropout:
+      plain = ref.get(name[:-len(drop)], nan) if name.endswith(drop) else None
+      cells += ["-" if plain is None else _num(ratio(res[kind], plain[kind]), 2)
+                for kind in ("fwd", "fwd+bwd")]
+    lines.append("| " + " | ".join(cells) + " |")
   text = header + "\nend: " + gpu_state() + "\n\n" + "\n".join(lines) + "\n"
   print("\n" + text)
   if FLAGS.out:

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from lra_sparse.kernels import dsa_reference as ref
 
-from conftest import check_close, np_select, rel_err  # np_select: the rule in float64
+from conftest import check_close, np_philox4x32, np_select, rel_err  # np_select: float64 rule
 from triton_cpu import interpreted_launch, interpreting, run_interpreted
 
 HI = jax.lax.Precision.HIGHEST
@@ -120,6 +120,80 @@ def test_pack_unpack_bits_roundtrip():
   np.testing.assert_array_equal(np.asarray(ref.unpack_bits(words, 96))[..., 70:], False)
   word = np.asarray(ref.pack_bits(jnp.asarray(np.eye(32, dtype=bool)[31])))
   assert word.tolist() == [-2 ** 31]                   # bit 31 is the sign bit
+
+
+def np_key_multiplier(seed, b, h, rows, keys, rate):
+  """The per-key dropout rule written out with numpy: the draw of key j in row r (batch*heads
+  index bh) is 16-bit half j % 2 of output (j % 8) // 2 of Philox((j // 8, r, bh, 0), seed);
+  dropped when below round(rate 2^16), else scaled by 2^16 / (2^16 - T)."""
+  t_drop = int(round(rate * 65536))
+  key = [int(x) & 0xFFFFFFFF for x in np.asarray(seed)]
+  bh, r, j = np.meshgrid(np.arange(b * h), np.arange(rows), np.arange(keys), indexing="ij")
+  words = np_philox4x32((j // 8, r, bh, 0 * j), key, 7)
+  word = np.choose((j % 8) // 2, words)
+  half = np.where(j % 2 == 0, word & np.uint64(0xFFFF), word >> np.uint64(16))
+  return np.where(half >= t_drop, 65536 / (65536 - t_drop), 0.0).reshape(b, h, rows, keys)
+
+
+def test_dropout_key_multiplier_matches_numpy_rule_and_its_statistics():
+  """dfss_dropout.key_multiplier (what both DSA backends apply) against the rule in numpy, on
+  a key length that is not a multiple of 8; over ~1M entries the drop share is the rate for
+  each of the 8 keys of a Philox call alike, the factor averages 1 (unbiased), and adjacent
+  keys and rows are uncorrelated (within 5 standard errors)."""
+  from lra_sparse.kernels import dfss_dropout as dd
+  seed = np.array([-123456789, 987654321], np.int32)
+  got = np.asarray(dd.key_multiplier(jnp.asarray(seed), 2, 3, 9, 70, 0.3))
+  np.testing.assert_allclose(got, np_key_multiplier(seed, 2, 3, 9, 70, 0.3), rtol=1e-7)
+  rate = 0.1
+  mult = np.asarray(dd.key_multiplier(dd.seed_words(jax.random.PRNGKey(5)), 2, 4, 256, 512,
+                                      rate))
+  p = dd.threshold(rate) / 65536
+  se = math.sqrt(p * (1 - p) / mult.size)
+  assert abs(np.mean(mult == 0) - p) < 5 * se
+  assert abs(np.mean(mult) - 1.0) < 5 * se / (1 - p)
+  for slot in range(8):
+    dropped = (mult[..., slot::8] == 0)
+    assert abs(dropped.mean() - p) < 5 * math.sqrt(p * (1 - p) / dropped.size), slot
+  d = (mult == 0).astype(np.float64)
+  for a, c in ((d[..., :-1].ravel(), d[..., 1:].ravel()),
+               (d[..., :-1, :].ravel(), d[..., 1:, :].ravel())):
+    assert abs(np.corrcoef(a, c)[0, 1]) < 5 / math.sqrt(a.size)
+
+
+def test_reference_with_dropout_matches_numpy_values_and_gradients():
+  """attention_under_keep with attention dropout equals float64 numpy attention with the same
+  Z: O = (A * Zs) V, dV = (A Zs)^T dO, dS = A * (Zs * dO V^T - rowsum), dQ = dS K / sqrt(d),
+  dK = dS^T Q / sqrt(d); a row that keeps nothing gives zeros."""
+  from lra_sparse.kernels import dfss_dropout as dd
+  rng = np.random.default_rng(11)
+  b, l, h, d, rate = 2, 37, 2, 8, 0.25
+  q, k, v, ct = (rng.normal(size=(b, l, h, d)) for _ in range(4))
+  keep = rng.random((b, h, l, l)) < 0.4
+  keep[1, :, 3] = False                      # a row that keeps nothing
+  seed = dd.seed_words(jax.random.PRNGKey(9))
+  f = lambda q, k, v: ref.attention_under_keep(   # noqa: E731
+      q, k, v, jnp.asarray(keep), dropout_rate=rate, dropout_seed=seed)
+  args = tuple(jnp.asarray(x, jnp.float32) for x in (q, k, v))
+  with jax.default_matmul_precision("highest"):
+    out, vjp = jax.vjp(f, *args)
+    grads = vjp(jnp.asarray(ct, jnp.float32))
+  zs = np_key_multiplier(np.asarray(seed), b, h, l, l, rate)
+  s = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
+  s = np.where(keep, s, -np.inf)
+  m = np.max(s, -1, keepdims=True)
+  e = np.where(keep, np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)
+  a = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
+  want = np.einsum("bhqk,bkhd->bqhd", a * zs, v)
+  dp = np.einsum("bqhd,bkhd->bhqk", ct, v) * zs
+  ds = a * (dp - np.sum(dp * a, -1, keepdims=True))
+  want_grads = (np.einsum("bhqk,bkhd->bqhd", ds, k) / math.sqrt(d),
+                np.einsum("bhqk,bqhd->bkhd", ds, q) / math.sqrt(d),
+                np.einsum("bhqk,bqhd->bkhd", a * zs, ct))
+  assert rel_err(out, want) < 1e-5
+  np.testing.assert_array_equal(np.asarray(out)[1, 3], 0.0)
+  for got, w in zip(grads, want_grads):
+    assert rel_err(got, w) < 1e-5
+  assert 0.15 < np.mean(zs[keep] == 0) < 0.35
 
 
 def _direct_mse(q, k, qp, kp, mask, normalization):
@@ -326,15 +400,17 @@ def _case_id(c):
           f"{c[8]}")
 
 
-def _attention_reference(keep):
+def _attention_reference(keep, mult=None):
   """softmax(S over ``keep``) V in fp32 at full precision, a function of (q, k, v); keep bool
-  [batch, heads, length, length]."""
+  [batch, heads, length, length]; mult: the dropout factors Z / (1 - rate) of every entry."""
 
   def f_ref(q, k, v):
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
     from lra_sparse.attention import common
     scores = common.attention_scores(q, k, precision=HI)
     probs = common.masked_softmax(jnp.where(keep, scores, -jnp.inf), keep)
+    if mult is not None:
+      probs = probs * mult
     return jnp.einsum("bhqk,bkhd->bqhd", probs, v, precision=HI)
 
   return f_ref
@@ -376,9 +452,10 @@ def test_kernels_match_reference(case, ints):
   _check_kernels_against_reference(case, ints)
 
 
-def _check_kernels_against_reference(case, ints):
+def _check_kernels_against_reference(case, ints, rate=0.0):
   """Selection bits exactly the reference's; out, dq, dk, dv against full-precision fp32 on
-  those bits (outputs poisoned); a fully padded example gives zeros."""
+  those bits (outputs poisoned); a fully padded example gives zeros.  rate > 0: attention
+  dropout, the reference multiplied by ``dfss_dropout.key_multiplier`` of the same seed."""
   dt = _kernels()
   dtype, b, l, h, d, vector, sparsity, rank, selection = case
   seed = zlib.crc32(f"{_case_id(case)}-{ints}".encode()) % (2 ** 31)
@@ -390,18 +467,47 @@ def _check_kernels_against_reference(case, ints):
   n_real = int(l * 0.7) + 3
   mask = jnp.asarray(_mask(b, l, [n_real] * (b - 1) + [0], hole=(0, 1)))  # last: all padded
   bits, want = _select_and_check(qp, kp, mask, vector, d, sparsity, selection)
-  f_ref = _attention_reference(ref.expand_groups(want, vector))
+  drop = {}
+  mult = None
+  if rate:
+    from lra_sparse.kernels import dfss_dropout
+    drop = dict(dropout_rate=rate, dropout_seed=dfss_dropout.seed_words(keys[0]))
+    mult = dfss_dropout.key_multiplier(drop["dropout_seed"], b, h, l, l, rate)
+    assert 0 < float(jnp.mean(mult == 0)) < 2 * rate
+  f_ref = _attention_reference(ref.expand_groups(want, vector), mult)
 
   # The tie-heavy cases run the deterministic (two-kernel) backward, the others the one-pass.
   f_tri = jax.jit(lambda q, k, v: dt.dsa_attention_triton(q, k, v, bits, vector=vector,
-                                                          deterministic=ints, poison=True))
+                                                          deterministic=ints, poison=True,
+                                                          **drop))
   out, vjp = jax.vjp(f_tri, q, k, v)
   want_out, vjp_ref = jax.vjp(f_ref, q, k, v)
   pairs = [("out", out, want_out)] + list(zip(("dq", "dk", "dv"), vjp(ct),
                                               vjp_ref(ct.astype(jnp.float32))))
   assert out.dtype == dtype and out.shape == q.shape
-  _check_close(f"{_case_id(case)} ints={ints}", pairs, dtype)
+  _check_close(f"{_case_id(case)} ints={ints} rate={rate}", pairs, dtype)
   np.testing.assert_array_equal(np.asarray(out[-1].astype(jnp.float32)), 0.0)  # all padded
+  if rate:   # the same seed gives the same output; another seed another one
+    np.testing.assert_array_equal(np.asarray(f_tri(q, k, v)), np.asarray(out))
+    other = dict(drop, dropout_seed=drop["dropout_seed"] + 1)
+    again = dt.dsa_attention_triton(q, k, v, bits, vector=vector, **other)
+    assert np.any(np.asarray(again) != np.asarray(out))
+
+
+DROPOUT_CASES = [
+    # GPU_CASES' fields, then the attention dropout rate
+    (jnp.bfloat16, 2, 257, 2, 64, 1, 0.75, 26, "topk", 0.1),
+    (jnp.float32, 2, 1000, 2, 32, 8, 0.9, 84, "topk", 0.3),
+    (jnp.bfloat16, 2, 2048, 2, 128, 4, 0.95, 84, "threshold", 0.1),
+    (jnp.float16, 2, 1000, 1, 48, 1, 0.5, 26, "topk", 0.2),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("case", DROPOUT_CASES, ids=lambda c: f"{_case_id(c[:-1])}-p{c[-1]}")
+def test_kernels_with_dropout_match_reference_with_the_same_mask(case, deterministic):
+  _check_kernels_against_reference(case[:-1], deterministic, rate=case[-1])
 
 
 PAD_CASES = [
@@ -485,13 +591,16 @@ def test_kernels_skip_padding_exactly(case, deterministic, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_module_paths_agree_on_a_gpu():
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_module_paths_agree_on_a_gpu(dropout):
   """The Flax core on backend='triton' and 'reference': same outputs, MSE, hit rate and
-  gradients (bf16, padding, V = 4)."""
+  gradients (bf16, padding, V = 4); with attention dropout (training) both drop the same
+  entries for the same rng."""
   _kernels()
   from lra_sparse.attention import AttentionDims, DSAConfig, build_attention
   b, l, h, d, model = 2, 256, 2, 64, 128
-  dims = AttentionDims(num_heads=h, head_dim=d, model_dim=model, length=l, dropout_rate=0.0)
+  dims = AttentionDims(num_heads=h, head_dim=d, model_dim=model, length=l,
+                       dropout_rate=dropout)
   keys = jax.random.split(jax.random.PRNGKey(0), 5)
   q, k, v = (jax.random.normal(kk, (b, l, h, d), jnp.bfloat16) for kk in keys[:3])
   x = jax.random.normal(keys[3], (b, l, model), jnp.bfloat16)
@@ -503,6 +612,7 @@ def test_module_paths_agree_on_a_gpu():
 
     def loss(params, q, k, v, core=core):
       out, state = core.apply({"params": params}, q, k, v, mask=mask, inputs=x,
+                              deterministic=not dropout, rngs={"dropout": keys[0]},
                               mutable=["aux_loss", "aux_metrics"])
       return jnp.sum(out.astype(jnp.float32)) + state["aux_loss"]["dsa_mse"][0], (out, state)
 
@@ -511,6 +621,11 @@ def test_module_paths_agree_on_a_gpu():
     results[backend] = (out, state, grads)
   (o1, s1, g1), (o2, s2, g2) = results["triton"], results["reference"]
   assert rel_err(o1.astype(jnp.float32), o2.astype(jnp.float32)) < 2e-2
+  if dropout:   # the hit rate is an evaluation metric
+    return_grads = zip(jax.tree.leaves(g1), jax.tree.leaves(g2))
+    for a, r in return_grads:
+      assert rel_err(a.astype(jnp.float32), r.astype(jnp.float32)) < 3e-2
+    return
   assert float(s1["aux_metrics"]["dsa_hit_rate"][0]) == float(s2["aux_metrics"]["dsa_hit_rate"][0])
   assert float(s1["aux_metrics"]["dsa_mse"][0]) == pytest.approx(
       float(s2["aux_metrics"]["dsa_mse"][0]), rel=1e-5)
@@ -552,13 +667,17 @@ INTERPRETED_CASES = [   # small: Triton's interpreter runs every program in nump
     (jnp.bfloat16, 2, 96, 1, 64, 8, 0.9, 26, "threshold"),
     (jnp.float32, 2, 64, 1, 16, 4, 0.5, 84, "topk"),
 ]
+INTERPRETED_DROPOUT_CASES = [
+    (jnp.float32, 2, 70, 2, 32, 1, 0.5, 26, "topk", 0.3),
+    (jnp.float32, 2, 96, 1, 16, 8, 0.75, 26, "threshold", 0.2),
+]
 
 
 def test_kernel_source_on_the_cpu_matches_reference():
   """The selection and attention kernels' Triton source, run by Triton's interpreter on the
   CPU (in a subprocess: ``triton_cpu``), through the same checks as the GPU test at small
   shapes (``test_interpreted_kernels``)."""
-  run_interpreted(__file__, "test_interpreted_kernels")
+  run_interpreted(__file__, "test_interpreted_kernels or test_interpreted_dropout_kernels")
 
 
 @pytest.mark.parametrize("ints", [False, True])
@@ -569,3 +688,14 @@ def test_interpreted_kernels(monkeypatch, case, ints):
   from lra_sparse.kernels import dsa_triton   # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
   _check_kernels_against_reference(case, ints)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("case", INTERPRETED_DROPOUT_CASES,
+                         ids=lambda c: f"{_case_id(c[:-1])}-p{c[-1]}")
+def test_interpreted_dropout_kernels(monkeypatch, case, deterministic):
+  if not interpreting():
+    pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
+  from lra_sparse.kernels import dsa_triton   # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
+  _check_kernels_against_reference(case[:-1], deterministic, rate=case[-1])

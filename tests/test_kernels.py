@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from lra_sparse.attention.nm import nm_mask
 from lra_sparse.kernels import dfss_reference as ref
-from conftest import check_close, rel_err
+from conftest import check_close, np_philox4x32, rel_err
 from triton_cpu import interpreted_launch, interpreting, run_interpreted
 
 
@@ -508,22 +508,6 @@ def test_triton_grad_through_model_jit():
 
 
 # ----------------------------------------------------------------------------- attention dropout
-def np_philox4x32(c, key, rounds):
-  """Philox-4x32 in numpy uint64 (exact 32x32 -> 64-bit products): counters c (4 arrays),
-  key (2 ints); the independent check of dfss_dropout.philox4x32."""
-  mask = np.uint64(0xFFFFFFFF)
-  c = [np.asarray(x, np.uint64) & mask for x in np.broadcast_arrays(*c)]
-  k0, k1 = np.uint64(key[0]), np.uint64(key[1])
-  for _ in range(rounds):
-    p0 = np.uint64(0xD2511F53) * c[0]
-    p1 = np.uint64(0xCD9E8D57) * c[2]
-    c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & mask, (p0 >> np.uint64(32)) ^ c[3] ^ k1,
-         p0 & mask]
-    k0 = (k0 + np.uint64(0x9E3779B9)) & mask
-    k1 = (k1 + np.uint64(0xBB67AE85)) & mask
-  return c
-
-
 def np_dropout_multiplier(seed, keep, n, m, rate):
   """The dfss_dropout rule written out per (row, group) with numpy: word t of group g of row r
   (batch*heads index bh) is output t % 4 of Philox((g, r, bh, t // 4), seed); the kept member

@@ -752,17 +752,30 @@ def test_dfss_table4_bf16_rows_finetune_the_float_dense_run(tmp_path, monkeypatc
   assert rows["Transformer (bfloat16)"]["init_from"]("") is False
 
 
-def test_dfss_table4_trains_with_lras_attention_dropout(tmp_path, monkeypatch):
-  """Every full-size run (float rows and bf16 fine-tunes) sets LRA's attention dropout of its
-  task, valid against the config files; the tiny variant keeps the presets' value."""
+def test_paper_specs_train_with_lras_attention_dropout_and_the_committed_tables_keep_0(
+    tmp_path, monkeypatch):
+  """The paper specs' full-size runs resolve to LRA's attention dropout of their task (the
+  task configs' defaults: 0.1, Image 0.2); the specs of the committed tables (trained with 0)
+  keep 0, so their runs resume and the tables stay what they measured; tiny presets have 0."""
   monkeypatch.chdir(REPO)
   want = {"listops.py": 0.1, "text.py": 0.1, "retrieval.py": 0.1, "image.py": 0.2,
           "pathfinder.py": 0.1}
-  runs = _spec_runs("experiments/dfss_table4.py", tmp_path / "full")
-  assert {run.overrides["model.attention_dropout_rate"] == want[os.path.basename(run.config)]
-          for run in runs} == {True}
-  tiny = _spec_runs("experiments/dfss_table4.py:tiny", tmp_path / "tiny")
-  assert all("model.attention_dropout_rate" not in run.overrides for run in tiny)
+
+  def rates(spec, where):
+    out = set()
+    for run in _spec_runs(spec, tmp_path / where):
+      config = config_lib.load_config_file(run.config, run.preset)
+      rate = run.overrides.get("model.attention_dropout_rate",
+                               config.model.attention_dropout_rate)
+      out.add((os.path.basename(run.config), rate))
+    return out
+
+  for spec in ("dfss_table4", "dsa_table2", "dsa_sparsity"):
+    got = rates(f"experiments/{spec}.py", spec)
+    assert got and all(rate == want[name] for name, rate in got), (spec, got)
+    assert {rate for _, rate in rates(f"experiments/{spec}.py:tiny", spec + "_tiny")} == {0.0}
+  for spec in ("lra_listops", "lra_pixels"):
+    assert {rate for _, rate in rates(f"experiments/{spec}.py", spec)} == {0.0}
 
 
 def test_dsa_specs_run_text_at_the_papers_4k(tmp_path, monkeypatch):

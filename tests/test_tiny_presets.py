@@ -185,6 +185,19 @@ def _np_sinusoid(length, dim):
   return table
 
 
+def test_task_configs_default_to_lras_attention_dropout():
+  """LRA's attention dropout per task (0.1; Image 0.2); the Nystromformer image preset keeps
+  its official code's 0 (their Nystrom attention has none) and the tiny CPU presets have none."""
+  want = {"listops": 0.1, "text": 0.1, "retrieval": 0.1, "image": 0.2, "pathfinder": 0.1,
+          "pathx": 0.1}
+  for task, rate in want.items():
+    path = os.path.join(REPO, "configs", f"{task}.py")
+    assert load_config_file(path).model.attention_dropout_rate == rate, task
+    assert load_config_file(path, "tiny").model.attention_dropout_rate == 0.0, task
+  image = os.path.join(REPO, "configs", "image.py")
+  assert load_config_file(image, "nystromformer").model.attention_dropout_rate == 0.0
+
+
 def test_default_listops_model_has_fixed_sinusoidal_positions_and_unit_std_embeddings():
   """LRA's AddPositionEmbs (fixed sinusoids unless the task learns them) and its token
   embedding init normal(stddev=1.0)."""

@@ -45,7 +45,11 @@ Choices (the papers leave these open):
 - Backends (``backend``): "triton" runs ``kernels/dsa_triton.py`` (selection as bits, then a
   flash-style softmax over the kept keys, forward and backward; no [L, L] float array);
   "reference" the pure-JAX path; "auto" the kernels on a GPU when they can run the call
-  (no attention dropout, head_dim <= 128), else the pure-JAX path, logged once.
+  (head_dim <= 128, the int8 selection rule), else the pure-JAX path, logged once.
+- Attention dropout (training, rate > 0) acts on the kept probabilities, A <- A * Z / (1 -
+  rate), Z drawn per (example, head, query row, key) by the counter-based rule of
+  ``kernels/dfss_dropout.py`` from one seed per call: the kernels (which redraw Z in the
+  backward) and the pure-JAX path drop exactly the same entries.
 - Fake quantisation (quant_bits 2/4/8) of X and of W~: symmetric, per tensor (X's scale from
   its real tokens only), straight-through gradient.
 - S~ (float) is also sown into "intermediates", computed only when a caller makes that
@@ -67,7 +71,7 @@ import numpy as np
 import flax.linen as nn
 
 from lra_sparse.attention import common
-from lra_sparse.kernels import dsa_gram, dsa_reference
+from lra_sparse.kernels import dfss_dropout, dsa_gram, dsa_reference
 from lra_sparse.kernels.dsa_reference import keep_counts, static_keep, topk_mask  # noqa: F401
 from lra_sparse.attention.registry import (AUX_LOSS, AUX_METRICS, AttentionDims, KindConfig,
                                            register_attention)
@@ -199,7 +203,7 @@ def predicted_mask(predicted_scores, *, mask=None, sparsity: float = 0.9, vector
   return keep
 
 
-def _kernels(config: DSAConfig, q, k, v, *, use_dropout: bool):
+def _kernels(config: DSAConfig, q, k, v):
   """``lra_sparse.kernels.dsa_triton`` when this call runs on the kernels, else None
   (backend='auto' logs once why it falls back on a GPU; 'triton' raises instead)."""
   if config.backend == "reference":
@@ -207,7 +211,7 @@ def _kernels(config: DSAConfig, q, k, v, *, use_dropout: bool):
   required = config.backend == "triton"
   if not required and jax.default_backend() != "gpu":
     return None
-  reason = "it has no attention dropout" if use_dropout else None
+  reason = None
   if config.selection_rule != "int8":
     reason = f"selection_rule={config.selection_rule!r} (the kernels rank int8 operands)"
   kernel = common.kernel_module("dsa_triton", "DSA", required)
@@ -257,7 +261,9 @@ class DSAAttention(nn.Module):
     scale = q.shape[-1] ** -0.5
 
     use_dropout = dims.dropout_rate > 0.0 and not deterministic
-    kernel = _kernels(config, q, k, v, use_dropout=use_dropout)
+    kernel = _kernels(config, q, k, v)
+    seed = dfss_dropout.seed_words(self.make_rng("dropout")) if use_dropout else None
+    rate = dims.dropout_rate if use_dropout else 0.0
     # lambda * L_MSE(S, S~), from Gram matrices of Q, K and the factors XP, W~: no [L, L]
     # array, and Q~, K~ themselves are not read.
     mse = prediction_mse(q, k, q_pred, k_pred, mask, normalization=config.mse_normalization,
@@ -286,11 +292,15 @@ class DSAAttention(nn.Module):
         self.sow(AUX_METRICS, "dsa_hit_rate", hit_rate(bits, oracle, mask=mask,
                                                        vector=config.vector))
       # A = softmax(S restricted to M) with the real S; O = A V.
-      return common.per_data_shard(
-          lambda q, k, v, bits, mask: kernel.dsa_attention_triton(
-              q, k, v, bits, mask=mask, vector=config.vector,
-              deterministic=config.deterministic_kernels),
-          q, k, v, bits, mask)
+      def attend(q, k, v, bits, mask, seed):
+        if seed is not None and common.data_shards() > 1:
+          # The kernels draw by (example, head, row, key) within their call: each shard of a
+          # data-parallel batch gets its own Philox key so no two shards share masks.
+          seed = seed.at[1].add(jax.lax.axis_index(common.DATA_AXIS))
+        return kernel.dsa_attention_triton(q, k, v, bits, mask=mask, vector=config.vector,
+                                           deterministic=config.deterministic_kernels,
+                                           dropout_rate=rate, dropout_seed=seed)
+      return common.per_data_shard(attend, q, k, v, bits, mask, seed, replicated=(5,))
     if float_rule:
       keep = predicted_mask(predicted, mask=mask, topk_algorithm=config.topk_algorithm,
                             vector=config.vector, **select)[:, :, ::config.vector]
@@ -310,8 +320,7 @@ class DSAAttention(nn.Module):
           vector=config.vector))
     return dsa_reference.attention_under_keep(
         q, k, v, dsa_reference.expand_groups(keep, config.vector),
-        dropout_rate=dims.dropout_rate if use_dropout else 0.0,
-        dropout_rng=self.make_rng("dropout") if use_dropout else None)
+        dropout_rate=rate, dropout_seed=seed)
 
 
 def prediction_mse(q, k, q_pred, k_pred, mask, *, normalization: str, kernels: bool):
@@ -369,7 +378,4 @@ def _build_dsa(config: DSAConfig, dims: AttentionDims) -> nn.Module:
     raise config.error("sigma", f"gives a predictor rank above {dsa_reference.MAX_RANK}")
   if config.backend == "triton":
     common.kernel_module("dsa_triton", "DSA", required=True)
-    if dims.dropout_rate > 0.0:
-      raise ValueError("config.attention.dsa.backend='triton' has no attention dropout; set "
-                       "config.model.attention_dropout_rate=0 or backend='auto'")
   return DSAAttention(dims=dims, config=config)

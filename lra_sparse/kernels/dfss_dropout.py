@@ -1,4 +1,5 @@
-"""Attention dropout for DFSS: one counter-based mask shared by the Triton kernels and JAX.
+"""Attention dropout for the fused kernels (DFSS, DSA): one counter-based mask shared by the
+Triton kernels and JAX.
 
 Dropout acts on the kept probabilities after the softmax, A <- A * Z / (1 - rate) with Z a
 Bernoulli(1 - rate) mask, as the pure-JAX path of every kind does.  The fused kernels never
@@ -20,6 +21,11 @@ a draw, so:
 * it is dropped when that half is < T = round(rate * 2^16), kept ones are scaled by
   2^16 / (2^16 - T): the effective rate is T / 2^16 (0.1 -> 0.100006), and the scale makes
   the expectation exact for it (unbiased).
+
+Kinds that keep an arbitrary set of keys per row (DSA) draw for every key, kept or not:
+key j is member j % 8 of group j // 8 with all eight members ranked, the rule above with
+n = m = 8 and every member kept (``key_multiplier``; kernels: ``key_draws``), so the draw of an
+entry does not depend on which keys the row keeps.
 
 One call per (row, group) draws in each score tile's own layout: measured on an H100, that is
 faster than one call per four groups whose words must then be interleaved into place, though
@@ -125,3 +131,15 @@ def dropout_multiplier(seed, keep, n: int, m: int, rate: float) -> jax.Array:
   draw = jnp.where(rank % 2 == 0, word & 0xFFFF, word >> HALF_BITS)
   survive = kept & (draw >= t)
   return jnp.where(survive, np.float32(keep_scale(t)), np.float32(0.0)).reshape(keep.shape)
+
+
+KEY_GROUP = 8   # key_multiplier: keys drawn per Philox call (two 16-bit halves per word)
+
+
+def key_multiplier(seed, batch: int, heads: int, rows: int, keys: int, rate: float) -> jax.Array:
+  """float32 [batch, heads, rows, keys]: Z / (1 - rate) for every entry, each key drawn
+  (module docstring: the n = m = 8 rule with every member kept).  The caller multiplies it
+  into probabilities that are already 0 off the kept set (DSA)."""
+  padded = -(-keys // KEY_GROUP) * KEY_GROUP
+  every = jnp.ones((batch, heads, rows, padded), bool)
+  return dropout_multiplier(seed, every, KEY_GROUP, KEY_GROUP, rate)[..., :keys]

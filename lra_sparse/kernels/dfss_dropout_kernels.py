@@ -4,7 +4,8 @@ The mask Z is the one ``dfss_dropout.dropout_multiplier`` computes in JAX (its d
 the rule): Philox-4x32 with counter (group, query row, batch*heads + head, t // 4) and the seed
 as key gives word t of a (row, group); the kept member of rank j in its group reads 16-bit half
 j % 2 of word j // 2 and survives when that half is >= T.  Tiles are [rows, groups] of one key
-block (forward and dQ kernels) or [groups, rows] (key-block backward).
+block (forward and dQ kernels) or [groups, rows] (key-block backward).  ``key_draws`` gives the
+per-key draws of kinds that keep arbitrary key sets (DSA): the same words with n = m = 8.
 
 This module imports triton: only the kernel launchers import it, on first use.
 """
@@ -80,4 +81,29 @@ def survivors(keep, words, T: tl.constexpr):
       half = tl.where(rank % 2 == 0, word & 0xFFFF, word >> 16)
       out = out + (keep[i] & (half >= T),)
       rank += keep[i].to(tl.int32)
+  return out
+
+
+@triton.jit
+def key_draws(k0, k1, bh, rows, start, BN: tl.constexpr, TRANSPOSE: tl.constexpr):
+  """uint32 16-bit draws of every key of the block at ``start`` (BN keys, a multiple of 8):
+  [BM, BN], or [BN, BM] with TRANSPOSE.  Key j is member j % 8 of group j // 8 with all eight
+  members ranked (``dfss_dropout.key_multiplier``): half j % 2 of word (j % 8) // 2."""
+  G: tl.constexpr = BN // 8
+  w = block_words(k0, k1, bh, rows, start, 8, G, 8, TRANSPOSE)   # 4 tiles [BM, G] / [G, BM]
+  slot = tl.arange(0, 8)
+  if TRANSPOSE:
+    which = (slot // 2)[None, :, None]
+    shift = ((slot % 2) * 16)[None, :, None].to(tl.uint32)
+    w0, w1, w2, w3 = w[0][:, None, :], w[1][:, None, :], w[2][:, None, :], w[3][:, None, :]
+  else:
+    which = (slot // 2)[None, None, :]
+    shift = ((slot % 2) * 16)[None, None, :].to(tl.uint32)
+    w0, w1, w2, w3 = w[0][:, :, None], w[1][:, :, None], w[2][:, :, None], w[3][:, :, None]
+  word = tl.where(which == 0, w0, tl.where(which == 1, w1, tl.where(which == 2, w2, w3)))
+  draws = (word >> shift) & 0xFFFF
+  if TRANSPOSE:
+    out = tl.reshape(draws, [BN, rows.shape[0]])
+  else:
+    out = tl.reshape(draws, [rows.shape[0], BN])
   return out

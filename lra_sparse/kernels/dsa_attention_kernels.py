@@ -19,6 +19,12 @@ stop there and a dQ block past it does no step and writes zeros.  Padded rows' o
 no loss in a masked model, so the backward costs what the real lengths need; the forward
 still computes padded query rows, whose outputs the semantics define.
 
+Attention dropout (DROP_T > 0, Philox key in SEED): the kept probabilities are multiplied by
+Z / (1 - rate), Z drawn per (batch*head, query row, key) by ``dfss_dropout``'s per-key rule
+(``dropout.key_draws``), so the backward draws the same Z again: O = (P * Z) V / (1 - rate),
+dV = (P * Zs)^T dO, dS = P * (Zs * dP - delta) with Zs = Z / (1 - rate); delta = rowsum(dO * O)
+is unchanged (the dropped O's).  The softmax normaliser sums the undropped P.
+
 Operands are [batch, length, heads, head_dim] (row stride H*D), read in place; grid axis 1 runs
 batch*heads.  BITS int32 [batch*heads, G, W].  LSE and delta = rowsum(dO * O) are fp32
 [batch*heads, LP].  Exponentials are base 2 (the scale carries log2(e)).  A row that keeps
@@ -27,6 +33,8 @@ nothing (all keys padded) gives O = 0, LSE = +inf and zero gradients.
 
 import triton
 import triton.language as tl
+
+from lra_sparse.kernels import dfss_dropout_kernels as dropout
 
 NEG_INF = tl.constexpr(float("-inf"))
 POS_INF = tl.constexpr(float("inf"))
@@ -78,8 +86,9 @@ def _unpack(words, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def dsa_fwd(Q, K, V, BITS, EXT, sm_scale, L, LP, H, G, W, O, LSE, D: tl.constexpr,
-            VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SKIP: tl.constexpr):
+def dsa_fwd(Q, K, V, BITS, EXT, SEED, sm_scale, L, LP, H, G, W, O, LSE, D: tl.constexpr,
+            VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SKIP: tl.constexpr,
+            DROP_T: tl.constexpr):
   """Forward: one program per BM query rows, online softmax over the kept keys (the key
   tiles below the example's extent EXT: no bit is set past it)."""
   pid_m, bh, b, base, bbase = _program(L, H, G, W, D)
@@ -92,6 +101,8 @@ def dsa_fwd(Q, K, V, BITS, EXT, sm_scale, L, LP, H, G, W, O, LSE, D: tl.constexp
   m_i = tl.full([BM], NEG_INF, tl.float32)
   l_i = tl.zeros([BM], tl.float32)
   acc = tl.zeros([BM, D], tl.float32)
+  if DROP_T > 0:
+    k0, k1 = dropout.seed_key(SEED)
   ext = tl.load(EXT + b)
   for start in range(0, ext, BN):
     words = _tile_words(BITS, bbase, offs_m, rin, start, W, VEC, BN)
@@ -107,12 +118,16 @@ def dsa_fwd(Q, K, V, BITS, EXT, sm_scale, L, LP, H, G, W, O, LSE, D: tl.constexp
       alpha = tl.math.exp2(m_i - m_safe)
       p = tl.math.exp2(s * qk_scale - m_safe[:, None])
       l_i = l_i * alpha + tl.sum(p, 1)
+      if DROP_T > 0:
+        p = tl.where(dropout.key_draws(k0, k1, bh, offs_m, start, BN, False) >= DROP_T, p, 0.0)
       v = tl.load(V + base + offs_n[:, None] * RS + offs_d[None, :], mask=kin[:, None],
                   other=0.0)
       acc = tl.dot(p.to(V.dtype.element_ty), v, acc * alpha[:, None])
       m_i = m_new
   l_safe = tl.where(l_i == 0.0, 1.0, l_i)
   out = acc / l_safe[:, None]
+  if DROP_T > 0:
+    out = out * dropout.kept_scale(DROP_T)
   tl.store(O + base + offs_m[:, None] * RS + offs_d[None, :], out.to(O.dtype.element_ty),
            mask=rin[:, None])
   lse = tl.where(l_i == 0.0, POS_INF, m_i + tl.math.log2(l_safe))
@@ -120,13 +135,14 @@ def dsa_fwd(Q, K, V, BITS, EXT, sm_scale, L, LP, H, G, W, O, LSE, D: tl.constexp
 
 
 @triton.jit
-def _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W, DK, DV, DQ,
-              D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-              SKIP: tl.constexpr):
+def _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H, G, W, DK, DV,
+              DQ, D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              SKIP: tl.constexpr, DROP_T: tl.constexpr):
   """dV = P^T dO and dK = scale * dS^T Q for one block of BN keys, over the query blocks
   below ROWS (none when the block starts at or past the key extent EXT), with
   dS = P * (dP - delta), dP = dO V^T (transposed tiles: keys x queries).  With DQ (not None)
-  also adds dQ / scale = dS K into the fp32 buffer DQ with atomics (one pass)."""
+  also adds dQ / scale = dS K into the fp32 buffer DQ with atomics (one pass).  DROP_T > 0:
+  the forward's survivors again (module docstring)."""
   pid_n, bh, b, base, bbase = _program(L, H, G, W, D)
   RS = H * D
   offs_n = pid_n * BN + tl.arange(0, BN)
@@ -137,6 +153,8 @@ def _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W
   v = tl.load(V + base + offs_n[:, None] * RS + offs_d[None, :], mask=kin[:, None], other=0.0)
   dk = tl.zeros([BN, D], tl.float32)
   dv = tl.zeros([BN, D], tl.float32)
+  if DROP_T > 0:
+    k0, k1 = dropout.seed_key(SEED)
   rows = tl.where(pid_n * BN < tl.load(EXT + b), tl.load(ROWS + b), 0)
   for start in range(0, rows, BM):
     offs_m = start + tl.arange(0, BM)
@@ -152,14 +170,21 @@ def _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W
       dlt = tl.load(DELTA + bh * LP + offs_m, mask=rin, other=0.0)
       s = tl.dot(k, qt)
       p = tl.where(keep, tl.math.exp2(s * qk_scale - lse[None, :]), 0.0)
-      dv = tl.dot(p.to(DO.dtype.element_ty), do, dv)
       dp = tl.dot(v, tl.trans(do))
+      if DROP_T > 0:
+        live = dropout.key_draws(k0, k1, bh, offs_m, pid_n * BN, BN, True) >= DROP_T
+        dv = tl.dot(tl.where(live, p, 0.0).to(DO.dtype.element_ty), do, dv)
+        dp = tl.where(live, dp * dropout.kept_scale(DROP_T), 0.0)
+      else:
+        dv = tl.dot(p.to(DO.dtype.element_ty), do, dv)
       ds = (p * (dp - dlt[None, :])).to(Q.dtype.element_ty)
       dk = tl.dot(ds, tl.trans(qt), dk)
       if DQ is not None:
         dq = tl.dot(tl.trans(ds), k)
         tl.atomic_add(DQ + base + offs_m[:, None] * RS + offs_d[None, :], dq,
                       mask=rin[:, None], sem="relaxed")
+  if DROP_T > 0:
+    dv = dv * dropout.kept_scale(DROP_T)
   tl.store(DK + base + offs_n[:, None] * RS + offs_d[None, :],
            (dk * sm_scale).to(DK.dtype.element_ty), mask=kin[:, None])
   tl.store(DV + base + offs_n[:, None] * RS + offs_d[None, :], dv.to(DV.dtype.element_ty),
@@ -167,29 +192,29 @@ def _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W
 
 
 @triton.jit
-def dsa_bwd_dkdv(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W, DK, DV,
-                 D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                 SKIP: tl.constexpr):
+def dsa_bwd_dkdv(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H, G, W, DK,
+                 DV, D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                 SKIP: tl.constexpr, DROP_T: tl.constexpr):
   """Deterministic backward, first kernel: dK and dV per key block (dsa_bwd_dq: dQ)."""
-  _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W, DK, DV, None, D,
-            VEC, BM, BN, SKIP)
+  _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H, G, W, DK, DV,
+            None, D, VEC, BM, BN, SKIP, DROP_T)
 
 
 @triton.jit
-def dsa_bwd_onepass(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W, DK, DV,
-                    DQ, D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr,
-                    BN: tl.constexpr, SKIP: tl.constexpr):
+def dsa_bwd_onepass(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H, G, W,
+                    DK, DV, DQ, D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr,
+                    BN: tl.constexpr, SKIP: tl.constexpr, DROP_T: tl.constexpr):
   """One-pass backward: dK, dV as dsa_bwd_dkdv, and dQ / scale added into the zeroed fp32
   buffer DQ with atomics (each tile's products and exponentials once; dQ's summation order,
   hence its last bits, can vary run to run)."""
-  _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W, DK, DV, DQ, D,
-            VEC, BM, BN, SKIP)
+  _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H, G, W, DK, DV,
+            DQ, D, VEC, BM, BN, SKIP, DROP_T)
 
 
 @triton.jit
-def dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, W, DQ,
+def dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H, G, W, DQ,
                D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               SKIP: tl.constexpr):
+               SKIP: tl.constexpr, DROP_T: tl.constexpr):
   """dQ = scale * dS K for one block of BM query rows, over the key blocks below the key
   extent EXT (none when the block starts at or past ROWS: its dO is 0)."""
   pid_m, bh, b, base, bbase = _program(L, H, G, W, D)
@@ -203,6 +228,8 @@ def dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, 
   lse = tl.load(LSE + bh * LP + offs_m, mask=rin, other=POS_INF)
   dlt = tl.load(DELTA + bh * LP + offs_m, mask=rin, other=0.0)
   dq = tl.zeros([BM, D], tl.float32)
+  if DROP_T > 0:
+    k0, k1 = dropout.seed_key(SEED)
   ext = tl.where(pid_m * BM < tl.load(ROWS + b), tl.load(EXT + b), 0)
   for start in range(0, ext, BN):
     words = _tile_words(BITS, bbase, offs_m, rin, start, W, VEC, BN)
@@ -215,7 +242,11 @@ def dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, sm_scale, L, LP, H, G, 
       vt = tl.load(V + base + offs_n[None, :] * RS + offs_d[:, None], mask=kin[None, :],
                    other=0.0)
       p = tl.where(keep, tl.math.exp2(tl.dot(q, kt) * qk_scale - lse[:, None]), 0.0)
-      ds = p * (tl.dot(do, vt) - dlt[:, None])
+      dp = tl.dot(do, vt)
+      if DROP_T > 0:
+        live = dropout.key_draws(k0, k1, bh, offs_m, start, BN, False) >= DROP_T
+        dp = tl.where(live, dp * dropout.kept_scale(DROP_T), 0.0)
+      ds = p * (dp - dlt[:, None])
       dq = tl.dot(ds.to(K.dtype.element_ty), tl.trans(kt), dq)
   tl.store(DQ + base + offs_m[:, None] * RS + offs_d[None, :],
            (dq * sm_scale).to(DQ.dtype.element_ty), mask=rin[:, None])

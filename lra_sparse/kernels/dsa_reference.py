@@ -41,6 +41,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from lra_sparse.kernels import dfss_dropout
+
 QMAX = 127            # int8 range of the selection operands
 CODE_LEVELS = 256     # top-k ranks an 8-bit code of each row's scores
 _SENTINEL = 2 ** 30   # above any |s| (|s| <= 127 * 127 * 1024 < 2^24)
@@ -271,15 +273,22 @@ def expand_groups(keep_groups, vector: int):
   return keep_groups if vector == 1 else jnp.repeat(keep_groups, vector, axis=2)
 
 
-def attention_under_keep(q, k, v, keep, *, dropout_rate: float = 0.0, dropout_rng=None,
+def attention_under_keep(q, k, v, keep, *, dropout_rate: float = 0.0, dropout_seed=None,
                          scores=None):
   """softmax(S over ``keep`` [batch, heads, L, L]) V with S = Q K^T / sqrt(d); a row that keeps
-  nothing gives zeros.  ``keep`` must already exclude padded keys."""
+  nothing gives zeros.  ``keep`` must already exclude padded keys.  dropout_rate > 0 with
+  dropout_seed (int32 [2], ``dfss_dropout.seed_words``): attention dropout on the kept
+  probabilities by the kernels' per-key rule (``dfss_dropout.key_multiplier``), so this path
+  and ``dsa_triton`` drop the same entries for the same seed."""
   from lra_sparse.attention import common  # pylint: disable=import-outside-toplevel
   if scores is None:
     scores = common.attention_scores(q, k)
   probs = common.masked_softmax(jnp.where(keep, scores, -jnp.inf), keep)
-  probs = common.dropout_probabilities(probs, dropout_rate, dropout_rng)
+  if dropout_rate > 0.0:
+    if dropout_seed is None:
+      raise ValueError("dropout_rate > 0 needs dropout_seed (dfss_dropout.seed_words(rng))")
+    b, h, rows, keys = probs.shape
+    probs = probs * dfss_dropout.key_multiplier(dropout_seed, b, h, rows, keys, dropout_rate)
   return common.attend(probs, v, q.dtype)
 
 

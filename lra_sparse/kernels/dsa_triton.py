@@ -8,7 +8,8 @@ Two steps, each one launch over batch*heads:
   int8 operands; no score is stored.
 * ``dsa_attention_triton``: softmax over the kept keys and the product with V, forward and
   backward (custom VJP; one pass with dQ by atomics, or dK/dV and dQ in two deterministic
-  kernels), reading the bits:
+  kernels), reading the bits, with attention dropout drawn inside the kernels (the per-key
+  rule of ``dfss_dropout``; the backward draws the same mask again):
   ``dsa_attention_kernels``.  Memory: O and a per-row log-sum-exp.
 
 Padding costs no work, and skipping it is exact: with a key mask, every kernel stops at each
@@ -32,7 +33,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from lra_sparse.kernels import dsa_reference
+from lra_sparse.kernels import dfss_dropout, dsa_reference
 from lra_sparse.kernels.dfss_launch import (cdiv, extent, launch, operand_reason, padded_rows,
                                             row_delta)
 from lra_sparse.kernels.dfss_launch import key_extent as _key_extent
@@ -146,23 +147,23 @@ def select_bits(ops: dsa_reference.SelectionOperands, mask=None, *, sparsity: fl
 
 
 # ----------------------------------------------------------------------------- attention
-def _fwd(q, k, v, bits, ext, vector, scale, poison):
+def _fwd(q, k, v, bits, ext, seed, vector, scale, poison, drop_t):
   b, l, h, d = q.shape
   bm, bn, warps, stages, skip = _tiles("fwd", q.dtype)
   lp = padded_rows(l)
   g, w = bits.shape[2], bits.shape[3]
   return launch(
-      _ATTEND, "dsa_fwd", (q, k, v, bits, ext, scale, l, lp, h, g, w),
+      _ATTEND, "dsa_fwd", (q, k, v, bits, ext, seed, scale, l, lp, h, g, w),
       (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b * h, lp), jnp.float32)),
       (cdiv(l, bm), b * h), num_warps=warps, num_stages=stages, poison=poison,
-      poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip)
+      poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip, DROP_T=drop_t)
 
 
-def _bwd(q, k, v, bits, ext, o, lse, do, vector, scale, poison, deterministic):
+def _bwd(q, k, v, bits, ext, seed, o, lse, do, vector, scale, poison, deterministic, drop_t):
   b, l, h, d = q.shape
   do = do.astype(q.dtype)   # the rows' extent is read from the dO the kernels read
   g, w = bits.shape[2], bits.shape[3]
-  args = (q, k, v, bits, do, lse, row_delta(o, do), ext, _row_extent(do), scale, l,
+  args = (q, k, v, bits, do, lse, row_delta(o, do), ext, _row_extent(do), seed, scale, l,
           padded_rows(l), h, g, w)
   if not deterministic:
     bm, bn, warps, stages, skip = _tiles("onepass", q.dtype)
@@ -171,44 +172,49 @@ def _bwd(q, k, v, bits, ext, o, lse, do, vector, scale, poison, deterministic):
         (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
          jax.ShapeDtypeStruct(q.shape, jnp.float32)),
         (cdiv(l, bn), b * h), num_warps=warps, num_stages=stages, zeroed=(2,), poison=poison,
-        poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip)
+        poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip,
+        DROP_T=drop_t)
     return (dq * scale).astype(q.dtype), dk, dv
   bm, bn, warps, stages, skip = _tiles("dkdv", q.dtype)
   dk, dv = launch(
       _ATTEND, "dsa_bwd_dkdv", args,
       (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
       (cdiv(l, bn), b * h), num_warps=warps, num_stages=stages, poison=poison,
-      poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip)
+      poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip,
+        DROP_T=drop_t)
   bm, bn, warps, stages, skip = _tiles("dq", q.dtype)
   (dq,) = launch(
       _ATTEND, "dsa_bwd_dq", args, (jax.ShapeDtypeStruct(q.shape, q.dtype),),
       (cdiv(l, bm), b * h), num_warps=warps, num_stages=stages, poison=poison,
-      poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip)
+      poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip,
+        DROP_T=drop_t)
   return dq, dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def _attn(q, k, v, bits, ext, vector, scale, poison, deterministic):
-  return _fwd(q, k, v, bits, ext, vector, scale, poison)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
+def _attn(q, k, v, bits, ext, seed, vector, scale, poison, deterministic, drop_t):
+  return _fwd(q, k, v, bits, ext, seed, vector, scale, poison, drop_t)[0]
 
 
-def _attn_fwd(q, k, v, bits, ext, vector, scale, poison, deterministic):
+def _attn_fwd(q, k, v, bits, ext, seed, vector, scale, poison, deterministic, drop_t):
   del deterministic  # backward only
-  o, lse = _fwd(q, k, v, bits, ext, vector, scale, poison)
-  return o, (q, k, v, bits, ext, o, lse)
+  o, lse = _fwd(q, k, v, bits, ext, seed, vector, scale, poison, drop_t)
+  return o, (q, k, v, bits, ext, seed, o, lse)
 
 
-def _attn_bwd(vector, scale, poison, deterministic, res, do):
-  q, k, v, bits, ext, o, lse = res
-  dq, dk, dv = _bwd(q, k, v, bits, ext, o, lse, do, vector, scale, poison, deterministic)
-  return dq, dk, dv, None, None
+def _attn_bwd(vector, scale, poison, deterministic, drop_t, res, do):
+  q, k, v, bits, ext, seed, o, lse = res
+  dq, dk, dv = _bwd(q, k, v, bits, ext, seed, o, lse, do, vector, scale, poison, deterministic,
+                    drop_t)
+  return dq, dk, dv, None, None, None
 
 
 _attn.defvjp(_attn_fwd, _attn_bwd)
 
 
 def dsa_attention_triton(q, k, v, bits, *, mask=None, vector: int = 1,
-                         deterministic: bool = False, poison: bool = False):
+                         deterministic: bool = False, dropout_rate: float = 0.0,
+                         dropout_seed=None, poison: bool = False):
   """softmax(Q K^T / sqrt(d) over the kept keys) V.  q, k, v [batch, length, heads, head_dim]
   (fp32 / bf16 / fp16, head_dim <= 128); bits int32 [batch, heads, length / vector,
   ceil(length / 32)] from ``select_bits`` (padded keys already excluded there).  mask: bool
@@ -216,8 +222,10 @@ def dsa_attention_triton(q, k, v, bits, *, mask=None, vector: int = 1,
   given: the kernels read no key past an example's last real key (the bits keep none there)
   and so skip the padding's work, exactly.  Gradients flow to q, k, v; a row that keeps
   nothing gives zeros.  deterministic: the backward as two kernels without atomics
-  (bit-reproducible dQ) instead of one pass with dQ by fp32 atomics.  poison=True (tests)
-  pre-fills every kernel output with NaN."""
+  (bit-reproducible dQ) instead of one pass with dQ by fp32 atomics.  dropout_rate > 0 with
+  dropout_seed (int32 [2], ``dfss_dropout.seed_words``): attention dropout on the kept
+  probabilities, drawn inside the kernels (``dfss_dropout.key_multiplier`` gives the same
+  mask in JAX).  poison=True (tests) pre-fills every kernel output with NaN."""
   reason = unsupported_reason(q, v, k=k, vector=vector)
   if reason is not None:
     raise ValueError(reason)
@@ -226,11 +234,20 @@ def dsa_attention_triton(q, k, v, bits, *, mask=None, vector: int = 1,
   if tuple(bits.shape) != want or bits.dtype != jnp.int32:
     raise ValueError(f"bits must be int32 {want}, got {bits.dtype} {tuple(bits.shape)}")
   ext = _key_extent(_check_mask(mask, (b, l)), b, l)
+  drop_t = dfss_dropout.threshold(dropout_rate)
+  if drop_t:
+    if dropout_seed is None:
+      raise ValueError("dropout_rate > 0 needs dropout_seed (dfss_dropout.seed_words(rng))")
+    seed = jnp.asarray(dropout_seed)
+    if seed.shape != (2,) or seed.dtype != jnp.int32:
+      raise ValueError(f"dropout_seed must be int32 [2], got {seed.dtype}{list(seed.shape)}")
+  else:
+    seed = jnp.zeros((2,), jnp.int32)    # not read
   kernel_dim = min(x for x in _HEAD_DIMS if x >= d)
   scale = 1.0 / math.sqrt(d)
+  flags = (bool(poison), bool(deterministic), drop_t)
   if kernel_dim == d:
-    return _attn(q, k, v, bits, ext, vector, scale, bool(poison), bool(deterministic))
+    return _attn(q, k, v, bits, ext, seed, vector, scale, *flags)
   # Zero columns add nothing to Q K^T; the softmax keeps the true head dim's scale: exact.
   widen = lambda x: jnp.pad(x, ((0, 0),) * 3 + ((0, kernel_dim - d),))  # noqa: E731
-  return _attn(widen(q), widen(k), widen(v), bits, ext, vector, scale, bool(poison),
-               bool(deterministic))[..., :d]
+  return _attn(widen(q), widen(k), widen(v), bits, ext, seed, vector, scale, *flags)[..., :d]
