@@ -314,6 +314,21 @@ def test_dense_with_attention_dropout_never_ignores_an_explicit_cudnn():
       _apply(core, params, q, k, v, mask=mask, deterministic=False, rngs=rngs)
 
 
+def test_nystrom_auto_says_once_that_dropout_trains_on_xla(monkeypatch):
+  """On a GPU in bf16, 'auto' runs the core on cuDNN; with attention dropout it runs the XLA
+  formulation instead and logs that once (no silent switch)."""
+  from lra_sparse.attention import common as common_lib  # pylint: disable=import-outside-toplevel
+  from lra_sparse.attention import nystrom as nystrom_lib  # pylint: disable=import-outside-toplevel
+  said = []
+  monkeypatch.setattr(common_lib, "warn_once", said.append)
+  monkeypatch.setattr(nystrom_lib.jax, "default_backend", lambda: "gpu")
+  q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(4))
+  out = nystrom_lib.nystrom_attention(q, k, v, num_landmarks=4, implementation="auto",
+                                      dropout_rate=0.1, dropout_rng=jax.random.PRNGKey(0))
+  assert np.all(np.isfinite(np.asarray(out.astype(jnp.float32))))
+  assert len(said) == 1 and "attention dropout trains on the XLA formulation" in said[0]
+
+
 def test_dfss_cpu_path_never_imports_triton():
   if jax.default_backend() == "gpu":
     pytest.skip("CPU-only check")

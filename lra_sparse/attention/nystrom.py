@@ -150,9 +150,12 @@ def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
     raise ValueError("nystrom_attention: implementation='cudnn' runs plain Nystromformer in "
                      "bf16/fp16 without attention dropout; use 'xla' (or 'auto') for "
                      f"nm={nm}, dropout_rate={dropout_rate}, dtype={q.dtype}")
-  use_cudnn = implementation == "cudnn" or (
-      implementation == "auto" and half and nm is None and not dropout
-      and jax.default_backend() == "gpu")
+  cudnn_fits = half and nm is None and jax.default_backend() == "gpu"
+  use_cudnn = implementation == "cudnn" or (implementation == "auto" and cudnn_fits
+                                            and not dropout)
+  if implementation == "auto" and cudnn_fits and dropout:
+    common.warn_once("Nystromformer implementation='auto': attention dropout trains on the XLA "
+                     "formulation (cuDNN has no dropout through JAX); evaluation stays on cuDNN")
 
   def product(spec, x, y):
     return jnp.einsum(spec, x.astype(operand), y.astype(operand), preferred_element_type=f32)
