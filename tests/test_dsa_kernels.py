@@ -699,3 +699,18 @@ def test_interpreted_dropout_kernels(monkeypatch, case, deterministic):
   from lra_sparse.kernels import dsa_triton   # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
   _check_kernels_against_reference(case[:-1], deterministic, rate=case[-1])
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_runtime_tiles_compile_for_hopper_without_spills(dtype):
+  """Every DSA attention kernel at the tile ``dsa_triton`` launches it with, with and without
+  attention dropout, compiled for sm_90a on the CPU: ptxas spills nothing (no STL / LDL; the
+  128x64 forward with dropout spilled, hence its own "fwd_drop" tile)."""
+  pytest.importorskip("triton")
+  from benchmarks import dsa_kernel_registers as regs  # pylint: disable=import-outside-toplevel
+  for kernel in ("dsa_fwd", "dsa_bwd_onepass", "dsa_bwd_dkdv", "dsa_bwd_dq"):
+    for rate in (0.0, 0.1):
+      st = regs.kernel_stats(kernel, dtype, 64, 8, rate)
+      assert (st["stl"], st["ldl"], st["stack"]) == (0, 0, 0), (kernel, rate, st)
+  spilling = regs.kernel_stats("dsa_fwd", "bf16", 64, 8, 0.1, (128, 64, 4, 3))
+  assert spilling["stl"] > 0   # the check sees a spill where there is one

@@ -51,11 +51,16 @@ _POISONED = "dsa_poisoned_kernels"
 # kernel -> (BM or R, BN, num_warps, num_stages, skip empty tiles); "half" / "f32" operands.
 # H100, bf16, 16x2048, 4 heads of 64 (experiments/dsa_kernels_h100.md): testing each tile for
 # emptiness cost 7% at DSA-90 (random kept sets leave no tile empty), so it is off by default;
-# 8 warps, 64x128 or 128x128 tiles were no faster.
+# 8 warps, 64x128 or 128x128 tiles were no faster.  "fwd_drop": the forward with attention
+# dropout, whose 128x64 tile spills (ptxas for sm_90a: 255 registers, 40 bytes of stack);
+# 64x64 does not (230 registers) and was 6-8% faster at 16x2048 and 8x4096 than 128x64 with
+# 4 or 8 warps (experiments/dsa_dropout_h100/README.md).
 _TILES = {
     ("select", "int8"): (64, 64, 4, 2, False),
     ("fwd", "half"): (128, 64, 4, 3, False),
     ("fwd", "f32"): (64, 64, 4, 2, False),
+    ("fwd_drop", "half"): (64, 64, 4, 3, False),
+    ("fwd_drop", "f32"): (64, 64, 4, 2, False),
     ("dkdv", "half"): (64, 64, 4, 2, False),
     ("dkdv", "f32"): (32, 64, 4, 2, False),
     ("onepass", "half"): (64, 64, 4, 2, False),
@@ -66,9 +71,10 @@ _TILES = {
 
 
 def set_tiles(kernel: str, operands: str, tiles: Optional[tuple] = None):
-  """Overrides (BM, BN, warps, stages, skip) of a kernel ("select", "fwd", "dkdv", "dq") for
-  an operand class ("int8", "half", "f32"); BN must be a multiple of 32; skip: test each tile's
-  bits and skip the empty ones (attention kernels).  None restores the default (tuning)."""
+  """Overrides (BM, BN, warps, stages, skip) of a kernel ("select", "fwd", "fwd_drop",
+  "onepass", "dkdv", "dq") for an operand class ("int8", "half", "f32"); BN must be a multiple
+  of 32; skip: test each tile's bits and skip the empty ones (attention kernels).  None
+  restores the default (tuning)."""
   key = (kernel, operands)
   if key not in _DEFAULTS:
     raise ValueError(f"unknown DSA kernel tiles {key}; choose one of {sorted(_DEFAULTS)}")
@@ -149,7 +155,7 @@ def select_bits(ops: dsa_reference.SelectionOperands, mask=None, *, sparsity: fl
 # ----------------------------------------------------------------------------- attention
 def _fwd(q, k, v, bits, ext, seed, vector, scale, poison, drop_t):
   b, l, h, d = q.shape
-  bm, bn, warps, stages, skip = _tiles("fwd", q.dtype)
+  bm, bn, warps, stages, skip = _tiles("fwd_drop" if drop_t else "fwd", q.dtype)
   lp = padded_rows(l)
   g, w = bits.shape[2], bits.shape[3]
   return launch(
