@@ -37,7 +37,8 @@ from lra_sparse import tables
 from lra_sparse import train
 from lra_sparse.data import get_task
 
-# --variants, --config, --length, --min_real_length, --overrides, --warmup, --reps and --out
+# --variants, --config, --length, --min_real_length, --overrides, --attention_dropout, --warmup,
+# --reps and --out
 # are bench_train_step's flags (imported above); the variants' default is set below.
 flags.DEFINE_list("devices", [], "Device counts to compare (default: 1 and every local device).")
 flags.DEFINE_integer("per_device_batch", 32, "speed: examples per device and step.")
@@ -60,7 +61,7 @@ class DataParallelStep:
       raise ValueError(f"global batch {global_batch} does not split over {num_devices} devices")
     self.config = bench_train_step.make_config(
         variant, config_path=FLAGS.config, batch=global_batch, length=FLAGS.length,
-        overrides=FLAGS.overrides)
+        overrides=bench_train_step.step_overrides())
     self.spec = get_task(self.config.task).spec(self.config)
     model = train.make_model(self.config, self.spec)
     mesh = Mesh(np.array(available[:num_devices]), ("data",))

@@ -201,7 +201,7 @@ def step_rows(old):
         seconds, loss = bench_train_step.time_variant(
             variant.split(" (")[0], config_path=FLAGS.config, batch=FLAGS.batch,
             length=FLAGS.length, warmup=FLAGS.warmup, reps=FLAGS.reps,
-            overrides=FLAGS.overrides)
+            overrides=bench_train_step.step_overrides())
       rows.append(("step", variant.split(":")[0], os.path.basename(FLAGS.config), variant,
                    "", f"{seconds * 1e3:.1f} ms/step (loss {loss:.3f})"))
     except Exception as e:  # noqa: BLE001

@@ -8,7 +8,8 @@
 
 Random tokens (no data needed; --min_real_length pads them as a loader does), the full trainer
 step (forward, backward, AdamW update), median wall time of --reps steps after --warmup steps,
-all variants in one process.
+all variants in one process. Attention dropout is 0 unless --attention_dropout says otherwise
+(the task configs' default is LRA's 0.1, which no cuDNN variant can train with).
 """
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ flags.DEFINE_integer("batch", None, "Global batch size (default: the config's)."
 flags.DEFINE_integer("length", None, "Tokens per example (default: the config's max_length).")
 flags.DEFINE_list("overrides", [], "key=value config overrides for every variant, e.g. "
                   "data.mask_black_pixels=false.")
+flags.DEFINE_float("attention_dropout", 0.0,
+                   "model.attention_dropout_rate of every variant. 0 (default): the attention "
+                   "paths' speed as every recorded table measured it (cuDNN, e.g. bf16:cudnn, "
+                   "has no dropout); 0.1: LRA's, the task configs' default (dense then trains "
+                   "on XLA, DFSS on its Triton kernels).")
 flags.DEFINE_integer("min_real_length", None,
                      "Pad the batch as a loader does: real lengths uniform in [this, length], "
                      "the rest the pad id 0 (default: every token real). ListOps data (lengths "
@@ -75,6 +81,11 @@ def make_config(variant: str, *, config_path: str = LISTOPS_CONFIG, batch=None,
   else:
     config.attention.dense.implementation = attention
   return config
+
+
+def step_overrides() -> list[str]:
+  """The overrides every variant gets from the flags: --attention_dropout, then --overrides."""
+  return [f"model.attention_dropout_rate={FLAGS.attention_dropout}", *FLAGS.overrides]
 
 
 def random_batch(spec, batch: int, length: int, rng: np.random.Generator,
@@ -143,7 +154,7 @@ def main(argv):
     try:
       seconds, loss = time_variant(variant, config_path=FLAGS.config, batch=FLAGS.batch,
                                    length=FLAGS.length, warmup=FLAGS.warmup, reps=FLAGS.reps,
-                                   overrides=FLAGS.overrides,
+                                   overrides=step_overrides(),
                                    min_real_length=FLAGS.min_real_length)
       rows.append((variant, f"{seconds * 1e3:.1f}", f"{1 / seconds:.2f}", f"{loss:.3f}"))
     except Exception as e:  # one failing variant must not hide the others
@@ -151,13 +162,14 @@ def main(argv):
     print(rows[-1], flush=True)
   device = jax.devices()[0]
   config = make_config("bf16:xla", config_path=FLAGS.config, batch=FLAGS.batch,
-                       length=FLAGS.length, overrides=FLAGS.overrides)
+                       length=FLAGS.length, overrides=step_overrides())
   model = config.model
   header = (f"{config.task} train step ({os.path.relpath(FLAGS.config)}): batch "
             f"{config.batch_size}, length {config.data.max_length}, {model.num_layers} layers, "
             f"{model.emb_dim} wide, {model.num_heads} heads of "
             f"{model.qkv_dim // model.num_heads}; device {device.device_kind}; jax "
-            f"{jax.__version__}; median of {FLAGS.reps} after {FLAGS.warmup} warm-up"
+            f"{jax.__version__}; attention dropout {model.attention_dropout_rate:g}; median of "
+            f"{FLAGS.reps} after {FLAGS.warmup} warm-up"
             + (f"; real lengths uniform in [{FLAGS.min_real_length}, "
                f"{config.data.max_length}], then padding" if FLAGS.min_real_length else "")
             + "\n\n")

@@ -4,7 +4,7 @@
       [--min_real_length=500] [--steps=4] [--top=30] [--json=FILE]
 
 Per variant (the entries of ``benchmarks.bench_train_step``; its flags --config, --batch,
---length, --overrides, --min_real_length and --warmup apply): the step is compiled and warmed
+--length, --overrides, --attention_dropout, --min_real_length and --warmup apply): the step is compiled and warmed
 up, then ``--steps`` steps run under ``jax.profiler.trace`` (with its Perfetto JSON).  The
 kernels the GPU ran are summed by name and divided by the step count.  The trace names a
 kernel by its XLA fusion, not by the model code, so XLA also dumps the optimized HLO of the
@@ -95,7 +95,7 @@ def kernel_scope(name: str, scopes: dict[str, str]) -> str:
 def profile(variant: str, steps: int, dump_dir: str):
   step, state, data, key = bench_train_step.build_step(
       variant, config_path=FLAGS.config, batch=FLAGS.batch, length=FLAGS.length,
-      overrides=FLAGS.overrides, min_real_length=FLAGS.min_real_length)
+      overrides=bench_train_step.step_overrides(), min_real_length=FLAGS.min_real_length)
   for _ in range(1 + FLAGS.warmup):
     state, metrics = step(state, data, key)
   jax.block_until_ready(metrics)

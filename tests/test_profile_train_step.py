@@ -53,3 +53,27 @@ def test_fusion_scopes_and_kernel_events(tmp_path):
   assert list(prof.device_events(str(tmp_path / "trace"))) == [("dsa_fwd", 120.0)]
   with pytest.raises(RuntimeError, match="no perfetto_trace.json.gz"):
     list(prof.device_events(str(tmp_path / "empty")))
+
+
+def test_bench_train_step_says_its_attention_dropout_and_applies_it():
+  """bench_train_step trains every variant with --attention_dropout (default 0, what a cuDNN
+  variant needs; not the configs' LRA default of 0.1), says so in its header, and the rate
+  reaches the model (same seeds, another loss)."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  losses = {}
+  for rate in (None, "0.5"):
+    args = [sys.executable, "-m", "benchmarks.bench_train_step", "--variants=fp32:xla",
+            "--batch=2", "--length=32", "--reps=1", "--warmup=0",
+            "--overrides=model.num_layers=1,model.emb_dim=32,model.qkv_dim=32,"
+            "model.mlp_dim=64,model.num_heads=2,model.classifier_dim=64"]
+    if rate:
+      args.append(f"--attention_dropout={rate}")
+    result = subprocess.run(args, cwd=repo, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"attention dropout {rate or 0}; " in result.stdout
+    row = [line for line in result.stdout.splitlines() if line.startswith("| fp32:xla")]
+    assert len(row) == 1 and "failed" not in row[0], result.stdout[-2000:]
+    losses[rate] = float(row[0].split("|")[4])
+  assert losses[None] != losses["0.5"]
