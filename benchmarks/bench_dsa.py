@@ -136,6 +136,7 @@ def main(argv: Sequence[str]) -> None:
   for s in FLAGS.settings.split(","):
     sp, vec, sigma = s.split(":")
     settings.append((int(sp) / 100, int(vec), float(sigma)))
+  drop = f" drop {FLAGS.dropout:g}"   # the name suffix of a row with attention dropout
   rows = []
   for shape in FLAGS.shapes.split(","):
     b, l = map(int, shape.split("x"))
@@ -145,7 +146,6 @@ def main(argv: Sequence[str]) -> None:
         "cuDNN dense": dense_fns(lambda q, k, v: jax.nn.dot_product_attention(
             q, k, v, implementation="cudnn")),
     }
-    drop = f" drop {FLAGS.dropout:g}"
     if FLAGS.dropout and not FLAGS.no_dense:
       methods["XLA dense" + drop] = dense_fns(lambda q, k, v: dense_attention_reference(
           q, k, v, dropout_rate=FLAGS.dropout, dropout_rng=jax.random.PRNGKey(0)))
@@ -194,7 +194,6 @@ def main(argv: Sequence[str]) -> None:
             f"temp {_num(res['temp'], 0)} MiB", flush=True)
   cols = ["BxL", "method", "fwd ms", "fwd+bwd ms", "fwd / cuDNN", "fwd+bwd / cuDNN",
           "fwd+bwd / XLA", "temp MiB (fwd+bwd)"]
-  drop = f" drop {FLAGS.dropout:g}"
   if FLAGS.dropout:
     cols += ["fwd drop / no drop", "fwd+bwd drop / no drop"]
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

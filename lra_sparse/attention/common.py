@@ -52,6 +52,15 @@ def per_data_shard(fn, *args, replicated: tuple[int, ...] = ()):
                        check_vma=False)(*args)
 
 
+def shard_dropout_seed(seed):
+  """Inside ``per_data_shard``: the Philox key (int32 [2] or None) of this shard's part of the
+  batch. The fused kernels draw by (example, head, row, key) within their call, so each shard
+  of a data-parallel batch gets its own key and no two shards share masks."""
+  if seed is None or data_shards() == 1:
+    return seed
+  return seed.at[1].add(jax.lax.axis_index(DATA_AXIS))
+
+
 def warn_once(message: str) -> None:
   """Logs ``message`` as a warning the first time it is seen in this process (fallbacks that
   would otherwise repeat at every trace)."""

@@ -180,14 +180,10 @@ def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str =
         q, k, v, mask)
   if kind == "triton":
     def triton_call(q, k, v, mask, seed):
-      if seed is not None and common.data_shards() > 1:
-        # The kernels draw by (example, head, row, column) within their call: each shard of
-        # a data-parallel batch gets its own Philox key so no two shards share masks.
-        seed = seed.at[1].add(jax.lax.axis_index(common.DATA_AXIS))
       return kernel.dfss_attention_triton(q, k, v, n=n, m=m, mask=mask,
                                           deterministic=deterministic_kernels,
                                           dropout_rate=dropout_rate if use_dropout else 0.0,
-                                          dropout_seed=seed)
+                                          dropout_seed=common.shard_dropout_seed(seed))
     return common.per_data_shard(triton_call, q, k, v, mask, seed,
                                  replicated=(4,))
   if use_dropout:  # plain autodiff through the kernels' reference, with their mask

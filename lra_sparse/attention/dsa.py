@@ -293,13 +293,10 @@ class DSAAttention(nn.Module):
                                                        vector=config.vector))
       # A = softmax(S restricted to M) with the real S; O = A V.
       def attend(q, k, v, bits, mask, seed):
-        if seed is not None and common.data_shards() > 1:
-          # The kernels draw by (example, head, row, key) within their call: each shard of a
-          # data-parallel batch gets its own Philox key so no two shards share masks.
-          seed = seed.at[1].add(jax.lax.axis_index(common.DATA_AXIS))
         return kernel.dsa_attention_triton(q, k, v, bits, mask=mask, vector=config.vector,
                                            deterministic=config.deterministic_kernels,
-                                           dropout_rate=rate, dropout_seed=seed)
+                                           dropout_rate=rate,
+                                           dropout_seed=common.shard_dropout_seed(seed))
       return common.per_data_shard(attend, q, k, v, bits, mask, seed, replicated=(5,))
     if float_rule:
       keep = predicted_mask(predicted, mask=mask, topk_algorithm=config.topk_algorithm,

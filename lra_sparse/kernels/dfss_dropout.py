@@ -67,6 +67,25 @@ def words_per_group(n: int) -> int:
   return (n + 1) // 2
 
 
+def checked_seed(rate: float, seed):
+  """(T, seed) of one call: T = threshold(rate) and, when T > 0, ``seed`` as int32 [2]
+  (``seed_words``), else None; one error when the seed is missing or malformed."""
+  t = threshold(rate)
+  if not t:
+    return t, None
+  if seed is None:
+    raise ValueError("dropout_rate > 0 needs dropout_seed (dfss_dropout.seed_words(rng))")
+  seed = jnp.asarray(seed)
+  if seed.shape != (2,) or seed.dtype != jnp.int32:
+    raise ValueError(f"dropout_seed must be int32 [2], got {seed.dtype}{list(seed.shape)}")
+  return t, seed
+
+
+def seed_operand(seed) -> jax.Array:
+  """The kernels' SEED operand: ``seed`` (int32 [2]), or a dummy they do not read (None)."""
+  return jnp.zeros((2,), jnp.int32) if seed is None else seed
+
+
 def seed_words(rng) -> jax.Array:
   """The Philox key of one call: two 32-bit words from a JAX PRNG key, as int32 [2] (the
   kernels read it from memory, so a new seed every step needs no recompilation)."""

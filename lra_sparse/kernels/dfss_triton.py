@@ -100,11 +100,6 @@ def set_config(kind: str, dtype, head_dim: int, tiles: Optional[dfss_tiles.Tiles
 
 
 # ----------------------------------------------------------------------------- fused path
-def _seed_operand(seed):
-  """The kernels' SEED operand: int32 [2] (``dfss_dropout.seed_words``), or a dummy."""
-  return jnp.zeros((2,), jnp.int32) if seed is None else seed
-
-
 def _fused_fwd(q, k, v, mask, n, m, poison=False, scale=None, seed=None, drop_t=0):
   """(O, LSE): the fused forward; LSE is fp32 [batch*heads, LP] (base 2). ``scale``: the
   softmax scale, 1/sqrt(head_dim) unless the head dim was zero-padded (``_attention``).
@@ -115,7 +110,7 @@ def _fused_fwd(q, k, v, mask, n, m, poison=False, scale=None, seed=None, drop_t=
   lp = padded_rows(l)
   km, has_mask = key_mask(mask, b)
   return launch(
-      _KERNELS, "dfss_fwd", (q, k, v, km, _seed_operand(seed), scale, l, lp, h),
+      _KERNELS, "dfss_fwd", (q, k, v, km, dfss_dropout.seed_operand(seed), scale, l, lp, h),
       (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b * h, lp), jnp.float32)),
       (cdiv(l, t.bm), b * h), num_warps=t.num_warps, num_stages=t.num_stages, poison=poison,
       D=d, M=m, NKEEP=n, HAS_MASK=has_mask, DROP_T=drop_t, BM=t.bm, BN=t.bn)
@@ -130,7 +125,7 @@ def _fused_bwd(q, k, v, mask, o, lse, do, n, m, deterministic=False, poison=Fals
   km, has_mask = key_mask(mask, b)
   do = do.astype(q.dtype)
   scale = 1.0 / math.sqrt(d) if scale is None else scale
-  args = (q, k, v, km, _seed_operand(seed), do, lse, row_delta(o, do), scale, l,
+  args = (q, k, v, km, dfss_dropout.seed_operand(seed), do, lse, row_delta(o, do), scale, l,
           padded_rows(l), h)
   meta = dict(D=d, M=m, NKEEP=n, HAS_MASK=has_mask, DROP_T=drop_t)
   grid = (cdiv(l, t.bn), b * h)
@@ -221,16 +216,9 @@ def _attention(q, k, v, *, n, m, mask=None, impl="fused", deterministic=False, p
     if mask.shape != q.shape[:2]:
       raise ValueError(f"mask must be [batch, length] = {q.shape[:2]}, got {mask.shape}")
     mask = mask.astype(bool)
-  drop_t = dfss_dropout.threshold(dropout_rate)
-  seed = None
-  if drop_t:
-    if impl != "fused":
-      raise ValueError("attention dropout runs on impl='fused' only")
-    if dropout_seed is None:
-      raise ValueError("dropout_rate > 0 needs dropout_seed (dfss_dropout.seed_words(rng))")
-    seed = jnp.asarray(dropout_seed)
-    if seed.shape != (2,) or seed.dtype != jnp.int32:
-      raise ValueError(f"dropout_seed must be int32 [2], got {seed.dtype}{list(seed.shape)}")
+  if dfss_dropout.threshold(dropout_rate) and impl != "fused":
+    raise ValueError("attention dropout runs on impl='fused' only")
+  drop_t, seed = dfss_dropout.checked_seed(dropout_rate, dropout_seed)
   head_dim = q.shape[-1]
   kernel_dim = min(d for d in _SUPPORTED_HEAD_DIMS if d >= head_dim)
   if kernel_dim == head_dim:

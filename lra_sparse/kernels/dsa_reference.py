@@ -284,9 +284,7 @@ def attention_under_keep(q, k, v, keep, *, dropout_rate: float = 0.0, dropout_se
   if scores is None:
     scores = common.attention_scores(q, k)
   probs = common.masked_softmax(jnp.where(keep, scores, -jnp.inf), keep)
-  if dropout_rate > 0.0:
-    if dropout_seed is None:
-      raise ValueError("dropout_rate > 0 needs dropout_seed (dfss_dropout.seed_words(rng))")
+  if dfss_dropout.checked_seed(dropout_rate, dropout_seed)[0]:
     b, h, rows, keys = probs.shape
     probs = probs * dfss_dropout.key_multiplier(dropout_seed, b, h, rows, keys, dropout_rate)
   return common.attend(probs, v, q.dtype)

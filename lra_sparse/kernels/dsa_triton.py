@@ -240,15 +240,8 @@ def dsa_attention_triton(q, k, v, bits, *, mask=None, vector: int = 1,
   if tuple(bits.shape) != want or bits.dtype != jnp.int32:
     raise ValueError(f"bits must be int32 {want}, got {bits.dtype} {tuple(bits.shape)}")
   ext = _key_extent(_check_mask(mask, (b, l)), b, l)
-  drop_t = dfss_dropout.threshold(dropout_rate)
-  if drop_t:
-    if dropout_seed is None:
-      raise ValueError("dropout_rate > 0 needs dropout_seed (dfss_dropout.seed_words(rng))")
-    seed = jnp.asarray(dropout_seed)
-    if seed.shape != (2,) or seed.dtype != jnp.int32:
-      raise ValueError(f"dropout_seed must be int32 [2], got {seed.dtype}{list(seed.shape)}")
-  else:
-    seed = jnp.zeros((2,), jnp.int32)    # not read
+  drop_t, seed = dfss_dropout.checked_seed(dropout_rate, dropout_seed)
+  seed = dfss_dropout.seed_operand(seed)
   kernel_dim = min(x for x in _HEAD_DIMS if x >= d)
   scale = 1.0 / math.sqrt(d)
   flags = (bool(poison), bool(deterministic), drop_t)
