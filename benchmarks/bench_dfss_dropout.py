@@ -7,7 +7,8 @@ w.r.t. q, k, v) of
     with when attention_dropout_rate > 0)
   * DFSS Triton fused, without and with attention dropout (``dfss_dropout``'s counter-based
     mask drawn inside the kernels),
-and the ratio with/without dropout.  Each timed call is one jit chaining ``--steps`` calls with
+  * DFSS Mosaic GPU (Hopper, bf16/fp16), without and with attention dropout (the same mask),
+and the ratios with/without dropout.  Each timed call is one jit chaining ``--steps`` calls with
 lax.scan over 3 stacked random input sets (no dispatch cost; every step's output is used);
 median of ``--rounds`` after warm-up.
 
@@ -31,7 +32,7 @@ import jax.numpy as jnp
 from benchmarks.ab_dfss_kernels import chained_ms, emit_table, input_sets
 from benchmarks.bench_dfss_kernels import gpu_state
 from lra_sparse.attention.dense import dense_attention_reference
-from lra_sparse.kernels import dfss_dropout, dfss_triton
+from lra_sparse.kernels import dfss_dropout, dfss_mgpu, dfss_triton
 
 FLAGS = flags.FLAGS
 DTYPES = {"bf16": (jnp.bfloat16, 2, 4), "fp32": (jnp.float32, 1, 2)}  # paper defaults
@@ -52,6 +53,10 @@ def methods(dtype, n, m, rate, dense=True):
   out["DFSS Triton"] = lambda q, k, v: dfss_triton.dfss_attention_triton(q, k, v, n=n, m=m)
   out[f"DFSS Triton, dropout {rate}"] = lambda q, k, v: dfss_triton.dfss_attention_triton(
       q, k, v, n=n, m=m, dropout_rate=rate, dropout_seed=seed)
+  if dtype != jnp.float32 and dfss_mgpu.is_available():
+    out["DFSS Mosaic"] = lambda q, k, v: dfss_mgpu.dfss_attention_mgpu(q, k, v, n=n, m=m)
+    out[f"DFSS Mosaic, dropout {rate}"] = lambda q, k, v: dfss_mgpu.dfss_attention_mgpu(
+        q, k, v, n=n, m=m, dropout_rate=rate, dropout_seed=seed)
   return out
 
 
@@ -107,16 +112,24 @@ def main(argv: Sequence[str]) -> None:
             print(f"{dname} {shape} {kind} {name}: failed: {type(e).__name__}: "
                   f"{str(e).splitlines()[0][:100]}", flush=True)
             times[name] = float("nan")
+        nan = float("nan")
         dfss, drop = times["DFSS Triton"], times[f"DFSS Triton, dropout {FLAGS.rate}"]
-        xla = times.get("XLA dense", float("nan"))
-        xla_drop = times.get(f"XLA dense, dropout {FLAGS.rate}", float("nan"))
-        row = [dname, f"{n}:{m}", shape, kind, f"{times.get('cuDNN dense', float('nan')):.3f}",
+        xla = times.get("XLA dense", nan)
+        xla_drop = times.get(f"XLA dense, dropout {FLAGS.rate}", nan)
+        mosaic = times.get("DFSS Mosaic", nan)
+        mosaic_drop = times.get(f"DFSS Mosaic, dropout {FLAGS.rate}", nan)
+        cudnn = times.get("cuDNN dense", nan)
+        row = [dname, f"{n}:{m}", shape, kind, f"{cudnn:.3f}",
                f"{xla:.3f}", f"{xla_drop:.3f}", f"{dfss:.3f}", f"{drop:.3f}",
-               f"{drop / dfss:.3f}", f"{xla_drop / xla:.3f}"]
+               f"{drop / dfss:.3f}", f"{xla_drop / xla:.3f}", f"{mosaic:.3f}",
+               f"{mosaic_drop:.3f}", f"{mosaic_drop / mosaic:.3f}",
+               f"{cudnn / mosaic_drop:.3f}"]
         rows.append(row)
         print(" | ".join(row), flush=True)
   emit_table(header, ["dtype", "N:M", "BxL", "pass", "cuDNN ms", "XLA ms", "XLA+drop ms",
-                      "DFSS ms", "DFSS+drop ms", "DFSS drop/no", "XLA drop/no"], rows, FLAGS.out)
+                      "DFSS ms", "DFSS+drop ms", "DFSS drop/no", "XLA drop/no",
+                      "Mosaic ms", "Mosaic+drop ms", "Mosaic drop/no",
+                      "Mosaic+drop x cuDNN"], rows, FLAGS.out)
 
 if __name__ == "__main__":
   define_flags()

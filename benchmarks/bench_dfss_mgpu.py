@@ -100,7 +100,7 @@ def methods(n, m, tiles, length, mask=None):
     # what the key permutation (two XLA transposes per call) costs is the difference to the
     # row above.
     meths[KERNEL_ONLY] = lambda q, k, v: dfss_mgpu._forward(  # pylint: disable=protected-access
-        q, k, v, None, None, n=n, m=m, scale=q.shape[-1] ** -0.5, tiles=first)[0]
+        q, k, v, None, None, None, n=n, m=m, scale=q.shape[-1] ** -0.5, tiles=first)[0]
   return meths
 
 

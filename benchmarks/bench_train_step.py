@@ -41,7 +41,7 @@ flags.DEFINE_float("attention_dropout", 0.0,
                    "model.attention_dropout_rate of every variant. 0 (default): the attention "
                    "paths' speed as every recorded table measured it (cuDNN, e.g. bf16:cudnn, "
                    "has no dropout); 0.1: LRA's, the task configs' default (dense then trains "
-                   "on XLA, DFSS on its Triton kernels).")
+                   "on XLA, DFSS on its fused kernels).")
 flags.DEFINE_integer("min_real_length", None,
                      "Pad the batch as a loader does: real lengths uniform in [this, length], "
                      "the rest the pad id 0 (default: every token real). ListOps data (lengths "

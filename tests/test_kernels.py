@@ -794,6 +794,44 @@ def test_mosaic_key_permutation_layout(m):
   np.testing.assert_array_equal(dfss_mgpu.unpermute_keys(dfss_mgpu.permute_keys(x, m), m), x)
 
 
+@pytest.mark.parametrize("n,m", [(1, 2), (2, 4), (3, 4), (2, 8), (7, 8)])
+def test_mosaic_dropout_draws_match_numpy_rule(monkeypatch, n, m):
+  """The Mosaic kernels' dropout draws (``_add_key_bias`` with exact ties, then
+  ``_dropout_multiplier`` on the pruned, permuted score tile at a key offset, run as plain jnp:
+  iota without a register layout) equal the numpy rule of the other backends at the same
+  (row, group, head), with holes of padded keys inside groups (padded members kept where a
+  group has fewer than n real ones, before real ones) and a row without a real key."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from lra_sparse.kernels import dfss_dropout as dd
+  from lra_sparse.kernels import dfss_mgpu
+  monkeypatch.setattr(plgpu, "broadcasted_iota",
+                      lambda dtype, shape, dim, layout=None: jax.lax.broadcasted_iota(
+                          dtype, shape, dim))
+  rng = np.random.default_rng(n * 10 + m)
+  rows, first_row, tile_start, keys, bh, rate = 64, 192, 256, 128, 5, 0.3
+  s = rng.standard_normal((rows, keys)).astype(np.float32)
+  real = rng.random(keys) < 0.5                        # holes in every group
+  real[:m] = [False] * (m - 1) + [True]                # padded members before a real one
+  bias = np.where(real, 0.0, dfss_mgpu.MASKED).astype(np.float32)
+  seed = dd.seed_words(jax.random.PRNGKey(n + m))
+  permute = lambda x: dfss_mgpu.permute_keys(jnp.asarray(x)[..., None], m)[..., 0]
+  biased = dfss_mgpu._add_key_bias(permute(s), permute(bias[None])[0], exact_ties=True)  # pylint: disable=protected-access
+  pruned = dfss_mgpu.nm_prune(biased, n, m)
+  row_ids = jax.lax.bitcast_convert_type(
+      first_row + jnp.broadcast_to(jnp.arange(rows, dtype=jnp.int32)[:, None],
+                                   (rows, 64 // m)), jnp.uint32)
+  got = dfss_mgpu._dropout_multiplier(  # pylint: disable=protected-access
+      pruned, row_ids, jnp.int32(tile_start // m), jnp.int32(bh),
+      dd.round_keys(*jax.lax.bitcast_convert_type(seed, jnp.uint32)), n, m, dd.threshold(rate))
+  got = np.asarray(dfss_mgpu.unpermute_keys(got[..., None], m))[..., 0]
+  kept = np_keep(np.where(real[None], s, -np.inf), n, m)  # the reference's keep mask
+  keep = np.zeros((1, bh + 1, first_row + rows, tile_start + keys), bool)
+  keep[0, bh, first_row:, tile_start:] = kept
+  want = np_dropout_multiplier(seed, keep, n, m, rate)[0, bh, first_row:, tile_start:]
+  np.testing.assert_allclose(np.where(kept, got, 0.0), want, rtol=1e-6)
+  assert 0.55 < (want[kept & real[None]] > 0).mean() < 0.85   # rate 0.3: ~30% dropped
+
+
 def test_mosaic_unsupported_reason_and_backend_errors():
   """What the Mosaic GPU kernels run, in one predicate; backend='mosaic' where they cannot run
   is one clear error (on a CPU: no Hopper GPU); importing the module loads no Pallas GPU code."""
@@ -878,16 +916,17 @@ def _need_mosaic():
   return dfss_mgpu
 
 
-def _check_mosaic(mg, q, k, v, mask, ct, n, m, label, per_example=False):
+def _check_mosaic(mg, q, k, v, mask, ct, n, m, label, per_example=False, rate=0.0, seed=None):
   """(out, (dq, dk, dv)) of the Mosaic kernels, each checked against the fp32 reference on
   the same inputs and cotangent (finite; relative error < 2e-2, also per example when
-  ``per_example``)."""
+  ``per_example``); with attention dropout, the reference applies the seed's mask."""
   def f_ref(q, k, v):
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
-    return ref.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask, precision=HI)
+    return ref.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask, precision=HI,
+                                        dropout_rate=rate, dropout_seed=seed)
 
-  out, vjp = jax.vjp(jax.jit(lambda q, k, v: mg.dfss_attention_mgpu(q, k, v, n=n, m=m,
-                                                                     mask=mask)), q, k, v)
+  out, vjp = jax.vjp(jax.jit(lambda q, k, v: mg.dfss_attention_mgpu(
+      q, k, v, n=n, m=m, mask=mask, dropout_rate=rate, dropout_seed=seed)), q, k, v)
   grads = vjp(ct)
   want, vjp_ref = jax.vjp(f_ref, q, k, v)
   grads_ref = vjp_ref(ct.astype(jnp.float32))
@@ -970,6 +1009,63 @@ def test_mosaic_skips_padded_tiles_exactly(n, m, d):
   assert np.all(dq[0, 256:640] == 0.0) and np.all(dq[1, 700:] == 0.0)
   for g in grads[1:]:                               # keys past the last real one
     assert np.all(np.asarray(g[1, 700:].astype(jnp.float32)) == 0.0)
+
+
+MOSAIC_DROPOUT_CASES = [
+    # dtype, n, m, batch, length, heads, head_dim, masked, rate
+    (jnp.bfloat16, 2, 4, 2, 1000, 2, 64, True, 0.1),
+    (jnp.bfloat16, 2, 4, 1, 2048, 2, 64, False, 0.1),
+    (jnp.bfloat16, 1, 2, 2, 130, 2, 128, False, 0.2),
+    (jnp.bfloat16, 3, 4, 1, 257, 2, 64, True, 0.3),    # two words per group
+    (jnp.float16, 7, 8, 1, 300, 2, 64, True, 0.5),     # four words, ranks up to 6
+    (jnp.bfloat16, 2, 8, 3, 700, 2, 64, "holes", 0.1),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", MOSAIC_DROPOUT_CASES,
+                         ids=lambda c: _case_id(c[:8]) + f"-p{c[8]}")
+def test_mosaic_dropout_matches_reference_with_the_same_mask(case):
+  """Attention dropout inside the Mosaic kernels: output and dQ/dK/dV equal the reference
+  that applies dfss_dropout's mask for the same seed (so the Triton kernels and the pure-JAX
+  path drop the same entries); the same seed gives the same bits, another seed other ones."""
+  mg = _need_mosaic()
+  from lra_sparse.kernels import dfss_dropout as dd
+  dtype, n, m, b, l, h, d, masked, rate = case
+  key = zlib.crc32(repr(case).encode()) % (2**31)
+  q, k, v = rand_qkv(jax.random.PRNGKey(key), (b, l, h, d), dtype)
+  mask = None
+  if masked:
+    mask = (make_holes_mask if masked == "holes" else make_mask)(jax.random.PRNGKey(key + 1),
+                                                                  b, l)
+  ct = jax.random.normal(jax.random.PRNGKey(key + 2), q.shape, dtype)
+  seed = dd.seed_words(jax.random.PRNGKey(key + 3))
+  label = _case_id(case[:8]) + f" p{rate}"
+  out, _ = _check_mosaic(mg, q, k, v, mask, ct, n, m, label, rate=rate, seed=seed)
+  run = jax.jit(lambda q, k, v, seed: mg.dfss_attention_mgpu(q, k, v, n=n, m=m, mask=mask,
+                                                             dropout_rate=rate,
+                                                             dropout_seed=seed))
+  np.testing.assert_array_equal(np.asarray(run(q, k, v, seed)), np.asarray(out))
+  other = np.asarray(run(q, k, v, dd.seed_words(jax.random.PRNGKey(key + 4))))
+  assert not np.array_equal(other, np.asarray(out))
+
+
+@pytest.mark.gpu
+def test_auto_runs_dropout_on_mosaic():
+  """backend='auto' with attention dropout on a Hopper GPU runs the Mosaic kernels: the same
+  bits as calling them with the rng's seed words."""
+  mg = _need_mosaic()
+  from lra_sparse.attention.dfss import dfss_attention
+  from lra_sparse.kernels import dfss_dropout as dd
+  q, k, v = rand_qkv(jax.random.PRNGKey(6), (2, 700, 2, 64), jnp.bfloat16)
+  mask = make_mask(jax.random.PRNGKey(7), 2, 700, full_pad_row=False)
+  rng = jax.random.PRNGKey(8)
+  auto = jax.jit(lambda q, k, v: dfss_attention(q, k, v, n=2, m=4, mask=mask, backend="auto",
+                                                dropout_rate=0.1, dropout_rng=rng))(q, k, v)
+  direct = jax.jit(lambda q, k, v: mg.dfss_attention_mgpu(
+      q, k, v, n=2, m=4, mask=mask, dropout_rate=0.1,
+      dropout_seed=dd.seed_words(rng)))(q, k, v)
+  np.testing.assert_array_equal(np.asarray(auto), np.asarray(direct))
 
 
 @pytest.mark.gpu

@@ -10,14 +10,14 @@ real key gives zeros, never NaN, in values and gradients.
 
 Backends: "reference" is pure JAX and runs everywhere; "mosaic" calls the Pallas Mosaic GPU
 kernels in ``lra_sparse/kernels/dfss_mgpu.py`` (Hopper only: bf16/fp16, head dim 64 or 128,
-M in 2/4/8, no attention dropout; the fastest there); "triton" calls the fused Triton kernels
+M in 2/4/8, attention dropout; the fastest there); "triton" calls the fused Triton kernels
 in ``lra_sparse/kernels/dfss_triton.py`` (any recent NVIDIA GPU; every dtype, head dims up to
 128, attention dropout). Kernel modules are imported lazily, so CPU installs never import
 Pallas GPU, jax_triton or triton. "auto" on a GPU picks Mosaic GPU when it can run the call,
 else Triton, else the pure-JAX path, and logs once why it fell back.
 
 Attention dropout (training, rate > 0) acts on the kept probabilities, A <- A * Z / (1 - rate).
-Both backends draw Z by the counter-based rule of ``lra_sparse/kernels/dfss_dropout.py`` from
+Every backend draws Z by the counter-based rule of ``lra_sparse/kernels/dfss_dropout.py`` from
 one seed per call, so the fused kernels (which never store A and redraw Z in the backward) and
 the pure-JAX path drop exactly the same entries.
 
@@ -74,19 +74,13 @@ def _mosaic_module(required: bool) -> Optional[Any]:
   return common.kernel_module("dfss_mgpu", "DFSS", required, backend="mosaic")
 
 
-def _pick_kernel(backend: str, q, k, v, n: int, m: int, use_dropout: bool):
+def _pick_kernel(backend: str, q, k, v, n: int, m: int):
   """(kernel module or None, its kind 'mosaic' | 'triton'); one ValueError when the named
   backend cannot run the call; 'auto' falls back Mosaic GPU -> Triton -> pure JAX, logging once
   why."""
-  def mosaic_reason(module):
-    if use_dropout:
-      return "attention dropout runs in the Triton kernels only"
-    return module.unsupported_reason(q, v, n, m, k=k)
-
   if backend in ("mosaic", "triton"):
     module = (_mosaic_module if backend == "mosaic" else _triton_module)(required=True)
-    reason = (mosaic_reason(module) if backend == "mosaic"
-              else module.unsupported_reason(q, v, n, m, k=k))
+    reason = module.unsupported_reason(q, v, n, m, k=k)
     if reason:
       raise ValueError(f"dfss_attention: backend={backend!r} cannot run this call: {reason}; "
                        "use backend='reference' or 'auto'")
@@ -95,7 +89,7 @@ def _pick_kernel(backend: str, q, k, v, n: int, m: int, use_dropout: bool):
     return None, "reference"
   module = _mosaic_module(required=False)
   if module is not None:
-    reason = mosaic_reason(module)
+    reason = module.unsupported_reason(q, v, n, m, k=k)
     if not reason:
       return module, "mosaic"
     common.warn_once(f"DFSS backend='auto': the Mosaic GPU kernel cannot run this call "
@@ -149,8 +143,8 @@ def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str =
                    deterministic_kernels: bool = False):
   """DFSS N:M attention. q, k, v: [batch, length, heads, head_dim]; mask: bool [batch, length]
   key padding (True = real token). Requires 0 < n <= m (n == m keeps every key: dense
-  attention) and length % m == 0. Attention dropout (rate > 0 with an rng): both backends
-  drop the same entries for the same rng (``dfss_dropout``). deterministic_kernels: the Triton
+  attention) and length % m == 0. Attention dropout (rate > 0 with an rng): every backend
+  drops the same entries for the same rng (``dfss_dropout``). deterministic_kernels: the Triton
   backward without atomics (bit-reproducible gradients); the Mosaic GPU and pure-JAX paths
   are deterministic either way. backend: see the module docstring.
   """
@@ -173,19 +167,16 @@ def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str =
   if use_dropout:
     dfss_dropout.threshold(dropout_rate)  # one clear error for a rate outside [0, 1)
   seed = dfss_dropout.seed_words(dropout_rng) if use_dropout else None
-  kernel, kind = _pick_kernel(backend, q, k, v, n, m, use_dropout)
-  if kind == "mosaic":
-    return common.per_data_shard(
-        lambda q, k, v, mask: kernel.dfss_attention_mgpu(q, k, v, n=n, m=m, mask=mask),
-        q, k, v, mask)
-  if kind == "triton":
-    def triton_call(q, k, v, mask, seed):
+  kernel, kind = _pick_kernel(backend, q, k, v, n, m)
+  if kind in ("mosaic", "triton"):
+    def kernel_call(q, k, v, mask, seed):
+      drop = dict(dropout_rate=dropout_rate if use_dropout else 0.0,
+                  dropout_seed=common.shard_dropout_seed(seed))
+      if kind == "mosaic":
+        return kernel.dfss_attention_mgpu(q, k, v, n=n, m=m, mask=mask, **drop)
       return kernel.dfss_attention_triton(q, k, v, n=n, m=m, mask=mask,
-                                          deterministic=deterministic_kernels,
-                                          dropout_rate=dropout_rate if use_dropout else 0.0,
-                                          dropout_seed=common.shard_dropout_seed(seed))
-    return common.per_data_shard(triton_call, q, k, v, mask, seed,
-                                 replicated=(4,))
+                                          deterministic=deterministic_kernels, **drop)
+    return common.per_data_shard(kernel_call, q, k, v, mask, seed, replicated=(4,))
   if use_dropout:  # plain autodiff through the kernels' reference, with their mask
     return dfss_reference.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask,
                                                    dropout_rate=dropout_rate, dropout_seed=seed)

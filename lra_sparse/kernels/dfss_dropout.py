@@ -1,12 +1,13 @@
 """Attention dropout for the fused kernels (DFSS, DSA): one counter-based mask shared by the
-Triton kernels and JAX.
+Triton kernels, the DFSS Mosaic GPU kernels and JAX.
 
 Dropout acts on the kept probabilities after the softmax, A <- A * Z / (1 - rate) with Z a
 Bernoulli(1 - rate) mask, as the pure-JAX path of every kind does.  The fused kernels never
 store A, so the forward and the backward must draw the same Z from scratch: Z is a function of
 (seed, batch*head, query row, key) only, never of tile sizes or launch order, and this module
-computes exactly the Z the kernels compute (``dfss_dropout_kernels``), so the pure-JAX path and
-the kernels drop the same entries for the same seed.
+computes exactly the Z the kernels compute (``dfss_dropout_kernels`` for Triton; ``dfss_mgpu``
+runs ``philox_rounds`` itself, in registers), so the pure-JAX path and the kernels drop the
+same entries for the same seed.
 
 The generator is Philox-4x32 (Salmon et al., SC'11; Triton's ``tl.philox_impl``) with
 ``ROUNDS`` = 7 rounds, the fewest its authors found free of statistical failures (BigCrush);
@@ -104,17 +105,34 @@ def _mulhilo(a: int, b):
   return hi, jnp.uint32(a) * b
 
 
+def round_keys(k0, k1, rounds: int = ROUNDS):
+  """The Philox-4x32 key schedule: the (k0, k1) of each round, uint32 (the key words are
+  bumped by constants after every round)."""
+  k0 = jnp.asarray(k0, jnp.uint32)
+  k1 = jnp.asarray(k1, jnp.uint32)
+  keys = []
+  for _ in range(rounds):
+    keys.append((k0, k1))
+    k0 = k0 + jnp.uint32(_KEY_A)
+    k1 = k1 + jnp.uint32(_KEY_B)
+  return keys
+
+
 def philox4x32(c0, c1, c2, c3, k0, k1, rounds: int = ROUNDS):
   """Philox-4x32 on uint32 arrays (broadcast together): the four output words."""
   c0, c1, c2, c3 = jnp.broadcast_arrays(*(jnp.asarray(c, jnp.uint32) for c in (c0, c1, c2, c3)))
-  k0 = jnp.asarray(k0, jnp.uint32)
-  k1 = jnp.asarray(k1, jnp.uint32)
-  for _ in range(rounds):
-    hi_b, lo_b = _mulhilo(_MUL_B, c2)
-    hi_a, lo_a = _mulhilo(_MUL_A, c0)
+  return philox_rounds(c0, c1, c2, c3, round_keys(k0, k1, rounds))
+
+
+def philox_rounds(c0, c1, c2, c3, keys, mulhilo=_mulhilo):
+  """The rounds of Philox-4x32 on uint32 counter arrays of one shape, ``keys`` the schedule
+  (``round_keys``); ``mulhilo(a, b)`` gives the (high, low) halves of a * b. The Mosaic GPU
+  kernels call this in registers with the schedule computed outside the kernel and a one-
+  instruction mulhilo (``dfss_mgpu``)."""
+  for k0, k1 in keys:
+    hi_b, lo_b = mulhilo(_MUL_B, c2)
+    hi_a, lo_a = mulhilo(_MUL_A, c0)
     c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
-    k0 = k0 + jnp.uint32(_KEY_A)
-    k1 = k1 + jnp.uint32(_KEY_B)
   return c0, c1, c2, c3
 
 

@@ -40,6 +40,13 @@ tiles while two compute warpgroups each own 64 query rows):
   the real lengths need (``_backward_steps``); the forward still computes padded query rows,
   whose outputs the semantics define.
 
+* Attention dropout (rate > 0 with a seed): the mask ``dfss_dropout`` defines, the one the
+  Triton kernels and the pure-JAX path apply for the same seed, drawn in registers by each of
+  the three kernels (``_dropout_multiplier``: Philox-4x32-7 per (query row, key group) in the
+  layout of the member slices, the key schedule read from memory). The forward scales P by
+  Z / (1 - rate) after the normalizer is summed; the backward uses dA = dP * Z / (1 - rate)
+  and dV = (A * Z / (1 - rate))^T dO, with delta = rowsum(dO * O) unchanged.
+
 Supported: bf16 / fp16, head_dim 64 or 128, M in (2, 4, 8) (the slices of a 64-key block are
 64/M >= 8 columns wide). ``unsupported_reason`` says why not otherwise; callers then use the
 Triton kernels. Nothing here imports Pallas at module import (CPU installs import it fine).
@@ -56,6 +63,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from lra_sparse.attention.nm import check_nm
+from lra_sparse.kernels import dfss_dropout
 from lra_sparse.kernels.dfss_launch import extent as _extent
 
 PERM_BLOCK = 64          # keys are permuted within blocks of this many
@@ -182,24 +190,114 @@ def nm_prune(s, n: int, m: int):
   return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
 
 
+# ----------------------------------------------------------------------------- dropout
+def _add_key_bias(s, key_bias, *, exact_ties: bool):
+  """The score tile with the key bias (0 or MASKED per key) added. With ``exact_ties`` (used
+  with dropout) a padded key scores exactly MASKED, s * (1 + bias / 2^25) + bias (one fused
+  multiply-add; the factor is exactly 1 or 0): padded keys then tie as the reference's -inf
+  ones do, so N:M keeps the same padded members (the lowest-indexed) and every kept member
+  gets the same rank, hence the same dropout draw, as in ``dfss_dropout``. Without dropout
+  which padded members are kept changes nothing (their probability is 0)."""
+  if not exact_ties:
+    return s + lax.broadcast_in_dim(key_bias, s.shape, [1])
+  real = 1.0 + key_bias * (1.0 / -MASKED)
+  return (s * lax.broadcast_in_dim(real, s.shape, [1])
+          + lax.broadcast_in_dim(key_bias, s.shape, [1]))
+
+
+def _dropout_multiplier(s, rows, first_group, bh, keys, n: int, m: int, t: int):
+  """f32 [rows, cols]: Z / (1 - rate) of every entry of the pruned score tile ``s`` (keys
+  permuted, -inf where pruned), 0 where dropped; the rule of ``dfss_dropout`` (the mask the
+  Triton kernels and the pure-JAX path apply for the same seed).
+
+  ``rows`` (uint32, the tile's query rows, [rows, 64/M]), ``first_group`` (int32, the tile's
+  first key over M) and ``bh`` (int32, batch * heads + head) give the Philox counters (group,
+  row, bh, 0), ``keys`` the seed's Philox key schedule (``dfss_dropout.round_keys``: its
+  uint32 scalars are read from memory; scalar integer arithmetic in the kernel did not lower). Column c of member slice j of a 64-key block is member j of the block's group c,
+  so one Philox call per (row, group) draws in the slices' own layout, and a member's rank
+  among its group's kept members (which 16-bit half it reads) is a sum over earlier slices."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  width = PERM_BLOCK // m
+  shape = (s.shape[0], width)
+  column = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+  as_u32 = lambda x: lax.bitcast_convert_type(x, jnp.uint32)
+  zero_column = column * 0        # constants in the register layout (a bare splat does not
+  head = as_u32(zero_column + bh)  # lower next to a scalar) ...
+  counter3 = as_u32(zero_column)   # ... which LLVM folds
+  words_needed = dfss_dropout.words_per_group(n)
+  scale = jnp.float32(dfss_dropout.keep_scale(t))
+  zero, one = jnp.zeros((), jnp.float32), jnp.ones((), jnp.float32)
+  pieces = []
+  for block in range(s.shape[1] // PERM_BLOCK):
+    group = as_u32(column + (first_group + block * width))
+    words = dfss_dropout.philox_rounds(group, rows, head, counter3, keys)[:words_needed]
+    # the multiplier of the kept member of rank r: half r % 2 of word r // 2, kept when >= T
+    by_rank = []
+    for word in words:
+      by_rank.append(jnp.where((word & jnp.uint32(0xFFFF)) >= jnp.uint32(t), scale, zero))
+      by_rank.append(jnp.where(word >= jnp.uint32(t << 16), scale, zero))
+    rank = None
+    for i in range(m):
+      x = s[:, block * PERM_BLOCK + i * width: block * PERM_BLOCK + (i + 1) * width]
+      mult = by_rank[0]
+      for r in range(1, min(i, n - 1) + 1):       # a member past rank n - 1 is pruned anyway
+        mult = jnp.where(rank == r, by_rank[r], mult)
+      pieces.append(mult)
+      if i < m - 1:
+        kept = jnp.where(x > -jnp.inf, one, zero)
+        rank = kept if rank is None else rank + kept
+  return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
+
+
 # ----------------------------------------------------------------------------- kernels
 def _smem_transforms():
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
 
-def _inputs(refs, has_bias):
-  """((q, k, v, bias, steps), the other refs): bias and steps are None without a bias."""
-  if has_bias:
-    return refs[:5], refs[5:]
-  return tuple(refs[:3]) + (None, None), refs[3:]
+def _inputs(refs, has_bias, has_seed):
+  """((q, k, v, bias, steps, seed), the other refs): bias and steps are None without a bias,
+  seed without dropout."""
+  refs = list(refs)
+  qkv, refs = refs[:3], refs[3:]
+  bias_steps, refs = (refs[:2], refs[2:]) if has_bias else ([None, None], refs)
+  seed, refs = (refs[0], refs[1:]) if has_seed else (None, refs)
+  return tuple(qkv + bias_steps + [seed]), refs
 
 
-def _forward(q, k, v, bias, steps, *, n: int, m: int, scale: float, tiles: Tiles):
+def _operands(q, k, v, bias, steps, seed):
+  return (q, k, v) + ((bias, steps) if bias is not None else ()) + (
+      (seed,) if seed is not None else ())
+
+
+def _dropout_draws(seed_ref, t, n, m, heads):
+  """None without dropout, else ``draw(s, first_row, first_group)`` for the kernels' loop
+  bodies: the multiplier of the pruned tile ``s`` whose first query row and first key group
+  are given (int32 scalars computed in the body: scalars from outside the warp-specialized
+  pipeline did not lower next to register arrays)."""
+  if not t:
+    return None
+
+  def draw(s, first_row, first_group):
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+    shape = (s.shape[0], PERM_BLOCK // m)
+    rows = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA) + first_row
+    bh = lax.axis_index("batch") * heads + lax.axis_index("heads")
+    keys = [(seed_ref[2 * r], seed_ref[2 * r + 1]) for r in range(dfss_dropout.ROUNDS)]
+    return _dropout_multiplier(s, lax.bitcast_convert_type(rows, jnp.uint32), first_group,
+                               bh, keys, n, m, t)
+
+  return draw
+
+
+def _forward(q, k, v, bias, steps, seed, *, n: int, m: int, scale: float, tiles: Tiles,
+             t: int = 0):
   """(O [B, L, H, D], LSE f32 [B, H, L], base 2 of the scaled scores) on permuted k, v and
   bias (f32 [B, L] or None); L a multiple of 2 * block_q and of block_kv. With a bias,
   ``steps`` (int32 [B]) is the number of key tiles each example needs (those up to its last
-  real key): later tiles are all padding and are neither loaded nor computed."""
+  real key): later tiles are all padding and are neither loaded nor computed. With ``t`` > 0
+  (``dfss_dropout.threshold``), attention dropout by the seed (uint32 [2]): the normalizer and
+  the LSE are those of the kept probabilities before dropout, O = (A * Z / (1 - rate)) V."""
   from jax.experimental import pallas as pl  # pylint: disable=import-outside-toplevel
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   batch, length, heads, head_dim = q.shape
@@ -213,11 +311,17 @@ def _forward(q, k, v, bias, steps, *, n: int, m: int, scale: float, tiles: Tiles
   transforms = _smem_transforms()
 
   def kernel(*refs):
-    (q_ref, k_ref, v_ref, bias_ref, steps_ref), rest = _inputs(refs, has_bias)
+    (q_ref, k_ref, v_ref, bias_ref, steps_ref, seed_ref), rest = _inputs(refs, has_bias,
+                                                                          bool(t))
     o_ref, lse_ref, (qo_smem2, lse_smem2), q_barriers, schedule = rest
     b = lax.axis_index("batch")
     h = lax.axis_index("heads")
     wg = lax.axis_index("wg")
+    draw = _dropout_draws(seed_ref, t, n, m, heads)
+
+    def q_start():                        # this warpgroup's first query row
+      return (lax.axis_index("q_seq") * (compute_wgs * block_q)
+              + lax.axis_index("wg") * block_q)
 
     def schedule_barrier():
       if tiles.schedule_barrier:
@@ -226,7 +330,7 @@ def _forward(q, k, v, bias, steps, *, n: int, m: int, scale: float, tiles: Tiles
 
     def compute(pipeline):
       qo_smem, lse_smem = qo_smem2.at[wg], lse_smem2.at[wg]
-      q_base = lax.axis_index("q_seq") * (compute_wgs * block_q) + wg * block_q
+      q_base = q_start()
       plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q_base, block_q), h], qo_smem,
                               q_barriers.at[wg])
       plgpu.barrier_wait(q_barriers.at[wg])
@@ -249,7 +353,7 @@ def _forward(q, k, v, bias, steps, *, n: int, m: int, scale: float, tiles: Tiles
       plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, pl.ds(q_base, block_q)])
       plgpu.wait_smem_to_gmem(0)
 
-    def step(_, k_smem, v_smem, *rest):
+    def step(idx, k_smem, v_smem, *rest):
       if has_bias:
         bias_smem, k_done, v_done, bias_done, carry = rest
       else:
@@ -267,13 +371,15 @@ def _forward(q, k, v, bias, steps, *, n: int, m: int, scale: float, tiles: Tiles
       if has_bias:
         key_bias = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
         plgpu.barrier_arrive(bias_done)
-        s = s + lax.broadcast_in_dim(key_bias, s.shape, [1])
+        s = _add_key_bias(s, key_bias, exact_ties=bool(t))
       s = nm_prune(s, n, m)
       m_new = jnp.maximum(m_i, s.max(axis=1) * c)
       alpha = jnp.exp2(m_i - m_new)
       p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
       acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
       l_i = l_i * alpha + p.sum(axis=1)
+      if draw is not None:
+        p = p * draw(s, q_start(), idx[0] * (block_kv // m))
       p16 = p.astype(dtype)
       schedule_barrier()
 
@@ -309,10 +415,11 @@ def _forward(q, k, v, bias, steps, *, n: int, m: int, scale: float, tiles: Tiles
       grid=(heads, length // (compute_wgs * block_q), batch),
       grid_names=("heads", "q_seq", "batch"), num_threads=compute_wgs + 1, thread_name="wg",
       compiler_params=plgpu.CompilerParams(approx_math=True))
-  return call(q, k, v, *((bias, steps) if has_bias else ()))
+  return call(*_operands(q, k, v, bias, steps, seed))
 
 
-def _backward_dq(q, k, v, bias, steps, do, lse, delta, *, n, m, scale, tiles: Tiles):
+def _backward_dq(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, tiles: Tiles,
+                 t: int = 0):
   """dQ on permuted k, v, bias: one CTA per 2 x block_q query rows, looping over key tiles
   (with a bias, the first ``steps[b, i]`` of them for the i-th CTA of example b)."""
   from jax.experimental import pallas as pl  # pylint: disable=import-outside-toplevel
@@ -326,23 +433,28 @@ def _backward_dq(q, k, v, bias, steps, do, lse, delta, *, n, m, scale, tiles: Ti
   transforms = _smem_transforms()
 
   def kernel(*refs):
-    (q_ref, k_ref, v_ref, bias_ref, steps_ref), rest = _inputs(refs, has_bias)
+    (q_ref, k_ref, v_ref, bias_ref, steps_ref, seed_ref), rest = _inputs(refs, has_bias,
+                                                                          bool(t))
     do_ref, lse_ref, delta_ref, dq_ref, smem, barriers = rest
     q_smem2, do_smem2, lse_smem2, delta_smem2 = smem
     b = lax.axis_index("batch")
     h = lax.axis_index("heads")
     wg = lax.axis_index("wg")
+    draw = _dropout_draws(seed_ref, t, n, m, heads)
+
+    def q_start():                        # this warpgroup's first query row
+      return (lax.axis_index("q_seq") * (compute_wgs * block_q)
+              + lax.axis_index("wg") * block_q)
 
     def compute(pipeline):
       q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
       lse_smem, delta_smem = lse_smem2.at[wg], delta_smem2.at[wg]
-      q_base = lax.axis_index("q_seq") * (compute_wgs * block_q) + wg * block_q
-      rows = (b, pl.ds(q_base, block_q), h)
+      rows = (b, pl.ds(q_start(), block_q), h)
       plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem, barriers[0].at[wg])
       plgpu.copy_gmem_to_smem(do_ref.at[rows], do_smem, barriers[1].at[wg])
-      plgpu.copy_gmem_to_smem(lse_ref.at[b, h, pl.ds(q_base, block_q)], lse_smem,
+      plgpu.copy_gmem_to_smem(lse_ref.at[b, h, pl.ds(q_start(), block_q)], lse_smem,
                               barriers[2].at[wg])
-      plgpu.copy_gmem_to_smem(delta_ref.at[b, h, pl.ds(q_base, block_q)], delta_smem,
+      plgpu.copy_gmem_to_smem(delta_ref.at[b, h, pl.ds(q_start(), block_q)], delta_smem,
                               barriers[3].at[wg])
       for barrier in barriers:
         plgpu.barrier_wait(barrier.at[wg])
@@ -356,7 +468,7 @@ def _backward_dq(q, k, v, bias, steps, do, lse, delta, *, n, m, scale, tiles: Ti
       plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[rows])
       plgpu.wait_smem_to_gmem(0)
 
-    def step(_, k_smem, v_smem, *rest):
+    def step(idx, k_smem, v_smem, *rest):
       if has_bias:
         bias_smem, k_done, v_done, bias_done, carry = rest
       else:
@@ -372,7 +484,7 @@ def _backward_dq(q, k, v, bias, steps, do, lse, delta, *, n, m, scale, tiles: Ti
       if has_bias:
         key_bias = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
         plgpu.barrier_arrive(bias_done)
-        s = s + lax.broadcast_in_dim(key_bias, s.shape, [1])
+        s = _add_key_bias(s, key_bias, exact_ties=bool(t))
       s = nm_prune(s, n, m)
       p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))
 
@@ -382,6 +494,8 @@ def _backward_dq(q, k, v, bias, steps, do, lse, delta, *, n, m, scale, tiles: Ti
 
       dp = pl.run_scoped(dp_product, plgpu.ACC((block_q, block_kv), jnp.float32))
       plgpu.barrier_arrive(v_done)
+      if draw is not None:                # dA = dP * Z / (1 - rate)
+        dp = dp * draw(s, q_start(), idx[0] * (block_kv // m))
       ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
 
       def dq_product(acc_ref):
@@ -415,10 +529,11 @@ def _backward_dq(q, k, v, bias, steps, do, lse, delta, *, n, m, scale, tiles: Ti
       grid=(heads, length // (compute_wgs * block_q), batch),
       grid_names=("heads", "q_seq", "batch"), num_threads=compute_wgs + 1, thread_name="wg",
       compiler_params=plgpu.CompilerParams(approx_math=True))
-  return call(q, k, v, *((bias, steps) if has_bias else ()), do, lse, delta)
+  return call(*_operands(q, k, v, bias, steps, seed), do, lse, delta)
 
 
-def _backward_dkv(q, k, v, bias, steps, do, lse, delta, *, n, m, scale, tiles: Tiles):
+def _backward_dkv(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, tiles: Tiles,
+                  t: int = 0):
   """(dK, dV) on permuted k, v, bias: one CTA per compute_wgs x block_kv keys, looping over
   query tiles (with a bias, the first ``steps[b, j]`` of them for the j-th CTA of example b).
   S is recomputed as [query, key] (so the N:M slices are column slices); P^T dO and dS^T Q
@@ -434,21 +549,26 @@ def _backward_dkv(q, k, v, bias, steps, do, lse, delta, *, n, m, scale, tiles: T
   transforms = _smem_transforms()
 
   def kernel(*refs):
-    (q_ref, k_ref, v_ref, bias_ref, steps_ref), rest = _inputs(refs, has_bias)
+    (q_ref, k_ref, v_ref, bias_ref, steps_ref, seed_ref), rest = _inputs(refs, has_bias,
+                                                                          bool(t))
     do_ref, lse_ref, delta_ref, dk_ref, dv_ref, smem, barriers = rest
     k_smem2, v_smem2, bias_smem2, p_smem2, ds_smem2 = smem
     b = lax.axis_index("batch")
     h = lax.axis_index("heads")
     wg = lax.axis_index("wg")
+    draw = _dropout_draws(seed_ref, t, n, m, heads)
+
+    def kv_start():                       # this warpgroup's first key
+      return (lax.axis_index("kv_seq") * (compute_wgs * block_kv)
+              + lax.axis_index("wg") * block_kv)
 
     def compute(pipeline):
       k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
-      kv_base = lax.axis_index("kv_seq") * (compute_wgs * block_kv) + wg * block_kv
-      keys = (b, pl.ds(kv_base, block_kv), h)
+      keys = (b, pl.ds(kv_start(), block_kv), h)
       plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem, barriers[0].at[wg])
       plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem, barriers[1].at[wg])
       if has_bias:
-        plgpu.copy_gmem_to_smem(bias_ref.at[b, pl.ds(kv_base, block_kv)], bias_smem2.at[wg],
+        plgpu.copy_gmem_to_smem(bias_ref.at[b, pl.ds(kv_start(), block_kv)], bias_smem2.at[wg],
                                 barriers[2].at[wg])
         plgpu.barrier_wait(barriers[2].at[wg])
         key_bias = plgpu.load(bias_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(0))
@@ -471,8 +591,8 @@ def _backward_dkv(q, k, v, bias, steps, do, lse, delta, *, n, m, scale, tiles: T
       plgpu.commit_smem_to_gmem_group()
       plgpu.wait_smem_to_gmem(0)
 
-    def step(_, q_smem, do_smem, lse_smem, delta_smem, q_done, do_done, lse_done, delta_done,
-             carry):
+    def step(idx, q_smem, do_smem, lse_smem, delta_smem, q_done, do_done, lse_done,
+             delta_done, carry):
       if has_bias:
         dk, dv, key_bias = carry
       else:
@@ -486,7 +606,7 @@ def _backward_dkv(q, k, v, bias, steps, do, lse, delta, *, n, m, scale, tiles: T
 
       s = pl.run_scoped(qk_product, plgpu.ACC((block_q, block_kv), jnp.float32))
       if has_bias:
-        s = s + lax.broadcast_in_dim(key_bias, s.shape, [1])
+        s = _add_key_bias(s, key_bias, exact_ties=bool(t))
       s = nm_prune(s, n, m)
       lse = plgpu.load(lse_smem, layout=plgpu.Layout.WGMMA.reduce(1))
       plgpu.barrier_arrive(lse_done)
@@ -499,7 +619,12 @@ def _backward_dkv(q, k, v, bias, steps, do, lse, delta, *, n, m, scale, tiles: T
       dp = pl.run_scoped(dp_product, plgpu.ACC((block_q, block_kv), jnp.float32))
       delta = plgpu.load(delta_smem, layout=plgpu.Layout.WGMMA.reduce(1))
       plgpu.barrier_arrive(delta_done)
+      if draw is not None:                # dV takes the dropped A, dA = dP * Z / (1 - rate)
+        mult = draw(s, idx[0] * block_q, kv_start() // m)
+        dp = dp * mult
       ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+      if draw is not None:
+        p = p * mult
       p_smem[...] = p.astype(dtype)
       ds_smem[...] = ds.astype(dtype)
       plgpu.commit_smem()
@@ -537,7 +662,7 @@ def _backward_dkv(q, k, v, bias, steps, do, lse, delta, *, n, m, scale, tiles: T
       grid=(heads, length // (compute_wgs * block_kv), batch),
       grid_names=("heads", "kv_seq", "batch"), num_threads=compute_wgs + 1, thread_name="wg",
       compiler_params=plgpu.CompilerParams(approx_math=True))
-  return call(q, k, v, *((bias, steps) if has_bias else ()), do, lse, delta)
+  return call(*_operands(q, k, v, bias, steps, seed), do, lse, delta)
 
 
 # ----------------------------------------------------------------------------- wrapper
@@ -590,47 +715,65 @@ def _backward_steps(extent, do, tiles: Tiles):
   return dq_steps, dkv_steps
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _attn(q, k, v, mask, n, m, scale, tiles):
-  return _attn_fwd(q, k, v, mask, n, m, scale, tiles)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
+def _attn(q, k, v, mask, seed, n, m, scale, tiles, t):
+  return _attn_fwd(q, k, v, mask, seed, n, m, scale, tiles, t)[0]
 
 
-def _attn_fwd(q, k, v, mask, n, m, scale, tiles):
+def _kernel_seed(seed):
+  """The kernels' seed operand (None without dropout): the seed's Philox key schedule,
+  uint32 [2 * ROUNDS] (k0, k1 of round 0, then of round 1, ...)."""
+  if seed is None:
+    return None
+  words = lax.bitcast_convert_type(seed, jnp.uint32)
+  return jnp.stack([k for pair in dfss_dropout.round_keys(words[0], words[1]) for k in pair])
+
+
+def _attn_fwd(q, k, v, mask, seed, n, m, scale, tiles, t):
   length = q.shape[1]
   qp, kp, vp, bias, extent = _prepare(q, k, v, mask, m, tiles)
   steps = None if bias is None else _tiles_up_to(extent, tiles.block_kv)
-  o, lse = _forward(qp, kp, vp, bias, steps, n=n, m=m, scale=scale, tiles=tiles)
-  return o[:, :length], (qp, kp, vp, bias, extent, o, lse, mask)
+  o, lse = _forward(qp, kp, vp, bias, steps, _kernel_seed(seed), n=n, m=m, scale=scale,
+                    tiles=tiles, t=t)
+  return o[:, :length], (qp, kp, vp, bias, extent, o, lse, mask, seed)
 
 
-def _attn_bwd(n, m, scale, tiles, res, do):
-  qp, kp, vp, bias, extent, o, lse, mask = res
+def _attn_bwd(n, m, scale, tiles, t, res, do):
+  qp, kp, vp, bias, extent, o, lse, mask, seed = res
   length = do.shape[1]
   do = jnp.pad(do.astype(qp.dtype), [(0, 0), (0, qp.shape[1] - length), (0, 0), (0, 0)])
+  # rowsum(dO * O) = rowsum(dA * A) also with dropout, as O = (A * Z / (1 - rate)) V
   delta = jnp.einsum("blhd,blhd->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
-  kw = dict(n=n, m=m, scale=scale, tiles=tiles)
+  kw = dict(n=n, m=m, scale=scale, tiles=tiles, t=t)
   dq_steps, dkv_steps = (None, None) if bias is None else _backward_steps(extent, do, tiles)
-  dq = _backward_dq(qp, kp, vp, bias, dq_steps, do, lse, delta, **kw)
-  dk, dv = _backward_dkv(qp, kp, vp, bias, dkv_steps, do, lse, delta, **kw)
+  kseed = _kernel_seed(seed)
+  dq = _backward_dq(qp, kp, vp, bias, dq_steps, kseed, do, lse, delta, **kw)
+  dk, dv = _backward_dkv(qp, kp, vp, bias, dkv_steps, kseed, do, lse, delta, **kw)
   dk, dv = unpermute_keys(dk, m), unpermute_keys(dv, m)
   dmask = None if mask is None else jnp.zeros(mask.shape, jax.dtypes.float0)
-  return dq[:, :length], dk[:, :length], dv[:, :length], dmask
+  dseed = None if seed is None else jnp.zeros(seed.shape, jax.dtypes.float0)
+  return dq[:, :length], dk[:, :length], dv[:, :length], dmask, dseed
 
 
 _attn.defvjp(_attn_fwd, _attn_bwd)
 
 
 def dfss_attention_mgpu(q, k, v, *, n: int, m: int, mask=None,
-                        tiles: Tiles = DEFAULT_TILES):
+                        tiles: Tiles = DEFAULT_TILES, dropout_rate: float = 0.0,
+                        dropout_seed=None):
   """DFSS attention with the Mosaic GPU kernels. q, k, v: [batch, length, heads, head_dim]
   (bf16 / fp16, head_dim 64 or 128), mask: bool [batch, length] key padding (True = real).
+  Attention dropout: rate in [0, 1) and, when > 0, ``dropout_seed`` (int32 [2],
+  ``dfss_dropout.seed_words``): the mask ``dfss_dropout`` defines, the same as the Triton
+  kernels and the pure-JAX path draw for that seed.
   Raises ValueError(``unsupported_reason``) for operands the kernels do not handle."""
   reason = unsupported_reason(q, v, n, m, k=k)
   if reason is not None:
     raise ValueError(reason)
+  t, seed = dfss_dropout.checked_seed(dropout_rate, dropout_seed)
   if mask is not None:
     mask = jnp.asarray(mask)
     if mask.shape != q.shape[:2]:
       raise ValueError(f"mask must be [batch, length] = {q.shape[:2]}, got {mask.shape}")
     mask = mask.astype(bool)
-  return _attn(q, k, v, mask, n, m, 1.0 / math.sqrt(q.shape[-1]), tiles)
+  return _attn(q, k, v, mask, seed, n, m, 1.0 / math.sqrt(q.shape[-1]), tiles, t)
