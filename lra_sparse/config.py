@@ -83,10 +83,10 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.model.qkv_dim = 512
   config.model.mlp_dim = 1024
   config.model.dropout_rate = 0.1
-  # LRA's 0.1 (Image 0.2). The DFSS and DSA Triton kernels draw it inside (the Mosaic GPU DFSS
-  # kernels have none: DFSS then trains on Triton). Dense trains on XLA's explicit attention
-  # with it (cuDNN has no dropout through JAX; evaluation stays on cuDNN), Nystromformer on its
-  # XLA formulation. Set 0 to train dense on cuDNN.
+  # LRA's 0.1 (Image 0.2). The DFSS (Mosaic GPU and Triton) and DSA kernels draw it inside.
+  # Dense trains on XLA's explicit attention with it (cuDNN has no dropout through JAX;
+  # evaluation stays on cuDNN), Nystromformer on its XLA formulation. Set 0 to train dense on
+  # cuDNN.
   config.model.attention_dropout_rate = 0.1
   config.model.pooling = "cls"      # "cls" | "mean"
   # Position embeddings as LRA's AddPositionEmbs: fixed "sinusoidal", or "learned" (only LRA's

@@ -755,8 +755,9 @@ def test_interpreted_dropout_kernels(monkeypatch, case, deterministic):
 
 
 # ----------------------------------------------------------------------------- Mosaic GPU path
-# lra_sparse/kernels/dfss_mgpu.py: CPU tests of its selection, key permutation and capability
-# predicate (pure jnp, no Pallas import); GPU tests (Hopper) against the reference.
+# lra_sparse/kernels/dfss_mgpu.py: CPU tests of its selection, dropout draws, key permutation
+# and capability predicate (its register-array helpers run as plain jnp); GPU tests (Hopper)
+# against the reference.
 
 @pytest.mark.parametrize("n,m", [(1, 2), (2, 4), (1, 4), (3, 4), (1, 8), (2, 8), (4, 8), (7, 8)])
 @pytest.mark.parametrize("ints", [False, True])
