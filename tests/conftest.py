@@ -6,7 +6,12 @@ import os
 
 import numpy as np
 import pytest
-import jax
+
+# On a GPU, every pytest-xdist worker would otherwise preallocate 75% of the GPU's memory, and
+# with more than one worker the later ones run out of memory (set before jax starts a backend).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # pylint: disable=wrong-import-position
 
 from lra_sparse.data.registry import TaskSpec, register_task, _TASKS
 
