@@ -363,6 +363,19 @@ def make_holes_mask(key, b, l):
   return mask.at[-1].set(False)
 
 
+def case_inputs(seed, dtype, b, l, h, d, masked, ints=False):
+  """(q, k, v, mask, cotangent) of a GPU case from one integer seed: random q, k, v (keys
+  seed), the key mask (seed + 1; None, make_mask's, or make_holes_mask's for "holes") and a
+  random cotangent (seed + 2)."""
+  q, k, v = rand_qkv(jax.random.PRNGKey(seed), (b, l, h, d), dtype, ints=ints)
+  mask = None
+  if masked:
+    mask = (make_holes_mask if masked == "holes" else make_mask)(jax.random.PRNGKey(seed + 1),
+                                                                  b, l)
+  ct = jax.random.normal(jax.random.PRNGKey(seed + 2), q.shape, dtype)
+  return q, k, v, mask, ct
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", ["fused", "fused-deterministic", "compressed"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=_case_id)
@@ -376,12 +389,7 @@ def _check_triton_case(case, impl):
   dt = _need_triton()
   dtype, n, m, b, l, h, d, masked = case
   seed = zlib.crc32(f"{_case_id(case)}-{impl}".encode()) % (2**31)
-  q, k, v = rand_qkv(jax.random.PRNGKey(seed), (b, l, h, d), dtype)
-  mask = None
-  if masked:
-    mask = (make_holes_mask if masked == "holes" else make_mask)(jax.random.PRNGKey(seed + 1),
-                                                                  b, l)
-  ct = jax.random.normal(jax.random.PRNGKey(seed + 2), q.shape, dtype)
+  q, k, v, mask, ct = case_inputs(seed, dtype, b, l, h, d, masked)
   if dtype == jnp.float32:
     q, k, v, ct = (tf32_exact(x) for x in (q, k, v, ct))
 
@@ -974,12 +982,7 @@ def test_mosaic_matches_reference(case):
   mg = _need_mosaic()
   dtype, n, m, b, l, h, d, masked, ints = case
   seed = zlib.crc32(_mosaic_id(case).encode()) % (2**31)
-  q, k, v = rand_qkv(jax.random.PRNGKey(seed), (b, l, h, d), dtype, ints=ints)
-  mask = None
-  if masked:
-    mask = (make_holes_mask if masked == "holes" else make_mask)(jax.random.PRNGKey(seed + 1),
-                                                                  b, l)
-  ct = jax.random.normal(jax.random.PRNGKey(seed + 2), q.shape, dtype)
+  q, k, v, mask, ct = case_inputs(seed, dtype, b, l, h, d, masked, ints=ints)
   out, grads = _check_mosaic(mg, q, k, v, mask, ct, n, m, _mosaic_id(case))
   assert out.dtype == dtype and out.shape == q.shape
   if masked and b > 1:                  # make_mask pads the whole last sequence
@@ -1034,12 +1037,7 @@ def test_mosaic_dropout_matches_reference_with_the_same_mask(case):
   from lra_sparse.kernels import dfss_dropout as dd
   dtype, n, m, b, l, h, d, masked, rate = case
   key = zlib.crc32(repr(case).encode()) % (2**31)
-  q, k, v = rand_qkv(jax.random.PRNGKey(key), (b, l, h, d), dtype)
-  mask = None
-  if masked:
-    mask = (make_holes_mask if masked == "holes" else make_mask)(jax.random.PRNGKey(key + 1),
-                                                                  b, l)
-  ct = jax.random.normal(jax.random.PRNGKey(key + 2), q.shape, dtype)
+  q, k, v, mask, ct = case_inputs(key, dtype, b, l, h, d, masked)
   seed = dd.seed_words(jax.random.PRNGKey(key + 3))
   label = _case_id(case[:8]) + f" p{rate}"
   out, _ = _check_mosaic(mg, q, k, v, mask, ct, n, m, label, rate=rate, seed=seed)

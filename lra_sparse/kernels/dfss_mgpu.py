@@ -212,18 +212,18 @@ def _dropout_multiplier(s, rows, first_group, bh, keys, n: int, m: int, t: int):
 
   ``rows`` (uint32, the tile's query rows, [rows, 64/M]), ``first_group`` (int32, the tile's
   first key over M) and ``bh`` (int32, batch * heads + head) give the Philox counters (group,
-  row, bh, 0), ``keys`` the seed's Philox key schedule (``dfss_dropout.round_keys``: its
-  uint32 scalars are read from memory; scalar integer arithmetic in the kernel did not lower). Column c of member slice j of a 64-key block is member j of the block's group c,
-  so one Philox call per (row, group) draws in the slices' own layout, and a member's rank
+  row, bh, 0), ``keys`` the seed's Philox key schedule (``dfss_dropout.round_keys``, computed
+  once outside the kernel, its uint32 scalars read from memory). Column c of member slice j of
+  a 64-key block is member j of the block's group c, so one Philox call per (row, group) draws in the slices' own layout, and a member's rank
   among its group's kept members (which 16-bit half it reads) is a sum over earlier slices."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   width = PERM_BLOCK // m
   shape = (s.shape[0], width)
   column = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
   as_u32 = lambda x: lax.bitcast_convert_type(x, jnp.uint32)
-  zero_column = column * 0        # constants in the register layout (a bare splat does not
-  head = as_u32(zero_column + bh)  # lower next to a scalar) ...
-  counter3 = as_u32(zero_column)   # ... which LLVM folds
+  zero_column = column * 0        # the uniform counters as arrays of the tile's shape
+  head = as_u32(zero_column + bh)
+  counter3 = as_u32(zero_column)
   words_needed = dfss_dropout.words_per_group(n)
   scale = jnp.float32(dfss_dropout.keep_scale(t))
   zero, one = jnp.zeros((), jnp.float32), jnp.ones((), jnp.float32)
@@ -273,8 +273,7 @@ def _operands(q, k, v, bias, steps, seed):
 def _dropout_draws(seed_ref, t, n, m, heads):
   """None without dropout, else ``draw(s, first_row, first_group)`` for the kernels' loop
   bodies: the multiplier of the pruned tile ``s`` whose first query row and first key group
-  are given (int32 scalars computed in the body: scalars from outside the warp-specialized
-  pipeline did not lower next to register arrays)."""
+  are given (int32 scalars)."""
   if not t:
     return None
 
