@@ -41,9 +41,12 @@ from lra_sparse.data import get_task
 # --reps and --out
 # are bench_train_step's flags (imported above); the variants' default is set below.
 flags.DEFINE_list("devices", [], "Device counts to compare (default: 1 and every local device).")
+flags.DEFINE_bool("speed", True, "Time the steps (false: the loss curves only).")
 flags.DEFINE_integer("per_device_batch", 32, "speed: examples per device and step.")
 flags.DEFINE_integer("curve_batch", 64, "curve: the global batch of every curve.")
 flags.DEFINE_integer("curve_steps", 200, "curve: steps per curve (0: no curves).")
+flags.DEFINE_bool("fp32_curve", True, "curve: also the one-device float32 curve of each "
+                  "half-precision variant (the rounding scale).")
 FLAGS = flags.FLAGS
 FLAGS.set_default("variants", ["bf16:cudnn", "bf16:kind=dfss+nm=2:4+backend=triton"])
 
@@ -125,8 +128,10 @@ def curve_rows(variant: str, counts) -> list[tuple]:
     if n > 1:
       curves[f"{n} devices"] = loss_curve(variant, n)
   dtype, attention = variant.split(":", 1)
-  if dtype != "fp32":   # the rounding scale: the same run in float32
-    curves["1 device, fp32"] = loss_curve("fp32:" + attention, 1)
+  if FLAGS.fp32_curve and dtype != "fp32":   # the rounding scale: the same run in float32
+    # cuDNN attention takes half precision only; in float32 the same attention runs on XLA.
+    fp32_attention = "xla" if attention in ("cudnn", "cudnn_bias") else attention
+    curves["1 device, fp32"] = loss_curve("fp32:" + fp32_attention, 1)
   reference = curves["1 device"]
   rows = []
   for name, curve in curves.items():
@@ -140,19 +145,23 @@ def curve_rows(variant: str, counts) -> list[tuple]:
 def main(argv):
   del argv
   counts = sorted({int(n) for n in FLAGS.devices} or {1, jax.local_device_count()})
+  if not FLAGS.speed and not FLAGS.curve_steps:
+    raise ValueError("--speed=false with --curve_steps=0: nothing to measure")
   if counts[0] != 1:
     raise ValueError(f"--devices={','.join(FLAGS.devices)} must include 1 (the baseline)")
   speed, curves = [], []
   for variant in FLAGS.variants:
-    speed += speed_rows(variant, counts)
+    if FLAGS.speed:
+      speed += speed_rows(variant, counts)
     if FLAGS.curve_steps:
       curves += curve_rows(variant, counts)
   devices = jax.devices()
   text = (f"Data-parallel training; {len(devices)} x {devices[0].device_kind}; jax "
-          f"{jax.__version__}; {gpu_state()}\n\n"
-          f"Speed (global batch = devices x {FLAGS.per_device_batch}):\n\n" +
-          tables.markdown_grid(("variant", "devices", "global batch", "ms/step", "steps/s",
-                                "examples/s vs 1 device"), speed) + "\n")
+          f"{jax.__version__}; {gpu_state()}\n")
+  if speed:
+    text += (f"\nSpeed (global batch = devices x {FLAGS.per_device_batch}):\n\n" +
+             tables.markdown_grid(("variant", "devices", "global batch", "ms/step", "steps/s",
+                                   "examples/s vs 1 device"), speed) + "\n")
   if curves:
     marks = tuple(f"loss @{m}" for m in CURVE_MARKS if m <= FLAGS.curve_steps)
     text += (f"\nLoss curves ({FLAGS.curve_steps} steps, global batch {FLAGS.curve_batch}, "

@@ -1,9 +1,10 @@
 """What every command line program does with errors: one line, not a traceback.
 
 A user error (a bad config or flag, missing or malformed data, a busy or foreign workdir, a
-diverged run) prints ``error: <message>`` on one line and exits 1; Ctrl-C prints one line and
-exits 130 (the trainer first lets an in-flight checkpoint save finish). Set the environment
-variable ``LRA_SPARSE_TRACEBACK=1`` to get the full traceback instead.
+diverged run, a run too big for the device's memory) prints ``error: <message>`` on one line
+and exits 1; Ctrl-C prints one line and exits 130 (the trainer first lets an in-flight
+checkpoint save finish). Set the environment variable ``LRA_SPARSE_TRACEBACK=1`` to get the
+full traceback instead.
 """
 from __future__ import annotations
 
@@ -34,6 +35,19 @@ def fail(message: str, code: int = EXIT_ERROR):
   sys.exit(code)
 
 
+def out_of_memory_message(error: BaseException) -> Optional[str]:
+  """The one-line message for an accelerator (or host) allocation that XLA refused, else None:
+  a run too big for the device is a sizing problem the user fixes with flags, not a crash."""
+  text = str(error).strip()
+  if not (isinstance(error, RuntimeError) and text.startswith("RESOURCE_EXHAUSTED")):
+    return None
+  first = text.splitlines()[0]
+  first = first[:300] + ("..." if len(first) > 300 else "")
+  return (f"out of device memory: {first} | the run does not fit: lower --config.batch_size "
+          "(or keep it and raise --config.optim.grad_accum_steps: the same update in "
+          "micro-batches, a fraction of the activation memory) or shrink the model")
+
+
 def _exit_interrupted(message: str):
   """Prints ``message`` and leaves at once. Ctrl-C may land while XLA compiles on another
   thread; a normal interpreter shutdown can then crash (seen: a segfault after the message), so
@@ -59,6 +73,11 @@ def report_errors(main: Callable[[Sequence[str]], Any]) -> Callable[[Sequence[st
       if os.environ.get(TRACEBACK_ENV):
         raise
       fail(one_line(error))
+    except RuntimeError as error:   # JAX's runtime errors; only running out of memory is ours
+      message = out_of_memory_message(error)
+      if message is None or os.environ.get(TRACEBACK_ENV):
+        raise
+      fail(message)
   return wrapped
 
 

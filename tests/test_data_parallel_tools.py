@@ -45,8 +45,21 @@ def test_two_devices_train_as_one():
   assert re.search(r"Loss curves \(8 steps, global batch 8", result.stdout)
 
 
+def test_curves_alone_with_the_float32_reference():
+  result = _run("--variants=bf16:xla", "--devices=1,2", "--speed=false", "--curve_batch=4",
+                "--curve_steps=3")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "Speed" not in result.stdout
+  curves = {row[1]: row for row in _rows(result.stdout, "bf16:xla | ")}
+  assert set(curves) == {"1 device", "2 devices", "1 device, fp32"}
+  assert float(curves["1 device"][-2]) == 0
+  # bfloat16 against float32 differs by rounding: more than nothing, far less than the loss.
+  assert 0 < float(curves["1 device, fp32"][-2]) < 0.1
+
+
 @pytest.mark.parametrize("args,message", [
     (("--devices=1,3",), "3 devices asked for; 2 available"),
+    (("--speed=false", "--curve_steps=0"), "nothing to measure"),
     (("--devices=2",), "--devices=2 must include 1"),
     (("--devices=1,2", "--curve_batch=5"), "global batch 5 does not split over 2 devices"),
 ])
