@@ -259,8 +259,9 @@ def test_cli_user_errors_are_one_line(tmp_path, listops_dir):
                                               "token 'Q'"),
       # A real refused allocation, not a mock: a 2^45-wide MLP's bias alone is 128 TiB, more
       # than any process can map, whatever the host's overcommit policy.
-      (["--config.model.mlp_dim=35184372088832"], "error: out of device memory: "
-                                              "RESOURCE_EXHAUSTED: "),
+      ([f"--config.data.data_dir={listops_dir}", "--config.data.max_length=128",
+        "--config.model.mlp_dim=35184372088832"],
+       "error: out of device memory: RESOURCE_EXHAUSTED: "),
   ]
   for overrides, start in cases:
     proc = subprocess.run(_main(tmp_path / "run", *overrides), cwd=REPO, capture_output=True,
