@@ -859,7 +859,12 @@ def test_mosaic_unsupported_reason_and_backend_errors():
   x = arr()
   assert "m in (2, 4, 8)" in reason(x, x, 1, 16)
   assert "n < m" in reason(x, x, 4, 4)
-  assert "head_dim in (64, 128)" in reason(arr((2, 256, 2, 32)), arr((2, 256, 2, 32)), 2, 4)
+  narrow, wide = arr((2, 256, 2, 4)), arr((2, 256, 2, 160))
+  assert reason(narrow, narrow, 2, 4) is None          # zero-padded to 64
+  assert "would be zero-padded to 64" in reason(narrow, narrow, 2, 4, pad_head_dim=False)
+  assert "head_dim in [1, 128], got 160" in reason(wide, wide, 2, 4)
+  assert [dfss_mgpu.kernel_head_dim(d) for d in (1, 8, 64, 65, 128, 129)] == [
+      64, 64, 64, 128, 128, None]
   assert "bfloat16 or float16" in reason(arr(dtype=jnp.float32), arr(dtype=jnp.float32), 2, 4)
   assert "k must match q" in reason(x, x, 2, 4, k=arr(dtype=jnp.float16))
   if jax.default_backend() != "gpu":
@@ -871,6 +876,22 @@ def test_mosaic_unsupported_reason_and_backend_errors():
     code = ("import sys; from lra_sparse.kernels import dfss_mgpu; "
             "assert 'jax.experimental.pallas.mosaic_gpu' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_auto_leaves_head_dims_mosaic_would_pad_on_triton(monkeypatch):
+  """On a Hopper GPU backend='auto' runs head dims 64 and 128 on the Mosaic GPU kernels and the
+  small ones (Pathfinder's 4, Path-X's 8), which those would zero-pad to 64, on the Triton
+  kernels; backend='mosaic' runs them padded."""
+  from lra_sparse.attention import dfss
+  from lra_sparse.kernels import dfss_mgpu, dfss_triton
+  monkeypatch.setattr(dfss.jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(dfss, "_mosaic_module", lambda required: dfss_mgpu)
+  monkeypatch.setattr(dfss, "_triton_module", lambda required: dfss_triton)
+  for d, auto in ((4, "triton"), (8, "triton"), (48, "triton"), (64, "mosaic"),
+                  (128, "mosaic")):
+    x = jax.ShapeDtypeStruct((2, 256, 2, d), jnp.bfloat16)
+    assert dfss._pick_kernel("auto", x, x, x, 2, 4)[1] == auto, d
+    assert dfss._pick_kernel("mosaic", x, x, x, 2, 4)[1] == "mosaic", d
 
 
 def test_mosaic_tile_skip_counts_match_numpy():
@@ -967,6 +988,11 @@ MOSAIC_CASES = [
     # whole key tile of padding before its first real key), the last sequence fully padded
     (jnp.bfloat16, 2, 4, 3, 700, 2, 64, "holes", False),
     (jnp.bfloat16, 1, 2, 2, 520, 1, 128, "holes", False),
+    # small head dims, zero-padded to 64 (Pathfinder-32's 4 with its holes, Path-X's 8) or
+    # to 128 (96), with the true head dim's softmax scale
+    (jnp.bfloat16, 2, 4, 2, 300, 2, 4, "holes", False),
+    (jnp.bfloat16, 2, 4, 2, 257, 2, 8, True, False),
+    (jnp.float16, 1, 2, 2, 200, 2, 96, True, False),
 ]
 
 

@@ -39,6 +39,13 @@ def operand_reason(q, v, k, who: str) -> Optional[str]:
   return None
 
 
+def zero_pad_head_dim(x, width: int):
+  """x [..., head_dim] with zero columns up to ``width``, for kernels that run wider heads.
+  Exact: zero columns of Q and K add nothing to Q K^T, the caller keeps the softmax scale of the
+  true head dim, and the padded columns of O (and of dQ, dK, dV) are zero, to be sliced off."""
+  return jnp.pad(x, ((0, 0),) * (x.ndim - 1) + ((0, width - x.shape[-1]),))
+
+
 def cdiv(a: int, b: int) -> int:
   return -(-a // b)
 

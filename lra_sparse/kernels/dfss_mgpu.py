@@ -47,8 +47,9 @@ tiles while two compute warpgroups each own 64 query rows):
   Z / (1 - rate) after the normalizer is summed; the backward uses dA = dP * Z / (1 - rate)
   and dV = (A * Z / (1 - rate))^T dO, with delta = rowsum(dO * O) unchanged.
 
-Supported: bf16 / fp16, head_dim 64 or 128, M in (2, 4, 8) (the slices of a 64-key block are
-64/M >= 8 columns wide). ``unsupported_reason`` says why not otherwise; callers then use the
+Supported: bf16 / fp16, head_dim up to 128 (the kernels run 64 and 128; smaller head dims,
+as Pathfinder's 4 and Path-X's 8, are zero-padded to the next, which is exact), M in (2, 4, 8)
+(the slices of a 64-key block are 64/M >= 8 columns wide). ``unsupported_reason`` says why not otherwise; callers then use the
 Triton kernels. Nothing here imports Pallas at module import (CPU installs import it fine).
 """
 from __future__ import annotations
@@ -65,11 +66,12 @@ from jax import lax
 from lra_sparse.attention.nm import check_nm
 from lra_sparse.kernels import dfss_dropout
 from lra_sparse.kernels.dfss_launch import extent as _extent
+from lra_sparse.kernels.dfss_launch import zero_pad_head_dim
 
 PERM_BLOCK = 64          # keys are permuted within blocks of this many
 MASKED = -float(2**25)   # bias of a padded key (finite and moderate: see the module docstring)
 _LOG2E = math.log2(math.e)
-SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_HEAD_DIMS = (64, 128)   # what the kernels run; smaller head dims are zero-padded
 SUPPORTED_M = (2, 4, 8)
 
 
@@ -109,8 +111,15 @@ def _is_hopper(device) -> bool:
   return any(name in device.device_kind for name in ("H100", "H200", "H800", "H20"))
 
 
-def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
-  """None when these kernels run DFSS n:m on these operands, else a short reason."""
+def kernel_head_dim(head_dim: int) -> Optional[int]:
+  """The head dim the kernels run for ``head_dim`` (zero-padded up to it), None above 128."""
+  return next((d for d in SUPPORTED_HEAD_DIMS if d >= head_dim), None)
+
+
+def unsupported_reason(q, v, n: int, m: int, *, k=None,
+                       pad_head_dim: bool = True) -> Optional[str]:
+  """None when these kernels run DFSS n:m on these operands, else a short reason. With
+  ``pad_head_dim=False`` a head dim they would zero-pad counts as unsupported too."""
   try:
     check_nm(n, m, what="dfss_mgpu")
   except ValueError as error:
@@ -121,8 +130,13 @@ def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
     return f"the Mosaic GPU kernel needs m in {SUPPORTED_M}, got m={m}"
   if q.ndim != 4:
     return f"q must be [batch, length, heads, head_dim], got shape {tuple(q.shape)}"
-  if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
-    return f"the Mosaic GPU kernel needs head_dim in {SUPPORTED_HEAD_DIMS}, got {q.shape[-1]}"
+  head_dim = q.shape[-1]
+  if not 0 < head_dim <= SUPPORTED_HEAD_DIMS[-1]:
+    return (f"the Mosaic GPU kernel needs head_dim in [1, {SUPPORTED_HEAD_DIMS[-1]}], got "
+            f"{head_dim}")
+  if not pad_head_dim and head_dim not in SUPPORTED_HEAD_DIMS:
+    return (f"head_dim {head_dim} would be zero-padded to {kernel_head_dim(head_dim)} (the "
+            f"kernels run head_dim in {SUPPORTED_HEAD_DIMS})")
   if jnp.dtype(q.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     return f"the Mosaic GPU kernel needs bfloat16 or float16, got {jnp.dtype(q.dtype).name}"
   for name, x in (("k", k), ("v", v)):
@@ -761,7 +775,9 @@ def dfss_attention_mgpu(q, k, v, *, n: int, m: int, mask=None,
                         tiles: Tiles = DEFAULT_TILES, dropout_rate: float = 0.0,
                         dropout_seed=None):
   """DFSS attention with the Mosaic GPU kernels. q, k, v: [batch, length, heads, head_dim]
-  (bf16 / fp16, head_dim 64 or 128), mask: bool [batch, length] key padding (True = real).
+  (bf16 / fp16, head_dim <= 128: 64 and 128 run as they are, smaller ones zero-padded to the
+  next with the true head dim's softmax scale, exactly), mask: bool [batch, length] key
+  padding (True = real).
   Attention dropout: rate in [0, 1) and, when > 0, ``dropout_seed`` (int32 [2],
   ``dfss_dropout.seed_words``): the mask ``dfss_dropout`` defines, the same as the Triton
   kernels and the pure-JAX path draw for that seed.
@@ -775,4 +791,8 @@ def dfss_attention_mgpu(q, k, v, *, n: int, m: int, mask=None,
     if mask.shape != q.shape[:2]:
       raise ValueError(f"mask must be [batch, length] = {q.shape[:2]}, got {mask.shape}")
     mask = mask.astype(bool)
-  return _attn(q, k, v, mask, seed, n, m, 1.0 / math.sqrt(q.shape[-1]), tiles, t)
+  head_dim = q.shape[-1]
+  width = kernel_head_dim(head_dim)
+  q, k, v = (zero_pad_head_dim(x, width) for x in (q, k, v))
+  out = _attn(q, k, v, mask, seed, n, m, 1.0 / math.sqrt(head_dim), tiles, t)
+  return out[..., :head_dim]

@@ -41,7 +41,7 @@ from lra_sparse.kernels import dfss_dropout
 from lra_sparse.kernels import dfss_tiles
 from lra_sparse.kernels.dfss_compressed import compressed_softmax, sddmm_prune, spmm
 from lra_sparse.kernels.dfss_launch import (cdiv, key_mask, launch, operand_reason, padded_rows,
-                                            row_delta)
+                                            row_delta, zero_pad_head_dim)
 
 __all__ = [
     "is_available",
@@ -227,9 +227,7 @@ def _attention(q, k, v, *, n, m, mask=None, impl="fused", deterministic=False, p
   if impl != "fused":
     raise ValueError(f"impl='compressed' needs head_dim in {_SUPPORTED_HEAD_DIMS}, got "
                      f"{head_dim} (impl='fused' zero-pads it)")
-  # Zero columns add nothing to Q K^T; the softmax keeps the scale of the true head dim; the
-  # padded columns of O (and of dQ, dK, dV) are zero and sliced off: exact.
-  widen = lambda x: jnp.pad(x, ((0, 0),) * 3 + ((0, kernel_dim - head_dim),))  # noqa: E731
-  out = _attn(widen(q), widen(k), widen(v), mask, seed, n, m, impl, bool(deterministic),
-              bool(poison), 1.0 / math.sqrt(head_dim), drop_t)
+  q, k, v = (zero_pad_head_dim(x, kernel_dim) for x in (q, k, v))
+  out = _attn(q, k, v, mask, seed, n, m, impl, bool(deterministic), bool(poison),
+              1.0 / math.sqrt(head_dim), drop_t)
   return out[..., :head_dim]
