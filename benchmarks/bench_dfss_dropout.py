@@ -7,7 +7,9 @@ w.r.t. q, k, v) of
     with when attention_dropout_rate > 0)
   * DFSS Triton fused, without and with attention dropout (``dfss_dropout``'s counter-based
     mask drawn inside the kernels),
-  * DFSS Mosaic GPU (Hopper, bf16/fp16), without and with attention dropout (the same mask),
+  * DFSS Mosaic GPU (Hopper, bf16/fp16), without and with attention dropout (the same mask;
+    also with Philox's high halves as one 64-bit product each, ``Tiles(wide_products=True)``,
+    the A/B of the 16-bit limbs),
 and the ratios with/without dropout.  Each timed call is one jit chaining ``--steps`` calls with
 lax.scan over 3 stacked random input sets (no dispatch cost; every step's output is used);
 median of ``--rounds`` after warm-up.
@@ -57,6 +59,10 @@ def methods(dtype, n, m, rate, dense=True):
     out["DFSS Mosaic"] = lambda q, k, v: dfss_mgpu.dfss_attention_mgpu(q, k, v, n=n, m=m)
     out[f"DFSS Mosaic, dropout {rate}"] = lambda q, k, v: dfss_mgpu.dfss_attention_mgpu(
         q, k, v, n=n, m=m, dropout_rate=rate, dropout_seed=seed)
+    # A/B: Philox's high halves as one 64-bit product each instead of from 16-bit limbs
+    wide = dfss_mgpu.Tiles(wide_products=True)
+    out[f"DFSS Mosaic, dropout {rate}, wide"] = lambda q, k, v: dfss_mgpu.dfss_attention_mgpu(
+        q, k, v, n=n, m=m, dropout_rate=rate, dropout_seed=seed, tiles=wide)
   return out
 
 
@@ -118,18 +124,19 @@ def main(argv: Sequence[str]) -> None:
         xla_drop = times.get(f"XLA dense, dropout {FLAGS.rate}", nan)
         mosaic = times.get("DFSS Mosaic", nan)
         mosaic_drop = times.get(f"DFSS Mosaic, dropout {FLAGS.rate}", nan)
+        wide = times.get(f"DFSS Mosaic, dropout {FLAGS.rate}, wide", nan)
         cudnn = times.get("cuDNN dense", nan)
         row = [dname, f"{n}:{m}", shape, kind, f"{cudnn:.3f}",
                f"{xla:.3f}", f"{xla_drop:.3f}", f"{dfss:.3f}", f"{drop:.3f}",
                f"{drop / dfss:.3f}", f"{xla_drop / xla:.3f}", f"{mosaic:.3f}",
                f"{mosaic_drop:.3f}", f"{mosaic_drop / mosaic:.3f}",
-               f"{cudnn / mosaic_drop:.3f}"]
+               f"{cudnn / mosaic_drop:.3f}", f"{wide:.3f}"]
         rows.append(row)
         print(" | ".join(row), flush=True)
   emit_table(header, ["dtype", "N:M", "BxL", "pass", "cuDNN ms", "XLA ms", "XLA+drop ms",
                       "DFSS ms", "DFSS+drop ms", "DFSS drop/no", "XLA drop/no",
                       "Mosaic ms", "Mosaic+drop ms", "Mosaic drop/no",
-                      "Mosaic+drop x cuDNN"], rows, FLAGS.out)
+                      "Mosaic+drop x cuDNN", "Mosaic+drop wide ms"], rows, FLAGS.out)
 
 if __name__ == "__main__":
   define_flags()

@@ -841,6 +841,39 @@ def test_mosaic_dropout_draws_match_numpy_rule(monkeypatch, n, m):
   assert 0.55 < (want[kept & real[None]] > 0).mean() < 0.85   # rate 0.3: ~30% dropped
 
 
+def test_mosaic_wide_products_lower_in_a_kernel():
+  """The Philox rounds with ``_mulhilo_wide`` (the high halves inlined as Mosaic GPU code on
+  WGMMA register arrays, the uniform counters as scalars) lower to a Mosaic GPU kernel for
+  CUDA on any machine; they run, bit for bit against the limbs, in the GPU dropout tests. The
+  scalar products fall back to the limbs."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from lra_sparse.kernels import dfss_dropout as dd
+  from lra_sparse.kernels import dfss_mgpu
+  a, b = dd._MUL_A, jnp.uint32(0xDEADBEEF)  # pylint: disable=protected-access
+  assert [int(x) for x in dfss_mgpu._mulhilo_wide(a, b)] == [  # pylint: disable=protected-access
+      (a * 0xDEADBEEF) >> 32, (a * 0xDEADBEEF) & 0xFFFFFFFF]
+
+  def body(seed_ref, out_ref, smem):
+    shape = (64, 32)
+    rows, cols = (plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
+                  for dim in (0, 1))
+    as_u32 = lambda x: jax.lax.bitcast_convert_type(x, jnp.uint32)
+    keys = [(seed_ref[2 * r], seed_ref[2 * r + 1]) for r in range(dd.ROUNDS)]
+    words = dd.philox_rounds(as_u32(cols + 5), as_u32(rows), as_u32(jax.lax.axis_index("x")),
+                             jnp.uint32(0), keys, mulhilo=dfss_mgpu._mulhilo_wide)  # pylint: disable=protected-access
+    smem[...] = jax.lax.bitcast_convert_type(words[0] ^ words[3], jnp.int32)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem, out_ref.at[jax.lax.axis_index("x")])
+    plgpu.wait_smem_to_gmem(0)
+
+  kernel = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((2, 64, 32), jnp.int32),
+                        scratch_types=[plgpu.SMEM((64, 32), jnp.int32)], grid=(2,),
+                        grid_names=("x",), num_threads=1, thread_name="wg")
+  seed = jnp.zeros((2 * dd.ROUNDS,), jnp.uint32)
+  text = jax.jit(kernel).trace(seed).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+
+
 def test_mosaic_unsupported_reason_and_backend_errors():
   """What the Mosaic GPU kernels run, in one predicate; backend='mosaic' where they cannot run
   is one clear error (on a CPU: no Hopper GPU); importing the module loads no Pallas GPU code."""
@@ -1073,6 +1106,32 @@ def test_mosaic_dropout_matches_reference_with_the_same_mask(case):
   np.testing.assert_array_equal(np.asarray(run(q, k, v, seed)), np.asarray(out))
   other = np.asarray(run(q, k, v, dd.seed_words(jax.random.PRNGKey(key + 4))))
   assert not np.array_equal(other, np.asarray(out))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [MOSAIC_DROPOUT_CASES[i] for i in (0, 3, 4, 5)],
+                         ids=lambda c: _case_id(c[:8]) + f"-p{c[8]}")
+def test_mosaic_wide_products_draw_the_limbs_bits(case):
+  """Philox's high halves as one 64-bit product each (``Tiles.wide_products``) and from 16-bit
+  limbs (the default) are the same integers, so output and dQ/dK/dV are bit-identical."""
+  mg = _need_mosaic()
+  from lra_sparse.kernels import dfss_dropout as dd
+  dtype, n, m, b, l, h, d, masked, rate = case
+  key = zlib.crc32(repr(case).encode()) % (2**31) + 7
+  q, k, v, mask, ct = case_inputs(key, dtype, b, l, h, d, masked)
+  seed = dd.seed_words(jax.random.PRNGKey(key))
+
+  def value_and_grads(tiles):
+    f = lambda q, k, v: mg.dfss_attention_mgpu(q, k, v, n=n, m=m, mask=mask, tiles=tiles,
+                                               dropout_rate=rate, dropout_seed=seed)
+    out, vjp = jax.vjp(jax.jit(f), q, k, v)
+    return [np.asarray(x.astype(jnp.float32)) for x in (out, *vjp(ct))]
+
+  wide = value_and_grads(mg.Tiles(wide_products=True))
+  limbs = value_and_grads(mg.Tiles())
+  for name, a, r in zip(("out", "dq", "dk", "dv"), wide, limbs):
+    assert np.isfinite(a).all(), name
+    np.testing.assert_array_equal(a, r, err_msg=name)
 
 
 @pytest.mark.gpu

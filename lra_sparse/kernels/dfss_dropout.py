@@ -93,7 +93,7 @@ def seed_words(rng) -> jax.Array:
   return jax.lax.bitcast_convert_type(jax.random.bits(rng, (2,), jnp.uint32), jnp.int32)
 
 
-def _mulhilo(a: int, b):
+def mulhilo_limbs(a: int, b):
   """(high, low) 32-bit halves of the 64-bit product a * b, a a constant, b uint32: from 16-bit
   limbs, so that no 64-bit integers are needed (JAX runs without x64 by default)."""
   a_hi, a_lo = jnp.uint32(a >> 16), jnp.uint32(a & 0xFFFF)
@@ -124,11 +124,11 @@ def philox4x32(c0, c1, c2, c3, k0, k1, rounds: int = ROUNDS):
   return philox_rounds(c0, c1, c2, c3, round_keys(k0, k1, rounds))
 
 
-def philox_rounds(c0, c1, c2, c3, keys, mulhilo=_mulhilo):
+def philox_rounds(c0, c1, c2, c3, keys, mulhilo=mulhilo_limbs):
   """The rounds of Philox-4x32 on uint32 counter arrays of one shape, ``keys`` the schedule
   (``round_keys``); ``mulhilo(a, b)`` gives the (high, low) halves of a * b. The Mosaic GPU
-  kernels call this in registers with the schedule computed outside the kernel and a one-
-  instruction mulhilo (``dfss_mgpu``)."""
+  kernels call this in registers with the schedule computed outside the kernel (and, as an
+  option, the high halves as one 64-bit product each: ``dfss_mgpu._mulhilo_wide``)."""
   for k0, k1 in keys:
     hi_b, lo_b = mulhilo(_MUL_B, c2)
     hi_a, lo_a = mulhilo(_MUL_A, c0)

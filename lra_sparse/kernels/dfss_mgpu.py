@@ -43,7 +43,8 @@ tiles while two compute warpgroups each own 64 query rows):
 * Attention dropout (rate > 0 with a seed): the mask ``dfss_dropout`` defines, the one the
   Triton kernels and the pure-JAX path apply for the same seed, drawn in registers by each of
   the three kernels (``_dropout_multiplier``: Philox-4x32-7 per (query row, key group) in the
-  layout of the member slices, the key schedule read from memory). The forward scales P by
+  layout of the member slices, the key schedule read from memory; ``Tiles.wide_products``
+  makes each product's high half one 64-bit multiply, ``_mulhilo_wide``). The forward scales P by
   Z / (1 - rate) after the normalizer is summed; the backward uses dA = dP * Z / (1 - rate)
   and dV = (A * Z / (1 - rate))^T dO, with delta = rowsum(dO * O) unchanged.
 
@@ -87,6 +88,10 @@ class Tiles:
   bwd_stages: int = 2
   compute_wgs_bwd: int = 2
   schedule_barrier: bool = True
+  # dropout: the high halves of Philox's products as one 64-bit multiply each (PTX
+  # mul.wide.u32, ``_mulhilo_wide``) instead of from 16-bit limbs in 32-bit arithmetic. Off
+  # until it has compiled and been timed on a GPU (``bench_dfss_dropout``'s A/B column).
+  wide_products: bool = False
 
 
 DEFAULT_TILES = Tiles()
@@ -219,7 +224,43 @@ def _add_key_bias(s, key_bias, *, exact_ties: bool):
           + lax.broadcast_in_dim(key_bias, s.shape, [1]))
 
 
-def _dropout_multiplier(s, rows, first_group, bh, keys, n: int, m: int, t: int):
+def _mulhilo_wide(a: int, b):
+  """(high, low) 32-bit halves of a * b for a constant a and b uint32: on a register array (the
+  WGMMA layout), the high half is one 64-bit product of the zero-extended words (which ptxas
+  makes a single mul.wide.u32) inlined as Mosaic GPU code, the low half Pallas' 32-bit product;
+  on a scalar, ``dfss_dropout``'s 16-bit limbs. Uniform arrays (a splat layout) must not reach
+  it: the inlined code takes the WGMMA layout, and a splat cast to it failed to compile (LLVM
+  "unrealized_conversion_cast", H100, jax 0.11.2), so the uniform counters stay scalars."""
+  if jnp.ndim(b) == 0:
+    return dfss_dropout.mulhilo_limbs(a, b)
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+  from jax._src.lib.mlir import ir  # pylint: disable=import-outside-toplevel
+  from jax._src.lib.mlir.dialects import arith  # pylint: disable=import-outside-toplevel
+  layout = plgpu.Layout.WGMMA
+
+  @plgpu.inline_mgpu(arg_types=(layout,),
+                     return_type=plgpu.ShapeDtypeStruct(b.shape, jnp.uint32, layout=layout))
+  def high(ctx, x):
+    del ctx
+
+    def product_high(word):
+      i64 = ir.IntegerType.get_signless(64)
+      if isinstance(word.type, ir.VectorType):
+        wide = ir.VectorType.get(ir.VectorType(word.type).shape, i64)
+        const = lambda v: arith.constant(  # noqa: E731
+            wide, ir.DenseElementsAttr.get_splat(wide, ir.IntegerAttr.get(i64, v)))
+      else:
+        wide, const = i64, lambda v: arith.constant(i64, v)  # noqa: E731
+      product = arith.muli(arith.extui(wide, word), const(a))
+      return arith.trunci(word.type, arith.shrui(product, const(32)))
+
+    return x._pointwise(product_high)  # pylint: disable=protected-access
+
+  return high(b), jnp.uint32(a) * b
+
+
+def _dropout_multiplier(s, rows, first_group, bh, keys, n: int, m: int, t: int,
+                        mulhilo=dfss_dropout.mulhilo_limbs):
   """f32 [rows, cols]: Z / (1 - rate) of every entry of the pruned score tile ``s`` (keys
   permuted, -inf where pruned), 0 where dropped; the rule of ``dfss_dropout`` (the mask the
   Triton kernels and the pure-JAX path apply for the same seed).
@@ -227,7 +268,9 @@ def _dropout_multiplier(s, rows, first_group, bh, keys, n: int, m: int, t: int):
   ``rows`` (uint32, the tile's query rows, [rows, 64/M]), ``first_group`` (int32, the tile's
   first key over M) and ``bh`` (int32, batch * heads + head) give the Philox counters (group,
   row, bh, 0), ``keys`` the seed's Philox key schedule (``dfss_dropout.round_keys``, computed
-  once outside the kernel, its uint32 scalars read from memory). Column c of member slice j of
+  once outside the kernel, its uint32 scalars read from memory). The two uniform counters stay
+  scalars (in round 1 their product is a scalar's, and what they give later is XORed into
+  arrays); ``mulhilo`` computes the products (``_mulhilo_wide`` in the kernels). Column c of member slice j of
   a 64-key block is member j of the block's group c, so one Philox call per (row, group) draws in the slices' own layout, and a member's rank
   among its group's kept members (which 16-bit half it reads) is a sum over earlier slices."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
@@ -235,16 +278,15 @@ def _dropout_multiplier(s, rows, first_group, bh, keys, n: int, m: int, t: int):
   shape = (s.shape[0], width)
   column = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
   as_u32 = lambda x: lax.bitcast_convert_type(x, jnp.uint32)
-  zero_column = column * 0        # the uniform counters as arrays of the tile's shape
-  head = as_u32(zero_column + bh)
-  counter3 = as_u32(zero_column)
+  head, counter3 = as_u32(bh), jnp.uint32(0)
   words_needed = dfss_dropout.words_per_group(n)
   scale = jnp.float32(dfss_dropout.keep_scale(t))
   zero, one = jnp.zeros((), jnp.float32), jnp.ones((), jnp.float32)
   pieces = []
   for block in range(s.shape[1] // PERM_BLOCK):
     group = as_u32(column + (first_group + block * width))
-    words = dfss_dropout.philox_rounds(group, rows, head, counter3, keys)[:words_needed]
+    words = dfss_dropout.philox_rounds(group, rows, head, counter3, keys,
+                                       mulhilo=mulhilo)[:words_needed]
     # the multiplier of the kept member of rank r: half r % 2 of word r // 2, kept when >= T
     by_rank = []
     for word in words:
@@ -284,7 +326,7 @@ def _operands(q, k, v, bias, steps, seed):
       (seed,) if seed is not None else ())
 
 
-def _dropout_draws(seed_ref, t, n, m, heads):
+def _dropout_draws(seed_ref, t, n, m, heads, wide_products: bool = False):
   """None without dropout, else ``draw(s, first_row, first_group)`` for the kernels' loop
   bodies: the multiplier of the pruned tile ``s`` whose first query row and first key group
   are given (int32 scalars)."""
@@ -298,7 +340,8 @@ def _dropout_draws(seed_ref, t, n, m, heads):
     bh = lax.axis_index("batch") * heads + lax.axis_index("heads")
     keys = [(seed_ref[2 * r], seed_ref[2 * r + 1]) for r in range(dfss_dropout.ROUNDS)]
     return _dropout_multiplier(s, lax.bitcast_convert_type(rows, jnp.uint32), first_group,
-                               bh, keys, n, m, t)
+                               bh, keys, n, m, t,
+                               _mulhilo_wide if wide_products else dfss_dropout.mulhilo_limbs)
 
   return draw
 
@@ -330,7 +373,7 @@ def _forward(q, k, v, bias, steps, seed, *, n: int, m: int, scale: float, tiles:
     b = lax.axis_index("batch")
     h = lax.axis_index("heads")
     wg = lax.axis_index("wg")
-    draw = _dropout_draws(seed_ref, t, n, m, heads)
+    draw = _dropout_draws(seed_ref, t, n, m, heads, tiles.wide_products)
 
     def q_start():                        # this warpgroup's first query row
       return (lax.axis_index("q_seq") * (compute_wgs * block_q)
@@ -453,7 +496,7 @@ def _backward_dq(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, til
     b = lax.axis_index("batch")
     h = lax.axis_index("heads")
     wg = lax.axis_index("wg")
-    draw = _dropout_draws(seed_ref, t, n, m, heads)
+    draw = _dropout_draws(seed_ref, t, n, m, heads, tiles.wide_products)
 
     def q_start():                        # this warpgroup's first query row
       return (lax.axis_index("q_seq") * (compute_wgs * block_q)
@@ -569,7 +612,7 @@ def _backward_dkv(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, ti
     b = lax.axis_index("batch")
     h = lax.axis_index("heads")
     wg = lax.axis_index("wg")
-    draw = _dropout_draws(seed_ref, t, n, m, heads)
+    draw = _dropout_draws(seed_ref, t, n, m, heads, tiles.wide_products)
 
     def kv_start():                       # this warpgroup's first key
       return (lax.axis_index("kv_seq") * (compute_wgs * block_kv)
