@@ -280,25 +280,35 @@ def test_cli_user_errors_are_one_line(tmp_path, listops_dir):
   assert proc.returncode != 0 and "Traceback (most recent call last)" in proc.stderr
 
 
-def _wait_for(predicate, timeout, what):
+def _wait_for(predicate, timeout, what, proc=None, log=None):
+  """Polls ``predicate`` until it holds; fails at once if ``proc`` exits first, and either way
+  with the tail of its output (``log``, a file it writes: a pipe nobody reads could fill and
+  stall it)."""
+  def tail():
+    return log.read_text()[-3000:] if log is not None and log.exists() else ""
+
   deadline = time.time() + timeout
   while time.time() < deadline:
     if predicate():
       return
+    if proc is not None and proc.poll() is not None:
+      raise AssertionError(f"the run exited ({proc.returncode}) before {what}:\n{tail()}")
     time.sleep(0.2)
-  raise AssertionError(f"timed out waiting for {what}")
+  raise AssertionError(f"timed out waiting for {what}:\n{tail()}")
 
 
 def test_sigint_saves_cleanly_exits_130_and_resumes(tmp_path, listops_dir):
   workdir = tmp_path / "run"
   args = _main(workdir, *_tiny_listops(listops_dir, 4000, 10))
-  proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
+  log = tmp_path / "stderr.log"
+  with open(log, "w") as err:
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, text=True)
   _wait_for(lambda: os.path.isdir(workdir / "checkpoints")
             and any(n.isdigit() for n in os.listdir(workdir / "checkpoints")), 240,
-            "a first checkpoint")
+            "a first checkpoint", proc, log)
   proc.send_signal(signal.SIGINT)
-  _, stderr = proc.communicate(timeout=120)
+  proc.wait(timeout=120)
+  stderr = log.read_text()
   assert proc.returncode == 130, stderr
   last = stderr.strip().splitlines()[-1]
   assert last.startswith("interrupted: interrupted at step "), stderr
@@ -325,8 +335,11 @@ def test_kill_9_then_resume_gives_the_uninterrupted_result(tmp_path, listops_dir
   assert reference.returncode == 0, reference.stderr[-2000:]
   workdir = tmp_path / "run"
   args = _main(workdir, *_tiny_listops(listops_dir, steps, 10))
-  proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  _wait_for(lambda: len(_records(workdir, "train")) >= 3, 240, "training to log step 15")
+  log = tmp_path / "stderr.log"
+  with open(log, "w") as err:
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
+  _wait_for(lambda: len(_records(workdir, "train")) >= 3, 240, "training to log step 15", proc,
+            log)
   proc.kill()
   proc.wait()
   assert not (workdir / "result.json").exists()
