@@ -10,13 +10,16 @@ RANK / 8), each method is timed as ``--steps`` dependent calls chained in one ji
   old        the same function of an older copy (``--old=DIR`` holding its ``dsa_gram.py`` and
              ``dsa_gram_kernels.py``, e.g. from ``git show REV:...`` into the git-ignored .ab/)
   tiles:...  this checkout with one kernel's tiles replaced (``--tiles``)
+  small ...  this checkout with the k x k products (in XLA, fp32 HIGHEST) at another precision
+             (``--small_precisions``: bf16x3 = three bf16 passes on the tensor cores, tf32)
 
 With ``--masked`` every example has key padding (real lengths uniform in [L/4, L], as ListOps
 batches), which the kernels skip and XLA's form does not.  Also checks that each method's value
 and gradients agree with the first kernel method (relative error of each).
 
   python -m benchmarks.bench_dsa_gram [--shapes=32x2000:8:128,16x2048:4:64] [--masked]
-      [--old=.ab/gram_old] [--tiles=fwd=128:8:3:128,bwd_xp=128:8:2:128] [--out=FILE]
+      [--old=.ab/gram_old] [--tiles=fwd=128:8:3:128,bwd_xp=128:8:2:128]
+      [--small_precisions=bf16x3,tf32] [--out=FILE]
 """
 from __future__ import annotations
 
@@ -42,6 +45,8 @@ flags.DEFINE_bool("masked", False, "Key padding: real lengths uniform in [L/4, L
 flags.DEFINE_string("old", "", "Directory with an older dsa_gram.py and dsa_gram_kernels.py.")
 flags.DEFINE_list("tiles", [], "KERNEL=BL:WARPS:STAGES:RB variants of this checkout's tiles "
                   "(kernels: fwd, fwd_xp, bwd_qk, bwd_xp); '+' joins several in one variant.")
+flags.DEFINE_list("small_precisions", [], "Variants of the k x k products' precision in "
+                  "XLA (today HIGHEST): bf16x3, tf32, highest.")
 flags.DEFINE_integer("steps", 10, "Calls chained in one jit.")
 flags.DEFINE_integer("rounds", 5, "Timed rounds (median).")
 flags.DEFINE_string("out", "", "Also write the table here.")
@@ -66,15 +71,22 @@ def _tile_variant(spec: str):
   return "tiles " + spec, tiles
 
 
-def _with_tiles(fn, tiles):
-  """fn with dsa_gram's tile table replaced while it runs (traces)."""
+# --small_precisions: the algorithm of the k x k products in XLA (dsa_gram._HI)
+SMALL_PRECISIONS = {"highest": jax.lax.Precision.HIGHEST,
+                    "bf16x3": jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X3,
+                    "tf32": jax.lax.DotAlgorithmPreset.TF32_TF32_F32}
+
+
+def _with_module_value(fn, name, value):
+  """fn with dsa_gram's module value ``name`` (the tile table, the small products' precision)
+  replaced while it runs (traces)."""
   def run(*args):
-    saved = dsa_gram._TILES  # pylint: disable=protected-access
-    dsa_gram._TILES = tiles  # read while tracing; restored before the next method traces
+    saved = getattr(dsa_gram, name)
+    setattr(dsa_gram, name, value)  # read while tracing; restored before the next method traces
     try:
       return fn(*args)
     finally:
-      dsa_gram._TILES = saved
+      setattr(dsa_gram, name, saved)
   return run
 
 
@@ -109,11 +121,17 @@ def main(argv: Sequence[str]) -> None:
   del argv
   print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}\n{gpu_state()}",
         flush=True)
-  impls = [("kernels", dsa_gram.prediction_mse, None)]   # (label, function, tiles)
+  # (label, function, (dsa_gram module value to replace while tracing, its value) or None)
+  impls = [("kernels", dsa_gram.prediction_mse, None)]
   if FLAGS.old:
     impls.append(("old", _old_module(FLAGS.old).prediction_mse, None))
-  impls += [(label, dsa_gram.prediction_mse, tiles)
+  impls += [(label, dsa_gram.prediction_mse, ("_TILES", tiles))
             for label, tiles in map(_tile_variant, FLAGS.tiles)]
+  for name in FLAGS.small_precisions:
+    if name not in SMALL_PRECISIONS:
+      raise ValueError(f"--small_precisions: unknown {name!r}; known: {sorted(SMALL_PRECISIONS)}")
+    impls.append((f"kernels, small products {name}", dsa_gram.prediction_mse,
+                  ("_HI", SMALL_PRECISIONS[name])))
   xla = lambda q, k, x, wq, wk, mask: dsa_reference.prediction_mse(  # noqa: E731
       q, k, dsa_reference.LowRank(x, wq), dsa_reference.LowRank(x, wk), mask)
   impls.append(("xla", xla, None))
@@ -136,12 +154,12 @@ def main(argv: Sequence[str]) -> None:
       sets.append((q, k, xp, wq, wk, mask))
     xs = tuple(jnp.stack([sets[i % 3][j] for i in range(FLAGS.steps)]) for j in range(6))
     methods, checks = [], {}
-    for label, fn, tiles in impls:
+    for label, fn, replaced in impls:
       value = lambda q, k, x, wq, wk, m, fn=fn: fn(q, k, x, wq, wk, m)  # noqa: E731
       grads = lambda q, k, x, wq, wk, m, fn=fn: jax.value_and_grad(  # noqa: E731
           lambda *a: fn(*a, m), argnums=range(5))(q, k, x, wq, wk)
-      if tiles is not None:   # the backward kernels are traced after fn returns: wrap it all
-        value, grads = _with_tiles(value, tiles), _with_tiles(grads, tiles)
+      if replaced is not None:   # the backward is traced after fn returns: wrap it all
+        value, grads = (_with_module_value(f, *replaced) for f in (value, grads))
       methods += [(f"{label} value", value), (f"{label} value+grads", grads)]
       try:
         checks[label] = jax.jit(grads)(*sets[0])
