@@ -39,6 +39,12 @@ def operand_reason(q, v, k, who: str) -> Optional[str]:
   return None
 
 
+def kernel_head_dim(head_dim: int, widths) -> Optional[int]:
+  """The narrowest of a kernel's head dims ``widths`` (ascending) that holds ``head_dim`` (the
+  kernel runs it zero-padded to that width), None when none does."""
+  return next((w for w in widths if w >= head_dim), None)
+
+
 def zero_pad_head_dim(x, width: int):
   """x [..., head_dim] with zero columns up to ``width``, for kernels that run wider heads.
   Exact: zero columns of Q and K add nothing to Q K^T, the caller keeps the softmax scale of the

@@ -44,14 +44,15 @@ tiles while two compute warpgroups each own 64 query rows):
   Triton kernels and the pure-JAX path apply for the same seed, drawn in registers by each of
   the three kernels (``_dropout_multiplier``: Philox-4x32-7 per (query row, key group) in the
   layout of the member slices, the key schedule read from memory; ``Tiles.wide_products``
-  makes each product's high half one 64-bit multiply, ``_mulhilo_wide``). The forward scales P by
-  Z / (1 - rate) after the normalizer is summed; the backward uses dA = dP * Z / (1 - rate)
+  makes each product's high half one 64-bit multiply, ``_mulhilo_wide``). The forward scales
+  P by Z / (1 - rate) after the normalizer is summed; the backward uses dA = dP * Z / (1 - rate)
   and dV = (A * Z / (1 - rate))^T dO, with delta = rowsum(dO * O) unchanged.
 
 Supported: bf16 / fp16, head_dim up to 128 (the kernels run 64 and 128; smaller head dims,
 as Pathfinder's 4 and Path-X's 8, are zero-padded to the next, which is exact), M in (2, 4, 8)
-(the slices of a 64-key block are 64/M >= 8 columns wide). ``unsupported_reason`` says why not otherwise; callers then use the
-Triton kernels. Nothing here imports Pallas at module import (CPU installs import it fine).
+(the slices of a 64-key block are 64/M >= 8 columns wide). ``unsupported_reason`` says why
+not otherwise; callers then use the Triton kernels. Nothing here imports Pallas at module
+import (CPU installs import it fine).
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ from jax import lax
 
 from lra_sparse.attention.nm import check_nm
 from lra_sparse.kernels import dfss_dropout
+from lra_sparse.kernels import dfss_launch
 from lra_sparse.kernels.dfss_launch import extent as _extent
 from lra_sparse.kernels.dfss_launch import zero_pad_head_dim
 
@@ -118,7 +120,7 @@ def _is_hopper(device) -> bool:
 
 def kernel_head_dim(head_dim: int) -> Optional[int]:
   """The head dim the kernels run for ``head_dim`` (zero-padded up to it), None above 128."""
-  return next((d for d in SUPPORTED_HEAD_DIMS if d >= head_dim), None)
+  return dfss_launch.kernel_head_dim(head_dim, SUPPORTED_HEAD_DIMS)
 
 
 def unsupported_reason(q, v, n: int, m: int, *, k=None,
@@ -270,9 +272,10 @@ def _dropout_multiplier(s, rows, first_group, bh, keys, n: int, m: int, t: int,
   row, bh, 0), ``keys`` the seed's Philox key schedule (``dfss_dropout.round_keys``, computed
   once outside the kernel, its uint32 scalars read from memory). The two uniform counters stay
   scalars (in round 1 their product is a scalar's, and what they give later is XORed into
-  arrays); ``mulhilo`` computes the products (``_mulhilo_wide`` in the kernels). Column c of member slice j of
-  a 64-key block is member j of the block's group c, so one Philox call per (row, group) draws in the slices' own layout, and a member's rank
-  among its group's kept members (which 16-bit half it reads) is a sum over earlier slices."""
+  arrays); ``mulhilo`` computes the products (``_mulhilo_wide`` in the kernels). Column c of
+  member slice j of a 64-key block is member j of the block's group c, so one Philox call per
+  (row, group) draws in the slices' own layout, and a member's rank among its group's kept
+  members (which 16-bit half it reads) is a sum over earlier slices."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   width = PERM_BLOCK // m
   shape = (s.shape[0], width)
@@ -326,7 +329,7 @@ def _operands(q, k, v, bias, steps, seed):
       (seed,) if seed is not None else ())
 
 
-def _dropout_draws(seed_ref, t, n, m, heads, wide_products: bool = False):
+def _dropout_draws(seed_ref, t, n, m, heads, wide_products: bool):
   """None without dropout, else ``draw(s, first_row, first_group)`` for the kernels' loop
   bodies: the multiplier of the pruned tile ``s`` whose first query row and first key group
   are given (int32 scalars)."""
@@ -789,20 +792,19 @@ def _attn_fwd(q, k, v, mask, seed, n, m, scale, tiles, t):
   length = q.shape[1]
   qp, kp, vp, bias, extent = _prepare(q, k, v, mask, m, tiles)
   steps = None if bias is None else _tiles_up_to(extent, tiles.block_kv)
-  o, lse = _forward(qp, kp, vp, bias, steps, _kernel_seed(seed), n=n, m=m, scale=scale,
-                    tiles=tiles, t=t)
-  return o[:, :length], (qp, kp, vp, bias, extent, o, lse, mask, seed)
+  kseed = _kernel_seed(seed)
+  o, lse = _forward(qp, kp, vp, bias, steps, kseed, n=n, m=m, scale=scale, tiles=tiles, t=t)
+  return o[:, :length], (qp, kp, vp, bias, extent, o, lse, mask, seed, kseed)
 
 
 def _attn_bwd(n, m, scale, tiles, t, res, do):
-  qp, kp, vp, bias, extent, o, lse, mask, seed = res
+  qp, kp, vp, bias, extent, o, lse, mask, seed, kseed = res
   length = do.shape[1]
   do = jnp.pad(do.astype(qp.dtype), [(0, 0), (0, qp.shape[1] - length), (0, 0), (0, 0)])
   # rowsum(dO * O) = rowsum(dA * A) also with dropout, as O = (A * Z / (1 - rate)) V
   delta = jnp.einsum("blhd,blhd->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
   kw = dict(n=n, m=m, scale=scale, tiles=tiles, t=t)
   dq_steps, dkv_steps = (None, None) if bias is None else _backward_steps(extent, do, tiles)
-  kseed = _kernel_seed(seed)
   dq = _backward_dq(qp, kp, vp, bias, dq_steps, kseed, do, lse, delta, **kw)
   dk, dv = _backward_dkv(qp, kp, vp, bias, dkv_steps, kseed, do, lse, delta, **kw)
   dk, dv = unpermute_keys(dk, m), unpermute_keys(dv, m)

@@ -40,8 +40,9 @@ from lra_sparse.kernels import dfss_compressed
 from lra_sparse.kernels import dfss_dropout
 from lra_sparse.kernels import dfss_tiles
 from lra_sparse.kernels.dfss_compressed import compressed_softmax, sddmm_prune, spmm
-from lra_sparse.kernels.dfss_launch import (cdiv, key_mask, launch, operand_reason, padded_rows,
-                                            row_delta, zero_pad_head_dim)
+from lra_sparse.kernels.dfss_launch import (cdiv, kernel_head_dim, key_mask, launch,
+                                            operand_reason, padded_rows, row_delta,
+                                            zero_pad_head_dim)
 
 __all__ = [
     "is_available",
@@ -220,7 +221,7 @@ def _attention(q, k, v, *, n, m, mask=None, impl="fused", deterministic=False, p
     raise ValueError("attention dropout runs on impl='fused' only")
   drop_t, seed = dfss_dropout.checked_seed(dropout_rate, dropout_seed)
   head_dim = q.shape[-1]
-  kernel_dim = min(d for d in _SUPPORTED_HEAD_DIMS if d >= head_dim)
+  kernel_dim = kernel_head_dim(head_dim, _SUPPORTED_HEAD_DIMS)
   if kernel_dim == head_dim:
     return _attn(q, k, v, mask, seed, n, m, impl, bool(deterministic), bool(poison), None,
                  drop_t)

@@ -34,8 +34,9 @@ import jax
 import jax.numpy as jnp
 
 from lra_sparse.kernels import dfss_dropout, dsa_reference
-from lra_sparse.kernels.dfss_launch import (cdiv, extent, launch, operand_reason, padded_rows,
-                                            row_delta)
+from lra_sparse.kernels.dfss_launch import (cdiv, extent, kernel_head_dim, launch,
+                                            operand_reason, padded_rows, row_delta,
+                                            zero_pad_head_dim)
 from lra_sparse.kernels.dfss_launch import key_extent as _key_extent
 from lra_sparse.kernels.dfss_triton import is_available  # noqa: F401  (same requirements)
 
@@ -242,11 +243,10 @@ def dsa_attention_triton(q, k, v, bits, *, mask=None, vector: int = 1,
   ext = _key_extent(_check_mask(mask, (b, l)), b, l)
   drop_t, seed = dfss_dropout.checked_seed(dropout_rate, dropout_seed)
   seed = dfss_dropout.seed_operand(seed)
-  kernel_dim = min(x for x in _HEAD_DIMS if x >= d)
+  kernel_dim = kernel_head_dim(d, _HEAD_DIMS)
   scale = 1.0 / math.sqrt(d)
   flags = (bool(poison), bool(deterministic), drop_t)
   if kernel_dim == d:
     return _attn(q, k, v, bits, ext, seed, vector, scale, *flags)
-  # Zero columns add nothing to Q K^T; the softmax keeps the true head dim's scale: exact.
-  widen = lambda x: jnp.pad(x, ((0, 0),) * 3 + ((0, kernel_dim - d),))  # noqa: E731
-  return _attn(widen(q), widen(k), widen(v), bits, ext, seed, vector, scale, *flags)[..., :d]
+  q, k, v = (zero_pad_head_dim(x, kernel_dim) for x in (q, k, v))
+  return _attn(q, k, v, bits, ext, seed, vector, scale, *flags)[..., :d]
