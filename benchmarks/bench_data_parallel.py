@@ -15,9 +15,9 @@ under that mesh so the attention kernels run per device on its shard
   last column is the throughput in steps/s against one device (with n times the examples per
   step, n = perfect scaling).
 - curve: --curve_steps steps from the same initial state on the same random batches at the one
-  global batch --curve_batch: on one device, on n devices, and on one device in float32 (the
-  rounding scale of the bf16 run: a data-parallel curve that stays much closer to the one-device
-  curve than the float32 one does differs by summation order alone).
+  global batch --curve_batch: on one device, on n devices, and in float32 on --fp32_devices
+  devices (the rounding scale of the bf16 run: a data-parallel curve that stays as close to the
+  one-device curve as the float32 one does differs by rounding alone).
 
 Variants are ``bench_train_step``'s (dtype:attention); random tokens, so no data is needed.
 """
@@ -45,8 +45,11 @@ flags.DEFINE_bool("speed", True, "Time the steps (false: the loss curves only)."
 flags.DEFINE_integer("per_device_batch", 32, "speed: examples per device and step.")
 flags.DEFINE_integer("curve_batch", 64, "curve: the global batch of every curve.")
 flags.DEFINE_integer("curve_steps", 200, "curve: steps per curve (0: no curves).")
-flags.DEFINE_bool("fp32_curve", True, "curve: also the one-device float32 curve of each "
+flags.DEFINE_bool("fp32_curve", True, "curve: also the float32 curve of each "
                   "half-precision variant (the rounding scale).")
+flags.DEFINE_integer("fp32_devices", 1, "curve: devices of the float32 curve (more where one "
+                     "lacks the memory: XLA's float32 dense attention at LRA ListOps' length "
+                     "asks about 80 GiB at batch 64).")
 FLAGS = flags.FLAGS
 FLAGS.set_default("variants", ["bf16:cudnn", "bf16:kind=dfss+nm=2:4+backend=triton"])
 
@@ -131,7 +134,8 @@ def curve_rows(variant: str, counts) -> list[tuple]:
   if FLAGS.fp32_curve and dtype != "fp32":   # the rounding scale: the same run in float32
     # cuDNN attention takes half precision only; in float32 the same attention runs on XLA.
     fp32_attention = "xla" if attention in ("cudnn", "cudnn_bias") else attention
-    curves["1 device, fp32"] = loss_curve("fp32:" + fp32_attention, 1)
+    n = FLAGS.fp32_devices
+    curves[f"{n} device{'s' if n > 1 else ''}, fp32"] = loss_curve("fp32:" + fp32_attention, n)
   reference = curves["1 device"]
   rows = []
   for name, curve in curves.items():

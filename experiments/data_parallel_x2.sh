@@ -9,7 +9,8 @@
 # Outputs under ${OUT:-runs/data_parallel}; commit them under experiments/data_parallel_<gpu>/.
 # CONFIG (default configs/listops.py) and EXTRA (more trainer flags) shrink the "processes"
 # runs for a CPU smoke check (JAX_PLATFORMS=cpu, two forced host devices). PYTHON (default
-# python3) is the interpreter; LIMIT (seconds, default 270) bounds each step.
+# python3) is the interpreter; LIMIT (seconds, default 270) bounds each step; ONLY=dense or
+# ONLY=dfss runs one variant of bench and rounding.
 set -u
 part=${1:?usage: data_parallel_x2.sh bench|rounding|processes|sweep}
 py=${PYTHON:-python3}
@@ -35,6 +36,7 @@ case "$part" in
   bench)
     for entry in "${variants[@]}"; do
       set -- $entry
+      [ -n "${ONLY:-}" ] && [ "$ONLY" != "$1" ] && continue
       limited "bench_$1" $py -m benchmarks.bench_data_parallel --variants="$2" --devices=1,2 \
         --per_device_batch=32 --curve_batch=64 --curve_steps=200 --fp32_curve=false \
         --reps=20 --warmup=5 --out="$out/bench_$1.md"
@@ -44,11 +46,17 @@ case "$part" in
   rounding)
     # The one-device curve again, beside the same run in float32 (XLA attention for cuDNN's):
     # how far bfloat16 rounding alone moves a curve, to read the 1 vs 2 GPU difference against.
+    # Dense float32 on XLA asks about 80 GiB at batch 64, so its curve runs on both GPUs, 45
+    # GiB each; the platform allocator hands the bf16 curves' memory back first (JAX's default
+    # pool keeps it, and the float32 run then ran out of memory on GPU 0 while GPU 1 waited).
     for entry in "${variants[@]}"; do
       set -- $entry
-      CUDA_VISIBLE_DEVICES=0 limited "rounding_$1" $py -m benchmarks.bench_data_parallel \
+      [ -n "${ONLY:-}" ] && [ "$ONLY" != "$1" ] && continue
+      fp32_devices=$([ "$1" = dense ] && echo 2 || echo 1)
+      XLA_PYTHON_CLIENT_ALLOCATOR=platform limited "rounding_$1" \
+        $py -m benchmarks.bench_data_parallel \
         --variants="$2" --devices=1 --speed=false --curve_batch=64 --curve_steps=200 \
-        --out="$out/rounding_$1.md"
+        --fp32_devices=$fp32_devices --out="$out/rounding_$1.md"
       cat "$out/rounding_$1.md" 2> /dev/null
     done
     ;;

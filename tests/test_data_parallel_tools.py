@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from lra_sparse import sweep as sweep_lib
@@ -55,6 +56,21 @@ def test_curves_alone_with_the_float32_reference():
   assert float(curves["1 device"][-2]) == 0
   # bfloat16 against float32 differs by rounding: more than nothing, far less than the loss.
   assert 0 < float(curves["1 device, fp32"][-2]) < 0.1
+
+
+def test_float32_reference_on_two_devices():
+  """--fp32_devices=2 (where one device lacks the memory for the float32 run) computes the
+  same float32 curve, up to summation order."""
+  curves = {}
+  for n in (1, 2):
+    result = _run("--variants=bf16:xla", "--devices=1", "--speed=false", "--curve_batch=4",
+                  "--curve_steps=3", f"--fp32_devices={n}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    curves.update({row[1]: row for row in _rows(result.stdout, "bf16:xla | ")})
+  assert set(curves) == {"1 device", "1 device, fp32", "2 devices, fp32"}
+  one, two = (np.array([float(x) for x in curves[f"{name}, fp32"][2:-2]])
+              for name in ("1 device", "2 devices"))
+  np.testing.assert_allclose(one, two, atol=2e-4)
 
 
 @pytest.mark.parametrize("args,message", [

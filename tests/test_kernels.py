@@ -859,7 +859,7 @@ def test_mosaic_wide_products_lower_in_a_kernel():
                   for dim in (0, 1))
     as_u32 = lambda x: jax.lax.bitcast_convert_type(x, jnp.uint32)
     keys = [(seed_ref[2 * r], seed_ref[2 * r + 1]) for r in range(dd.ROUNDS)]
-    words = dd.philox_rounds(as_u32(cols + 5), as_u32(rows), as_u32(jax.lax.axis_index("x")),
+    words = dd.philox_rounds(as_u32(cols + 5), as_u32(rows), jax.lax.axis_index("x").astype(jnp.uint32),
                              jnp.uint32(0), keys, mulhilo=dfss_mgpu._mulhilo_wide)  # pylint: disable=protected-access
     smem[...] = jax.lax.bitcast_convert_type(words[0] ^ words[3], jnp.int32)
     plgpu.commit_smem()
@@ -872,6 +872,39 @@ def test_mosaic_wide_products_lower_in_a_kernel():
   seed = jnp.zeros((2 * dd.ROUNDS,), jnp.uint32)
   text = jax.jit(kernel).trace(seed).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text
+
+
+def _scalar_bitcasts(jaxpr) -> list:
+  """The bitcast_convert_type equations on 0-d operands in ``jaxpr`` and every jaxpr nested in
+  its equations' parameters."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "bitcast_convert_type" and eqn.invars[0].aval.shape == ():
+      found.append(str(eqn))
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (list, tuple)) else [param]:
+        inner = getattr(sub, "jaxpr", sub)
+        inner = getattr(inner, "jaxpr", inner)
+        if hasattr(inner, "eqns"):
+          found += _scalar_bitcasts(inner)
+  return found
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_mosaic_dropout_kernel_bitcasts_no_scalars(wide):
+  """Mosaic GPU's warpgroup lowering turns a 0-d bitcast_convert_type into a vector, which
+  fails to compile (jax 0.11.2, H100: every dropout kernel did, once): the forward kernel with
+  dropout, traced here on any machine, must have none (the draws are shared by all three
+  kernels)."""
+  from lra_sparse.kernels import dfss_dropout as dd
+  from lra_sparse.kernels import dfss_mgpu
+  x = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)
+  seed = dd.seed_words(jax.random.PRNGKey(0))
+  tiles = dfss_mgpu.Tiles(wide_products=wide)
+  jaxpr = jax.make_jaxpr(lambda q, k, v: dfss_mgpu._attn(  # pylint: disable=protected-access
+      q, k, v, None, dfss_mgpu._kernel_seed(seed), 2, 4, 0.125, tiles,  # pylint: disable=protected-access
+      dd.threshold(0.1)))(x, x, x)
+  assert not _scalar_bitcasts(jaxpr.jaxpr)
 
 
 def test_mosaic_unsupported_reason_and_backend_errors():
@@ -894,7 +927,6 @@ def test_mosaic_unsupported_reason_and_backend_errors():
   assert "n < m" in reason(x, x, 4, 4)
   narrow, wide = arr((2, 256, 2, 4)), arr((2, 256, 2, 160))
   assert reason(narrow, narrow, 2, 4) is None          # zero-padded to 64
-  assert "would be zero-padded to 64" in reason(narrow, narrow, 2, 4, pad_head_dim=False)
   assert "head_dim in [1, 128], got 160" in reason(wide, wide, 2, 4)
   assert [dfss_mgpu.kernel_head_dim(d) for d in (1, 8, 64, 65, 128, 129)] == [
       64, 64, 64, 128, 128, None]
@@ -911,20 +943,20 @@ def test_mosaic_unsupported_reason_and_backend_errors():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_auto_leaves_head_dims_mosaic_would_pad_on_triton(monkeypatch):
-  """On a Hopper GPU backend='auto' runs head dims 64 and 128 on the Mosaic GPU kernels and the
-  small ones (Pathfinder's 4, Path-X's 8), which those would zero-pad to 64, on the Triton
-  kernels; backend='mosaic' runs them padded."""
+def test_auto_runs_every_head_dim_up_to_128_on_mosaic(monkeypatch):
+  """On a Hopper GPU backend='auto' runs head dims up to 128 on the Mosaic GPU kernels, the
+  small ones (Pathfinder's 4, Path-X's 8) zero-padded to 64; above 128 neither kernel runs."""
   from lra_sparse.attention import dfss
   from lra_sparse.kernels import dfss_mgpu, dfss_triton
   monkeypatch.setattr(dfss.jax, "default_backend", lambda: "gpu")
   monkeypatch.setattr(dfss, "_mosaic_module", lambda required: dfss_mgpu)
   monkeypatch.setattr(dfss, "_triton_module", lambda required: dfss_triton)
-  for d, auto in ((4, "triton"), (8, "triton"), (48, "triton"), (64, "mosaic"),
-                  (128, "mosaic")):
+  for d in (4, 8, 48, 64, 96, 128):
     x = jax.ShapeDtypeStruct((2, 256, 2, d), jnp.bfloat16)
-    assert dfss._pick_kernel("auto", x, x, x, 2, 4)[1] == auto, d
+    assert dfss._pick_kernel("auto", x, x, x, 2, 4)[1] == "mosaic", d
     assert dfss._pick_kernel("mosaic", x, x, x, 2, 4)[1] == "mosaic", d
+  x = jax.ShapeDtypeStruct((2, 256, 2, 160), jnp.bfloat16)
+  assert dfss._pick_kernel("auto", x, x, x, 2, 4)[1] == "reference"   # no kernel runs 160
 
 
 def test_mosaic_tile_skip_counts_match_numpy():

@@ -14,8 +14,8 @@ run at 64 or 128 with zero padding, M in 2/4/8, attention dropout; the fastest t
 "triton" calls the fused Triton kernels in ``lra_sparse/kernels/dfss_triton.py`` (any recent
 NVIDIA GPU; every dtype, head dims up to 128, attention dropout). Kernel modules are imported
 lazily, so CPU installs never import Pallas GPU, jax_triton or triton. "auto" on a GPU picks
-Mosaic GPU when it can run the call at head dim 64 or 128, else Triton, else the pure-JAX
-path, and logs once why it fell back.
+Mosaic GPU when it can run the call (small head dims, Pathfinder's 4 too, zero-padded to 64),
+else Triton, else the pure-JAX path, and logs once why it fell back.
 
 Attention dropout (training, rate > 0) acts on the kept probabilities, A <- A * Z / (1 - rate).
 Every backend draws Z by the counter-based rule of ``lra_sparse/kernels/dfss_dropout.py`` from
@@ -90,9 +90,7 @@ def _pick_kernel(backend: str, q, k, v, n: int, m: int):
     return None, "reference"
   module = _mosaic_module(required=False)
   if module is not None:
-    # Head dims the Mosaic kernels would zero-pad to 64 (Pathfinder's 4, Path-X's 8) stay on
-    # the Triton kernels, which pad to 16, until the two are timed against each other there.
-    reason = module.unsupported_reason(q, v, n, m, k=k, pad_head_dim=False)
+    reason = module.unsupported_reason(q, v, n, m, k=k)
     if not reason:
       return module, "mosaic"
     common.warn_once(f"DFSS backend='auto': the Mosaic GPU kernel cannot run this call "

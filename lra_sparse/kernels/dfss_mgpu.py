@@ -123,10 +123,9 @@ def kernel_head_dim(head_dim: int) -> Optional[int]:
   return dfss_launch.kernel_head_dim(head_dim, SUPPORTED_HEAD_DIMS)
 
 
-def unsupported_reason(q, v, n: int, m: int, *, k=None,
-                       pad_head_dim: bool = True) -> Optional[str]:
-  """None when these kernels run DFSS n:m on these operands, else a short reason. With
-  ``pad_head_dim=False`` a head dim they would zero-pad counts as unsupported too."""
+def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
+  """None when these kernels run DFSS n:m on these operands (head dims other than 64 and 128
+  zero-padded up to one of them), else a short reason."""
   try:
     check_nm(n, m, what="dfss_mgpu")
   except ValueError as error:
@@ -141,9 +140,6 @@ def unsupported_reason(q, v, n: int, m: int, *, k=None,
   if not 0 < head_dim <= SUPPORTED_HEAD_DIMS[-1]:
     return (f"the Mosaic GPU kernel needs head_dim in [1, {SUPPORTED_HEAD_DIMS[-1]}], got "
             f"{head_dim}")
-  if not pad_head_dim and head_dim not in SUPPORTED_HEAD_DIMS:
-    return (f"head_dim {head_dim} would be zero-padded to {kernel_head_dim(head_dim)} (the "
-            f"kernels run head_dim in {SUPPORTED_HEAD_DIMS})")
   if jnp.dtype(q.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     return f"the Mosaic GPU kernel needs bfloat16 or float16, got {jnp.dtype(q.dtype).name}"
   for name, x in (("k", k), ("v", v)):
@@ -281,7 +277,9 @@ def _dropout_multiplier(s, rows, first_group, bh, keys, n: int, m: int, t: int,
   shape = (s.shape[0], width)
   column = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
   as_u32 = lambda x: lax.bitcast_convert_type(x, jnp.uint32)
-  head, counter3 = as_u32(bh), jnp.uint32(0)
+  # bh >= 0, so a conversion is its bit pattern; a scalar must not go through bitcast_convert
+  # (Mosaic GPU's warpgroup lowering makes it a 0-d vector, which fails: jax 0.11.2, H100).
+  head, counter3 = bh.astype(jnp.uint32), jnp.uint32(0)
   words_needed = dfss_dropout.words_per_group(n)
   scale = jnp.float32(dfss_dropout.keep_scale(t))
   zero, one = jnp.zeros((), jnp.float32), jnp.ones((), jnp.float32)
