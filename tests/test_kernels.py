@@ -859,8 +859,10 @@ def test_mosaic_wide_products_lower_in_a_kernel():
                   for dim in (0, 1))
     as_u32 = lambda x: jax.lax.bitcast_convert_type(x, jnp.uint32)
     keys = [(seed_ref[2 * r], seed_ref[2 * r + 1]) for r in range(dd.ROUNDS)]
-    words = dd.philox_rounds(as_u32(cols + 5), as_u32(rows), jax.lax.axis_index("x").astype(jnp.uint32),
-                             jnp.uint32(0), keys, mulhilo=dfss_mgpu._mulhilo_wide)  # pylint: disable=protected-access
+    head = jax.lax.axis_index("x").astype(jnp.uint32)
+    wide = dfss_mgpu._mulhilo_wide  # pylint: disable=protected-access
+    words = dd.philox_rounds(as_u32(cols + 5), as_u32(rows), head, jnp.uint32(0), keys,
+                             mulhilo=wide)
     smem[...] = jax.lax.bitcast_convert_type(words[0] ^ words[3], jnp.int32)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(smem, out_ref.at[jax.lax.axis_index("x")])
