@@ -302,7 +302,11 @@ def test_sigint_saves_cleanly_exits_130_and_resumes(tmp_path, listops_dir):
   args = _main(workdir, *_tiny_listops(listops_dir, 4000, 10))
   log = tmp_path / "stderr.log"
   with open(log, "w") as err:
-    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, text=True)
+    # Own sessions (here and for the resume): a signal meant for the test's process group
+    # cannot reach the runs. Once in CI the resume below was interrupted at its first step by a
+    # SIGINT this test did not send; this rules out a group-wide signal if it recurs.
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, text=True,
+                            start_new_session=True)
   _wait_for(lambda: os.path.isdir(workdir / "checkpoints")
             and any(n.isdigit() for n in os.listdir(workdir / "checkpoints")), 240,
             "a first checkpoint", proc, log)
@@ -323,7 +327,8 @@ def test_sigint_saves_cleanly_exits_130_and_resumes(tmp_path, listops_dir):
             or f"its checkpoint at step {reached} is kept" in last), last
     assert saved == reached, (saved, last)
   finish = _main(workdir, *_tiny_listops(listops_dir, saved + 10, 10))
-  done = subprocess.run(finish, cwd=REPO, capture_output=True, text=True, timeout=300)
+  done = subprocess.run(finish, cwd=REPO, capture_output=True, text=True, timeout=300,
+                        start_new_session=True)
   assert done.returncode == 0, done.stderr[-2000:]
   assert json.loads((workdir / "result.json").read_text())["step"] == saved + 10
 
