@@ -9,7 +9,8 @@ w.r.t. q, k, v) of
     mask drawn inside the kernels),
   * DFSS Mosaic GPU (Hopper, bf16/fp16), without and with attention dropout (the same mask;
     also with Philox's high halves as one 64-bit product each, ``Tiles(wide_products=True)``,
-    the A/B of the 16-bit limbs),
+    the A/B of the 16-bit limbs, whose outputs and gradients must be the same bits: the last
+    column says whether they were, on the first input set),
 and the ratios with/without dropout.  Each timed call is one jit chaining ``--steps`` calls with
 lax.scan over 3 stacked random input sets (no dispatch cost; every step's output is used);
 median of ``--rounds`` after warm-up.
@@ -30,6 +31,7 @@ from typing import Sequence
 from absl import app, flags
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from benchmarks.ab_dfss_kernels import chained_ms, emit_table, input_sets
 from benchmarks.bench_dfss_kernels import gpu_state
@@ -90,6 +92,17 @@ def define_flags() -> None:
   flags.DEFINE_string("out", None, "Also write the table (markdown) here.")
 
 
+def same_bits(fn_a, fn_b, inputs) -> str:
+  """'yes' when fn_a and fn_b give bit-identical outputs on ``inputs``, 'NO' when not, '-'
+  when either failed (its time is then nan too)."""
+  try:
+    a, b = (jax.tree.leaves(jax.jit(fn)(*inputs)) for fn in (fn_a, fn_b))
+  except Exception:  # pylint: disable=broad-except
+    return "-"
+  return "yes" if all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b)) \
+      else "NO"
+
+
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -108,10 +121,15 @@ def main(argv: Sequence[str]) -> None:
     dtype, n, m = DTYPES[dname]
     for shape in FLAGS.shapes.split(","):
       b, l = map(int, shape.split("x"))
-      _, xs = input_sets(b, l, h, d, dtype, FLAGS.steps)
+      sets, xs = input_sets(b, l, h, d, dtype, FLAGS.steps)
       for kind in ("fwd", "fwd+bwd"):
         times = {}
-        for name, attn in methods(dtype, n, m, FLAGS.rate, FLAGS.dense).items():
+        fns = methods(dtype, n, m, FLAGS.rate, FLAGS.dense)
+        limbs_name = f"DFSS Mosaic, dropout {FLAGS.rate}"
+        wide_same = (same_bits(passes(fns[limbs_name])[kind],
+                               passes(fns[limbs_name + ", wide"])[kind], sets[0])
+                     if limbs_name in fns else "-")
+        for name, attn in fns.items():
           try:
             times[name] = chained_ms(passes(attn)[kind], xs, FLAGS.steps, FLAGS.rounds)
           except Exception as e:  # pylint: disable=broad-except  (e.g. out of memory)
@@ -130,13 +148,15 @@ def main(argv: Sequence[str]) -> None:
                f"{xla:.3f}", f"{xla_drop:.3f}", f"{dfss:.3f}", f"{drop:.3f}",
                f"{drop / dfss:.3f}", f"{xla_drop / xla:.3f}", f"{mosaic:.3f}",
                f"{mosaic_drop:.3f}", f"{mosaic_drop / mosaic:.3f}",
-               f"{cudnn / mosaic_drop:.3f}", f"{wide:.3f}"]
+               f"{cudnn / mosaic_drop:.3f}", f"{wide:.3f}", f"{wide / mosaic:.3f}",
+               wide_same]
         rows.append(row)
         print(" | ".join(row), flush=True)
   emit_table(header, ["dtype", "N:M", "BxL", "pass", "cuDNN ms", "XLA ms", "XLA+drop ms",
                       "DFSS ms", "DFSS+drop ms", "DFSS drop/no", "XLA drop/no",
                       "Mosaic ms", "Mosaic+drop ms", "Mosaic drop/no",
-                      "Mosaic+drop x cuDNN", "Mosaic+drop wide ms"], rows, FLAGS.out)
+                      "Mosaic+drop x cuDNN", "Mosaic+drop wide ms", "Mosaic wide drop/no",
+                      "wide = limbs bits"], rows, FLAGS.out)
 
 if __name__ == "__main__":
   define_flags()
