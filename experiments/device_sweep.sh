@@ -2,10 +2,10 @@
 # Runs part of a sweep on a single-GPU machine that is lent for a few minutes at a time:
 # several runs at once on the one GPU (each its own lra_sparse.sweep process, selected by
 # --runs REGEX, with an equal share of GPU memory, under its own root ROOT.pI, since a sweep
-# locks its root), a Ctrl-C to every trainer DEADLINE_S seconds in (each saves its checkpoint
-# and stops; the sweep resumes it next time), then the runs' logs (config.json, metrics.jsonl,
-# result.json, TensorBoard events; no checkpoints) as one tarball in $OUT. Merge the roots'
-# run directories into one directory to build the table.
+# locks its root), a Ctrl-C to its sweeps and their trainers DEADLINE_S seconds in (each
+# trainer saves its checkpoint and stops; the sweep resumes it next time), then the runs' logs
+# (config.json, metrics.jsonl, result.json, TensorBoard events; no checkpoints) as one tarball
+# in $OUT. Merge the roots' run directories into one directory to build the table.
 #   bash experiments/device_sweep.sh SPEC ROOT DEADLINE_S REGEX [REGEX ...]
 # Environment:
 #   PREPARE    a command that makes the data (default: LRA-size ListOps into data/listops,
@@ -40,8 +40,13 @@ for re in "$@"; do
     --root="$r" --runs="$re" > "$r/sweep.log" 2>&1 &
   pids+=($!)
 done
-# the watchdog holds no pipe of ours open, so a finished batch returns at once
-(sleep "$deadline"; pkill -INT -f "lra_sparse\.(sweep|main)") > /dev/null 2>&1 < /dev/null &
+# The watchdog holds no pipe of ours open, so a finished batch returns at once. At the
+# deadline it sends Ctrl-C to these sweeps and to their trainers (children of the sweeps) and
+# to nothing else on the machine; when the batch ends first, its sleep is killed and the "&&"
+# sends nothing (a "pkill -f" by name after a ";" once reached other runs' trainers: the test
+# suite's, through this script's own test).
+(sleep "$deadline" && for p in "${pids[@]}"; do pkill -INT -P "$p"; kill -INT "$p"; done) \
+  > /dev/null 2>&1 < /dev/null &
 watchdog=$!
 wait "${pids[@]}"
 pkill -P "$watchdog" 2>/dev/null; kill "$watchdog" 2>/dev/null

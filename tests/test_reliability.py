@@ -323,16 +323,7 @@ def test_sigint_saves_cleanly_exits_130_and_resumes(tmp_path, listops_dir):
             or f"its checkpoint at step {reached} is kept" in last), last
     assert saved == reached, (saved, last)
   finish = _main(workdir, *_tiny_listops(listops_dir, saved + 10, 10))
-  # In CI (2 workers, 2 cores) the resume was twice stopped a few steps in by a SIGINT that no
-  # test sends it, also when it ran in a session of its own. The sender was not found; a
-  # signal sent by pid to an exited process whose pid this run reused would do it. A stopped
-  # resume saves and exits 130, and running the same command again must still finish the
-  # run: that is what a user does, so it is what is checked.
-  for _ in range(3):
-    done = subprocess.run(finish, cwd=REPO, capture_output=True, text=True, timeout=300)
-    if done.returncode != 130:
-      break
-    assert "interrupted: interrupted at step" in done.stderr, done.stderr[-2000:]
+  done = subprocess.run(finish, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-2000:]
   assert json.loads((workdir / "result.json").read_text())["step"] == saved + 10
 

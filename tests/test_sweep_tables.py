@@ -3,12 +3,15 @@
 Standard deviations are SAMPLE standard deviations (numpy ddof=1), as documented in
 lra_sparse/tables.py and WORKSPACE.md.
 """
+import contextlib
 import csv
 import io
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -908,27 +911,71 @@ def test_lra_pixels_spec_names_the_image_stand_in(tmp_path, monkeypatch):
   assert table.columns[1].match["data.source"] == "fashion_mnist"
 
 
-def test_device_sweep_carries_checkpoints_to_a_fresh_machine(tmp_path, listops_dir):
-  """experiments/device_sweep.sh returns each root with its runs' newest checkpoint
-  (roots.p0.tgz); unpacked from CARRY_IN on a "fresh machine" (the root deleted), the run
-  resumes from that checkpoint instead of starting over."""
+@contextlib.contextmanager
+def _bystander():
+  """A process whose command line names lra_sparse.main but that belongs to no sweep of the
+  test (another user's run on a shared machine); killed on exit."""
+  proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)",
+                           "lra_sparse.main"])
+  try:
+    yield proc
+  finally:
+    proc.kill()
+    proc.wait()
+
+
+def _device_sweep_spec(tmp_path, listops_dir, steps: int, every: int):
   spec = tmp_path / "carry_spec.py"
   spec.write_text(
       "from lra_sparse.sweep import Group, Sweep\n"
       "def get_sweep(preset=''):\n"
       f"  return Sweep(name='carry', groups=[Group(config={REPO + '/configs/listops.py:tiny'!r},"
-      f" overrides={{'data.data_dir': {listops_dir!r}, 'num_train_steps': 8,"
-      " 'checkpoint_every_steps': 4, 'eval_every_steps': 8, 'log_every_steps': 4,"
-      " 'num_eval_batches': 1, 'data.max_length': 128, 'batch_size': 8})])\n")
+      f" overrides={{'data.data_dir': {listops_dir!r}, 'num_train_steps': {steps},"
+      f" 'checkpoint_every_steps': {every}, 'eval_every_steps': {steps},"
+      f" 'log_every_steps': {every}, 'num_eval_batches': 1, 'data.max_length': 128,"
+      " 'batch_size': 8})])\n")
   env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
              PYTHONPATH=REPO, PREPARE="true")
+  return spec, env
+
+
+def test_device_sweep_deadline_stops_its_own_runs_only(tmp_path, listops_dir):
+  """At the deadline experiments/device_sweep.sh sends Ctrl-C to its sweep and the sweep's
+  trainer, which saves a checkpoint and stops (the run is left to resume); a process of the
+  same name outside the batch is not signalled."""
+  spec, env = _device_sweep_spec(tmp_path, listops_dir, 100000, 50)
+  root = tmp_path / "r"
+  command = ["bash", os.path.join(REPO, "experiments", "device_sweep.sh"), str(spec), str(root),
+             "25", "."]
+  with _bystander() as other:
+    done = subprocess.run(command, env=dict(env, RETURN_CHECKPOINTS="0"), capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert other.poll() is None, "the deadline signalled a run outside the batch"
+  assert done.returncode == 0, done.stdout + done.stderr
+  run_dir = os.path.join(str(root) + ".p0", "listops-tiny__seed=0")
+  with open(os.path.join(run_dir, "sweep_run.log")) as f:
+    log = f.read()
+  assert re.search(r"interrupted: interrupted at step \d+; (saved a checkpoint|its checkpoint)",
+                   log), log[-2000:]
+  assert not os.path.exists(os.path.join(run_dir, "result.json"))
+  assert any(n.isdigit() for n in os.listdir(os.path.join(run_dir, "checkpoints")))
+
+
+def test_device_sweep_carries_checkpoints_to_a_fresh_machine(tmp_path, listops_dir):
+  """experiments/device_sweep.sh returns each root with its runs' newest checkpoint
+  (roots.p0.tgz); unpacked from CARRY_IN on a "fresh machine" (the root deleted), the run
+  resumes from that checkpoint instead of starting over."""
+  spec, env = _device_sweep_spec(tmp_path, listops_dir, 8, 4)
   root, out1, out2 = tmp_path / "r", tmp_path / "out1", tmp_path / "out2"
   out1.mkdir()
   out2.mkdir()
   command = ["bash", os.path.join(REPO, "experiments", "device_sweep.sh"), str(spec), str(root),
              "600", "."]
-  done = subprocess.run(command, env=dict(env, OUT=str(out1)), capture_output=True, text=True,
-                        timeout=600, check=False)
+  with _bystander() as other:
+    done = subprocess.run(command, env=dict(env, OUT=str(out1)), capture_output=True,
+                          text=True, timeout=600, check=False)
+    time.sleep(1)
+    assert other.poll() is None, "a batch that ended before its deadline signalled another run"
   assert done.returncode == 0, done.stdout + done.stderr
   run_dir = os.path.join(str(root) + ".p0", "listops-tiny__seed=0")
   assert os.path.exists(os.path.join(run_dir, "result.json"))
