@@ -810,8 +810,8 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
       if evaluates or saves:
         window_started += time.perf_counter() - paused
   except KeyboardInterrupt:
-    progress.close()
     with _sigint_deferred():           # a second Ctrl-C (a sweep forwards its own) waits
+      progress.close()
       manager.wait_until_finished()    # a save in flight completes (or fails) first
       reached, kept = _save_on_interrupt(manager, state, finite, last_saved)
       manager.close()
