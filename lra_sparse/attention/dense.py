@@ -14,6 +14,7 @@ import flax.linen as nn
 from lra_sparse.attention import common
 from lra_sparse.attention.registry import (AttentionDims, KindConfig, derived,
                                            register_attention)
+from lra_sparse.kernels.dfss_launch import zero_pad_head_dim
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "cudnn_bias", "reference")
 
@@ -55,8 +56,7 @@ def cudnn_attention(q, k, v, mask=None, *, any_mask: bool = False):
   head_dim = q.shape[-1]
   padded = -(-head_dim // CUDNN_HEAD_DIM_MULTIPLE) * CUDNN_HEAD_DIM_MULTIPLE
   if padded != head_dim:
-    widen = lambda x: jnp.pad(x, ((0, 0),) * 3 + ((0, padded - head_dim),))  # noqa: E731
-    q, k, v = widen(q), widen(k), widen(v)
+    q, k, v = (zero_pad_head_dim(x, padded) for x in (q, k, v))
   if any_mask and mask is not None:
     masked = -float(2**15) if q.dtype == jnp.float16 else -float(2**41)
     bias = jnp.where(mask, 0.0, masked).astype(q.dtype)[:, None, None, :]

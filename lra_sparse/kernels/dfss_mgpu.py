@@ -814,14 +814,9 @@ def _backward_steps(extent, do, tiles: Tiles):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
 def _attn(q, k, v, mask, seed, n, m, scale, tiles, t):
-  if tiles.split_loads and not t:     # no gradient taken: nothing kept for a backward
-    length = q.shape[1]
-    qp, ks, vs, bias, extent = _prepare(q, k, v, mask, m, tiles, split=True)
-    steps = None if bias is None else _tiles_up_to(extent, tiles.block_kv)
-    o, _ = _forward(qp, ks, vs, bias, steps, None, n=n, m=m, scale=scale, tiles=tiles,
-                    split=True)
-    return o[:, :length]
-  return _attn_fwd(q, k, v, mask, seed, n, m, scale, tiles, t)[0]
+  # no gradient taken: nothing is kept for a backward, so k and v may stay unpermuted
+  return _attn_fwd(q, k, v, mask, seed, n, m, scale, tiles, t,
+                   split=tiles.split_loads and not t)[0]
 
 
 def _kernel_seed(seed):
@@ -833,12 +828,15 @@ def _kernel_seed(seed):
   return jnp.stack([k for pair in dfss_dropout.round_keys(words[0], words[1]) for k in pair])
 
 
-def _attn_fwd(q, k, v, mask, seed, n, m, scale, tiles, t):
+def _attn_fwd(q, k, v, mask, seed, n, m, scale, tiles, t, split: bool = False):
+  """(O, residuals of the backward); ``split``: the split-loads forward (``Tiles``), whose
+  unpermuted k, v no backward reads."""
   length = q.shape[1]
-  qp, kp, vp, bias, extent = _prepare(q, k, v, mask, m, tiles)
+  qp, kp, vp, bias, extent = _prepare(q, k, v, mask, m, tiles, split=split)
   steps = None if bias is None else _tiles_up_to(extent, tiles.block_kv)
   kseed = _kernel_seed(seed)
-  o, lse = _forward(qp, kp, vp, bias, steps, kseed, n=n, m=m, scale=scale, tiles=tiles, t=t)
+  o, lse = _forward(qp, kp, vp, bias, steps, kseed, n=n, m=m, scale=scale, tiles=tiles, t=t,
+                    split=split)
   return o[:, :length], (qp, kp, vp, bias, extent, o, lse, mask, seed, kseed)
 
 
