@@ -3,9 +3,9 @@
 # nvidia-h200), in parts that each fit one 10-minute device call; every step runs under its
 # own time limit and writes its log to a file, and a part's logs come back as ONE tarball
 # (the device returns at most 8 files a call).
-#   bash experiments/dfss_gpu_checks.sh tests      # Mosaic GPU tests (dropout, wide, split)
+#   bash experiments/dfss_gpu_checks.sh tests      # Mosaic GPU dropout tests (wide products too)
 #   bash experiments/dfss_gpu_checks.sh dropout    # dropout cost, with the wide-vs-limbs bits
-#   bash experiments/dfss_gpu_checks.sh forward    # attention table: permuted vs split loads
+#   bash experiments/dfss_gpu_checks.sh forward    # attention table against XLA and cuDNN
 #   bash experiments/dfss_gpu_checks.sh steps      # ListOps (padded) and Pathfinder-32 steps
 # Several parts in one call: bash experiments/dfss_gpu_checks.sh tests dropout
 # Each part's logs and tables go to ${WORK:-/tmp/dfss_gpu_checks}/<part>/ and come back as
@@ -34,14 +34,14 @@ for part in "$@"; do
   case "$part" in
     tests)
       step gpu_tests $py -m pytest -m gpu tests/test_kernels.py -n 6 -q -rfE -p no:cacheprovider \
-        -k "${TESTS_K:-mosaic_dropout or mosaic_wide or auto_runs_dropout or split_loads}"
+        -k "${TESTS_K:-mosaic_dropout or mosaic_wide or auto_runs_dropout}"
       ;;
     dropout)
       step bench_dfss_dropout $py -m benchmarks.bench_dfss_dropout --dtypes=bf16 --rounds=5 \
         --out="$out/bench_dfss_dropout.md"
       ;;
     forward)
-      step bench_dfss_mgpu $py -m benchmarks.bench_dfss_mgpu --variants=default,split \
+      step bench_dfss_mgpu $py -m benchmarks.bench_dfss_mgpu --variants=default \
         --check=false --steps=20 --rounds=7 --out="$out/bench_dfss_mgpu.md"
       ;;
     steps)

@@ -769,64 +769,38 @@ def test_interpreted_dropout_kernels(monkeypatch, case, deterministic):
 
 @pytest.mark.parametrize("n,m", [(1, 2), (2, 4), (1, 4), (3, 4), (1, 8), (2, 8), (4, 8), (7, 8)])
 @pytest.mark.parametrize("ints", [False, True])
-@pytest.mark.parametrize("block", [64, 128])
-def test_mosaic_nm_prune_matches_bruteforce(n, m, ints, block):
-  """nm_prune on the permuted layout (64-key blocks, or whole 128-key tiles as the split-loads
-  forward has it) keeps exactly np_keep's entries (ties to the lower index, padded keys at the
-  kernels' finite MASKED bias never beat real ones) and leaves them as they are; everything
-  else is -inf."""
+def test_mosaic_nm_prune_matches_bruteforce(n, m, ints):
+  """nm_prune on the permuted layout keeps exactly np_keep's entries (ties to the lower index,
+  padded keys at the kernels' finite MASKED bias never beat real ones) and leaves them as they
+  are; everything else is -inf."""
   from lra_sparse.kernels import dfss_mgpu
   rng = np.random.default_rng(n * 10 + m + 100 * ints)
-  s = (rng.integers(-2, 3, (64, 256)) if ints else rng.standard_normal((64, 256)))
+  s = (rng.integers(-2, 3, (64, 192)) if ints else rng.standard_normal((64, 192)))
   s = s.astype(np.float32)
   s[5, 3:40] = dfss_mgpu.MASKED                       # padded keys inside groups
   s[6, :] = dfss_mgpu.MASKED                          # a row without a real key
   keep = np_keep(s, n, m)
-  permute = lambda x, f: np.asarray(f(jnp.asarray(x)[..., None], m, block))[..., 0]  # noqa: E731
-  permuted = permute(s, dfss_mgpu.permute_keys)
-  pruned = np.asarray(dfss_mgpu.nm_prune(jnp.asarray(permuted), n, m, block))
+  permuted = np.asarray(dfss_mgpu.permute_keys(jnp.asarray(s)[..., None], m))[..., 0]
+  pruned = np.asarray(dfss_mgpu.nm_prune(jnp.asarray(permuted), n, m))
   assert np.all((pruned == permuted) | (pruned == -np.inf))
-  np.testing.assert_array_equal(permute(pruned > -np.inf, dfss_mgpu.unpermute_keys), keep)
+  kept = np.asarray(dfss_mgpu.unpermute_keys(jnp.asarray(pruned > -np.inf)[..., None], m))[..., 0]
+  np.testing.assert_array_equal(kept, keep)
 
 
 @pytest.mark.parametrize("m", [2, 4, 8])
-@pytest.mark.parametrize("block", [64, 128])
-def test_mosaic_key_permutation_layout(m, block):
-  """Inside each block of keys key g*m + j moves to j*(block/m) + g; unpermute_keys inverts
-  it."""
+def test_mosaic_key_permutation_layout(m):
+  """Inside each 64-key block key g*m + j moves to j*(64/m) + g; unpermute_keys inverts it."""
   from lra_sparse.kernels import dfss_mgpu
-  b, l = 2, 384
+  b, l = 2, 192
   keys = np.broadcast_to(np.arange(l), (b, l))
-  permuted = np.asarray(dfss_mgpu.permute_keys(jnp.asarray(keys), m, block))
-  width = block // m
-  for start in range(0, l, block):
+  permuted = np.asarray(dfss_mgpu.permute_keys(jnp.asarray(keys), m))
+  width = 64 // m
+  for block in range(l // 64):
     for g in range(width):
       for j in range(m):
-        assert permuted[1, start + j * width + g] == start + g * m + j
+        assert permuted[1, block * 64 + j * width + g] == block * 64 + g * m + j
   x = jnp.asarray(np.random.default_rng(0).standard_normal((b, l, 3, 5)), jnp.float32)
-  np.testing.assert_array_equal(
-      dfss_mgpu.unpermute_keys(dfss_mgpu.permute_keys(x, m, block), m, block), x)
-
-
-@pytest.mark.parametrize("n,m", [(1, 2), (2, 4), (3, 8)])
-def test_mosaic_split_loads_forward_copies_instead_of_permuting(n, m):
-  """Tiles(split_loads=True): the forward without gradient traces into one Mosaic GPU kernel
-  that takes k and v as [B, L/M, M, H, D] views (2M products per key tile), with no
-  transposed copy of k or v before it (a gradient takes the permuted path, whose residuals
-  the backward kernels read). Its results are checked on a GPU."""
-  from lra_sparse.kernels import dfss_mgpu
-  x = jax.ShapeDtypeStruct((2, 512, 2, 64), jnp.bfloat16)
-  split = dfss_mgpu.Tiles(split_loads=True)
-
-  def outer_ops(tiles):
-    jaxpr = jax.make_jaxpr(lambda q, k, v: dfss_mgpu._attn(  # pylint: disable=protected-access
-        q, k, v, None, None, n, m, 0.125, tiles, 0))(x, x, x)
-    [call] = jaxpr.jaxpr.eqns                                  # the custom_vjp call
-    return [e.primitive.name for e in call.params["call_jaxpr"].eqns]
-
-  assert "transpose" in outer_ops(dfss_mgpu.DEFAULT_TILES)   # permute_keys of k and of v
-  ops = outer_ops(split)
-  assert "transpose" not in ops and ops.count("reshape") == 2, ops
+  np.testing.assert_array_equal(dfss_mgpu.unpermute_keys(dfss_mgpu.permute_keys(x, m), m), x)
 
 
 @pytest.mark.parametrize("n,m", [(1, 2), (2, 4), (3, 4), (2, 8), (7, 8)])
@@ -1119,29 +1093,6 @@ def test_mosaic_matches_reference(case):
     assert np.all(np.asarray(out[-1].astype(jnp.float32)) == 0.0)
     for g in grads:
       assert np.all(np.asarray(g[-1].astype(jnp.float32)) == 0.0)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", MOSAIC_CASES, ids=_mosaic_id)
-def test_mosaic_split_loads_forward_matches_reference(case):
-  """Tiles(split_loads=True), forward without gradient: the output against the fp32
-  reference (relative error < 2e-2), close to the permuted path's, zeros for a fully padded
-  sequence; the selection is the same, ties included, only the order of the sums differs."""
-  mg = _need_mosaic()
-  dtype, n, m, b, l, h, d, masked, ints = case
-  seed = zlib.crc32(_mosaic_id(case).encode()) % (2**31)
-  q, k, v, mask, _ = case_inputs(seed, dtype, b, l, h, d, masked, ints=ints)
-  attend = lambda tiles: jax.jit(lambda q, k, v: mg.dfss_attention_mgpu(  # noqa: E731
-      q, k, v, n=n, m=m, mask=mask, tiles=tiles))(q, k, v)
-  split = np.asarray(attend(mg.Tiles(split_loads=True)).astype(jnp.float32))
-  permuted = np.asarray(attend(mg.DEFAULT_TILES).astype(jnp.float32))
-  want = np.asarray(ref.dfss_attention_reference(
-      *(x.astype(jnp.float32) for x in (q, k, v)), n=n, m=m, mask=mask, precision=HI))
-  assert np.isfinite(split).all()
-  assert rel_err(split, want) < 2e-2, rel_err(split, want)
-  assert rel_err(split, permuted) < 1e-2, rel_err(split, permuted)
-  if masked and b > 1:                  # make_mask pads the whole last sequence
-    assert np.all(split[-1] == 0.0)
 
 
 @pytest.mark.gpu

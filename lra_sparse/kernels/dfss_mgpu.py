@@ -15,11 +15,6 @@ tiles while two compute warpgroups each own 64 query rows):
   N:M selection is elementwise work between slices (``nm_prune``), no shuffles. The product
   with V uses V permuted the same way, so O is unchanged; dK and dV come back permuted and are
   put back in order by ``unpermute_keys``.
-* ``Tiles.split_loads`` (a forward without gradient or dropout, off until timed) makes no
-  permuted copy: k and v are viewed as [B, L/M, M, H, D] (a free reshape), and each step copies
-  member j of its tile's groups (keys r*M + j, one strided copy each) into its own buffer,
-  multiplies each by Q, and joins the M results into the score tile of a permutation over the
-  whole tile (member j in columns j*(block_kv/M) ...); P V is one product per member.
 * ``nm_prune`` sets the pruned entries of a score tile to -inf before the online softmax: the
   row maximum is unchanged (a group's largest member is always kept) and a pruned entry's
   exponential is exactly 0.
@@ -100,11 +95,6 @@ class Tiles:
   # same bits (GPU test), and on an H100 the dropout's extra cost falls from 2.2-2.6x to
   # 1.6-1.8x of the kernel without dropout (``bench_dfss_dropout``'s A/B columns).
   wide_products: bool = True
-  # forward without gradient or dropout (evaluation): each step loads member j of every key
-  # group of its tile (keys r*M + j) by its own strided copy from k and v as they are, instead
-  # of permuting k and v in memory first (two XLA transposes per call, 0.02-0.06 ms at the
-  # benchmark shapes). Off until it has compiled and been timed on a GPU.
-  split_loads: bool = False
 
 
 DEFAULT_TILES = Tiles()
@@ -161,20 +151,19 @@ def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
 
 
 # ----------------------------------------------------------------------------- key permutation
-def permute_keys(x: jax.Array, m: int, block: int = PERM_BLOCK) -> jax.Array:
-  """[B, L, ...] with L % block == 0: inside each block of keys (64 unless named), key g*m + j
-  -> j*(block/m) + g."""
+def permute_keys(x: jax.Array, m: int) -> jax.Array:
+  """[B, L, ...] with L % 64 == 0: inside each 64-key block, key g*m + j -> j*(64/m) + g."""
   b, l = x.shape[:2]
-  g = block // m
-  y = x.reshape((b, l // block, g, m) + x.shape[2:])
+  g = PERM_BLOCK // m
+  y = x.reshape((b, l // PERM_BLOCK, g, m) + x.shape[2:])
   return jnp.swapaxes(y, 2, 3).reshape(x.shape)
 
 
-def unpermute_keys(x: jax.Array, m: int, block: int = PERM_BLOCK) -> jax.Array:
+def unpermute_keys(x: jax.Array, m: int) -> jax.Array:
   """The inverse of ``permute_keys``."""
   b, l = x.shape[:2]
-  g = block // m
-  y = x.reshape((b, l // block, m, g) + x.shape[2:])
+  g = PERM_BLOCK // m
+  y = x.reshape((b, l // PERM_BLOCK, m, g) + x.shape[2:])
   return jnp.swapaxes(y, 2, 3).reshape(x.shape)
 
 
@@ -183,11 +172,11 @@ def _total(terms):
   return functools.reduce(lambda a, b: a + b, terms)
 
 
-def nm_prune(s, n: int, m: int, block: int = PERM_BLOCK):
-  """The [rows, cols] score tile ``s`` (cols a multiple of ``block``, keys permuted by
-  ``permute_keys`` with that block) with every entry the N:M rule prunes set to -inf.
+def nm_prune(s, n: int, m: int):
+  """The [rows, cols] score tile ``s`` (cols a multiple of 64, keys permuted by
+  ``permute_keys``) with every entry the N:M rule prunes set to -inf.
 
-  Member j of a group lies in column slice j of its block of keys. Member i beats member j when
+  Member j of a group lies in column slice j of its 64-key block. Member i beats member j when
   s_i > s_j, or s_i == s_j with i < j (ties to the lower index); an entry is kept when it beats
   at least m - n of the other members (fewer than n beat it). With f_ij = [s_i >= s_j] for
   i < j (each pair compared once, as float 0/1), member i's wins are
@@ -198,11 +187,12 @@ def nm_prune(s, n: int, m: int, block: int = PERM_BLOCK):
   Float selects and adds only: Mosaic GPU cannot lower boolean ``~`` on register arrays, and
   on an H100 this form was the fastest of four A/B'd in one process (int32 counts, and/or
   logic of the "beats" predicates, every ordered pair compared: 0-25% slower forward)."""
-  width = block // m
+  width = PERM_BLOCK // m
   one, zero = jnp.ones((), jnp.float32), jnp.zeros((), jnp.float32)
   pieces = []
-  for start in range(0, s.shape[1], block):
-    x = [s[:, start + j * width: start + (j + 1) * width] for j in range(m)]
+  for block in range(s.shape[1] // PERM_BLOCK):
+    x = [s[:, block * PERM_BLOCK + j * width: block * PERM_BLOCK + (j + 1) * width]
+         for j in range(m)]
     f = {(i, j): jnp.where(x[i] >= x[j], one, zero) for i in range(m) for j in range(i + 1, m)}
     for i in range(m):
       later = [f[(i, j)] for j in range(i + 1, m)]
@@ -318,12 +308,9 @@ def _dropout_multiplier(s, rows, first_group, bh, keys, n: int, m: int, t: int,
 
 
 # ----------------------------------------------------------------------------- kernels
-def _smem_transforms(swizzle: int = 128, itemsize: int = 2):
-  """Tiling and swizzle (bytes, at most 128) of a shared-memory tile.  A WGMMA contracts its B
-  operand in groups of swizzle / itemsize rows, so a [keys, D] tile of v contracted over
-  fewer than 64 keys (a split-loads copy) needs a narrower swizzle than the default 128."""
+def _smem_transforms():
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
-  return (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
+  return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
 
 def _inputs(refs, has_bias, has_seed):
@@ -362,20 +349,13 @@ def _dropout_draws(seed_ref, t, n, m, heads, wide_products: bool):
 
 
 def _forward(q, k, v, bias, steps, seed, *, n: int, m: int, scale: float, tiles: Tiles,
-             t: int = 0, split: bool = False):
+             t: int = 0):
   """(O [B, L, H, D], LSE f32 [B, H, L], base 2 of the scaled scores) on permuted k, v and
   bias (f32 [B, L] or None); L a multiple of 2 * block_q and of block_kv. With a bias,
   ``steps`` (int32 [B]) is the number of key tiles each example needs (those up to its last
   real key): later tiles are all padding and are neither loaded nor computed. With ``t`` > 0
   (``dfss_dropout.threshold``), attention dropout by the seed (uint32 [2]): the normalizer and
-  the LSE are those of the kept probabilities before dropout, O = (A * Z / (1 - rate)) V.
-
-  With ``split`` (``Tiles.split_loads``; no dropout), k and v come unpermuted as
-  [B, L/M, M, H, D] (a free reshape) and the bias permuted over whole key tiles
-  (``permute_keys(.., block=block_kv)``): each step copies member j of its tile's groups from
-  k[:, :, j] and v[:, :, j] (one strided copy each), computes S for it with its own product,
-  and joins the M parts into the tile of that permutation, so that the selection and the
-  softmax are those of the permuted path; P V is one product per member."""
+  the LSE are those of the kept probabilities before dropout, O = (A * Z / (1 - rate)) V."""
   from jax.experimental import pallas as pl  # pylint: disable=import-outside-toplevel
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   batch, length, heads, head_dim = q.shape
@@ -387,14 +367,6 @@ def _forward(q, k, v, bias, steps, seed, *, n: int, m: int, scale: float, tiles:
   has_bias = bias is not None
   c = scale * _LOG2E
   transforms = _smem_transforms()
-  if split and t:
-    raise ValueError("split loads run without dropout")
-  members = m if split else 1          # copies of k (and of v) per step
-  width = block_kv // members          # keys per copy
-  if width % 16:
-    raise ValueError(f"split loads need block_kv / M to be a multiple of 16 (a product's "
-                     f"depth), got {block_kv} / {m}")
-  inputs = 2 * members + has_bias
 
   def kernel(*refs):
     (q_ref, k_ref, v_ref, bias_ref, steps_ref, seed_ref), rest = _inputs(refs, has_bias,
@@ -439,28 +411,26 @@ def _forward(q, k, v, bias, steps, seed, *, n: int, m: int, scale: float, tiles:
       plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, pl.ds(q_base, block_q)])
       plgpu.wait_smem_to_gmem(0)
 
-    def step(idx, *rest):
-      smems, dones, carry = rest[:inputs], rest[inputs:2 * inputs], rest[2 * inputs]
-      k_smems, v_smems = smems[:members], smems[members:2 * members]
-      k_dones, v_dones = dones[:members], dones[members:2 * members]
+    def step(idx, k_smem, v_smem, *rest):
+      if has_bias:
+        bias_smem, k_done, v_done, bias_done, carry = rest
+      else:
+        k_done, v_done, carry = rest
       acc, m_i, l_i = carry
       qo_smem = qo_smem2.at[wg]
 
-      def qk_product(*acc_refs):          # one product per copy of k
-        for acc_ref, k_smem in zip(acc_refs, k_smems):
-          plgpu.wgmma(acc_ref, qo_smem, k_smem.transpose((1, 0)))
+      def qk_product(acc_ref):
+        plgpu.wgmma(acc_ref, qo_smem, k_smem.transpose((1, 0)))
         schedule_barrier()
-        parts = [acc_ref[...] for acc_ref in acc_refs]
-        return parts[0] if members == 1 else jnp.concatenate(parts, axis=1)
+        return acc_ref[...]
 
-      s = pl.run_scoped(qk_product, *[plgpu.ACC((block_q, width), jnp.float32)] * members)
-      for done in k_dones:
-        plgpu.barrier_arrive(done)
+      s = pl.run_scoped(qk_product, plgpu.ACC((block_q, block_kv), jnp.float32))
+      plgpu.barrier_arrive(k_done)
       if has_bias:
-        key_bias = plgpu.load(smems[-1], layout=plgpu.Layout.WGMMA.reduce(0))
-        plgpu.barrier_arrive(dones[-1])
+        key_bias = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
+        plgpu.barrier_arrive(bias_done)
         s = _add_key_bias(s, key_bias, exact_ties=bool(t))
-      s = nm_prune(s, n, m, block_kv if split else PERM_BLOCK)
+      s = nm_prune(s, n, m)
       m_new = jnp.maximum(m_i, s.max(axis=1) * c)
       alpha = jnp.exp2(m_i - m_new)
       p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
@@ -471,22 +441,15 @@ def _forward(q, k, v, bias, steps, seed, *, n: int, m: int, scale: float, tiles:
       p16 = p.astype(dtype)
       schedule_barrier()
 
-      def pv_product(acc_ref):            # one product per copy of v
-        for j, v_smem in enumerate(v_smems):
-          plgpu.wgmma(acc_ref, p16 if members == 1 else p16[:, j * width:(j + 1) * width],
-                      v_smem)
+      def pv_product(acc_ref):
+        plgpu.wgmma(acc_ref, p16, v_smem)
 
       acc = pl.run_state(pv_product)(plgpu.ACC.init(acc))
-      for done in v_dones:
-        plgpu.barrier_arrive(done)
+      plgpu.barrier_arrive(v_done)
       return acc, m_new, l_i
 
-    # P V contracts over the ``width`` keys of each copy of v: its swizzle fits that depth
-    v_transforms = _smem_transforms(min(128, width * dtype.itemsize), dtype.itemsize)
-    in_specs = ([plgpu.BlockSpec(block_shape=(width, head_dim), index_map=lambda i: (i, 0),
-                                 transforms=transforms)] * members
-                + [plgpu.BlockSpec(block_shape=(width, head_dim), index_map=lambda i: (i, 0),
-                                   transforms=v_transforms)] * members)
+    in_specs = [plgpu.BlockSpec(block_shape=(block_kv, head_dim), index_map=lambda i: (i, 0),
+                                transforms=transforms)] * 2
     if has_bias:
       in_specs.append(plgpu.BlockSpec(block_shape=(block_kv,), index_map=lambda i: (i,)))
     pipeline = plgpu.emit_pipeline_warp_specialized(
@@ -494,11 +457,7 @@ def _forward(q, k, v, bias, steps, seed, *, n: int, m: int, scale: float, tiles:
         num_compute_wgs=compute_wgs,
         memory_registers=40, wg_axis="wg", manual_consumed_barriers=True,
         compute_context=compute, in_specs=in_specs)
-    if split:     # k, v: [B, L/M, M, H, D]; member j of the groups: [L/M, D], stride M*H*D
-      operands = ([k_ref.at[b, :, j, h, :] for j in range(m)]
-                  + [v_ref.at[b, :, j, h, :] for j in range(m)])
-    else:
-      operands = [k_ref.at[b, :, h, :], v_ref.at[b, :, h, :]]
+    operands = [k_ref.at[b, :, h, :], v_ref.at[b, :, h, :]]
     if has_bias:
       operands.append(bias_ref.at[b])
     pipeline(*operands)
@@ -772,12 +731,10 @@ def _padded_length(length: int, tiles: Tiles) -> int:
   return -(-length // multiple) * multiple
 
 
-def _prepare(q, k, v, mask, m, tiles, split: bool = False):
+def _prepare(q, k, v, mask, m, tiles):
   """Pads to the tile multiple, permutes k, v and the key bias; also gives each example's
   key extent (int32 [B]: one past its last real key, 0 when it has none). Bias and extent
-  are None when no key is padded or masked. With ``split`` (the forward of
-  ``Tiles.split_loads``): k and v are not permuted but viewed as [B, L/M, M, H, D], and the
-  bias is permuted over whole key tiles."""
+  are None when no key is padded or masked."""
   batch, length = q.shape[:2]
   lp = _padded_length(length, tiles)
   pad = [(0, 0), (0, lp - length), (0, 0), (0, 0)]
@@ -787,12 +744,8 @@ def _prepare(q, k, v, mask, m, tiles, split: bool = False):
   if mask is not None or lp != length:
     real = jnp.ones((batch, length), bool) if mask is None else mask.astype(bool)
     real = jnp.pad(real, [(0, 0), (0, lp - length)])
-    bias = permute_keys(jnp.where(real, 0.0, MASKED).astype(jnp.float32), m,
-                        tiles.block_kv if split else PERM_BLOCK)
+    bias = permute_keys(jnp.where(real, 0.0, MASKED).astype(jnp.float32), m)
     extent = _extent(real)
-  if split:
-    k, v = (x.reshape((batch, lp // m, m) + x.shape[2:]) for x in (k, v))
-    return q, k, v, bias, extent
   return q, permute_keys(k, m), permute_keys(v, m), bias, extent
 
 
@@ -822,9 +775,7 @@ def _backward_steps(extent, do, tiles: Tiles):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
 def _attn(q, k, v, mask, seed, n, m, scale, tiles, t):
-  # no gradient taken: nothing is kept for a backward, so k and v may stay unpermuted
-  return _attn_fwd(q, k, v, mask, seed, n, m, scale, tiles, t,
-                   split=tiles.split_loads and not t)[0]
+  return _attn_fwd(q, k, v, mask, seed, n, m, scale, tiles, t)[0]
 
 
 def _kernel_seed(seed):
@@ -836,15 +787,12 @@ def _kernel_seed(seed):
   return jnp.stack([k for pair in dfss_dropout.round_keys(words[0], words[1]) for k in pair])
 
 
-def _attn_fwd(q, k, v, mask, seed, n, m, scale, tiles, t, split: bool = False):
-  """(O, residuals of the backward); ``split``: the split-loads forward (``Tiles``), whose
-  unpermuted k, v no backward reads."""
+def _attn_fwd(q, k, v, mask, seed, n, m, scale, tiles, t):
   length = q.shape[1]
-  qp, kp, vp, bias, extent = _prepare(q, k, v, mask, m, tiles, split=split)
+  qp, kp, vp, bias, extent = _prepare(q, k, v, mask, m, tiles)
   steps = None if bias is None else _tiles_up_to(extent, tiles.block_kv)
   kseed = _kernel_seed(seed)
-  o, lse = _forward(qp, kp, vp, bias, steps, kseed, n=n, m=m, scale=scale, tiles=tiles, t=t,
-                    split=split)
+  o, lse = _forward(qp, kp, vp, bias, steps, kseed, n=n, m=m, scale=scale, tiles=tiles, t=t)
   return o[:, :length], (qp, kp, vp, bias, extent, o, lse, mask, seed, kseed)
 
 
