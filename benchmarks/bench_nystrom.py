@@ -37,8 +37,10 @@ flags.DEFINE_string("shape", "32x2000x8x64", "batch x length x heads x head_dim 
 flags.DEFINE_integer("landmarks", 64, "Landmarks (core).")
 flags.DEFINE_integer("conv_kernel", 35, "Conv taps (conv).")
 flags.DEFINE_bool("conv_micro", True, "conv part: time the conv alone (else only in steps).")
-flags.DEFINE_list("step_convs", ["banded block matmul", "Pallas kernel"],
+flags.DEFINE_list("step_convs", ["banded block matmul", "Pallas kernel", "Pallas banded kernel"],
                   "conv part: formulations also timed inside the first Nystrom train step.")
+flags.DEFINE_list("convs", [], "conv part: only these formulations (default: all).")
+flags.DEFINE_list("conv_dtypes", ["bf16", "fp32"], "conv part: dtypes of V timed alone.")
 flags.DEFINE_list("step_variants", ["bf16:cudnn", "bf16:kind=nystrom",
                                     "bf16:kind=nystrom+nm=2:4", "fp32:kind=nystrom"],
                   "bench_train_step variants for the step part.")
@@ -134,14 +136,17 @@ def conv_cases():
   cases["banded block matmul"] = nystrom.banded_length_conv
   if jax.default_backend() == "gpu":
     cases["Pallas kernel"] = length_conv_pallas.length_conv
-  return cases
+    # half-precision V on the tensor cores (float32 V: the kernel above)
+    cases["Pallas banded kernel"] = length_conv_pallas.banded_length_conv
+  return {name: fn for name, fn in cases.items() if not FLAGS.convs or name in FLAGS.convs}
 
 
 def conv_rows():
   b, l, h, d = map(int, FLAGS.shape.split("x"))
   kk = FLAGS.conv_kernel
   rows = []
-  for dname, dtype in DTYPES.items():
+  for dname in FLAGS.conv_dtypes:
+    dtype = DTYPES[dname]
     sets = random_sets([((b, l, h, d), dtype), ((kk, h), jnp.float32),
                         ((b, l, h, d), jnp.float32)])
     want = None

@@ -990,6 +990,38 @@ def test_conv_skip_forms_match_numpy(length, size, block):
     length_conv(values, np.ones((5, 2), np.float32))
 
 
+@pytest.mark.parametrize("length,size,dim,dtype", [
+    (130, 35, 8, "bfloat16"), (7, 5, 64, "bfloat16"), (64, 129, 16, "float16"),
+    (200, 1, 12, "bfloat16"), (300, 35, 64, "bfloat16")])
+def test_banded_conv_kernel_matches_numpy(length, size, dim, dtype):
+  """The tensor-core candidate for half-precision V (block-banded products, taps and float32
+  cotangents split into hi + lo parts): value and tap gradient at float32-like accuracy, the
+  values' gradient within its own rounding to the input dtype; odd lengths (a partial last
+  block), head dims below 16 and not powers of two (zero columns), taps longer than a block's
+  half (K = 129: 64 per side) and a single tap. Interpreter on the CPU, the kernels on a GPU."""
+  from lra_sparse.kernels.length_conv_pallas import banded_length_conv  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(length + size + dim)
+  values = jnp.asarray(rng.normal(size=(2, length, 3, dim)), dtype)
+  taps = rng.normal(size=(size, 3)).astype(np.float32)
+  fn = functools.partial(banded_length_conv, interpret=jax.default_backend() != "gpu")
+  want = np_length_conv(np.asarray(values, np.float32), taps)
+  got = np.asarray(jax.jit(fn)(values, taps))
+  assert got.dtype == np.float32
+  np.testing.assert_allclose(got, want, rtol=0, atol=3e-5 * np.abs(want).max())
+  cot = rng.normal(size=want.shape).astype(np.float32)
+  grad_v, grad_w = jax.grad(lambda x, w: jnp.vdot(fn(x, w), cot), argnums=(0, 1))(values, taps)
+  want_v = np_length_conv(cot, taps[::-1])
+  padded = np.pad(np.asarray(values, np.float64), ((0, 0), (size // 2, size // 2), (0, 0), (0, 0)))
+  want_w = np.stack([np.einsum("blhd,blhd->h", cot, padded[:, t:t + length])
+                     for t in range(size)])
+  assert grad_v.dtype == values.dtype
+  eps = float(jnp.finfo(values.dtype).eps)
+  np.testing.assert_allclose(np.asarray(grad_v, np.float64), want_v, rtol=eps,
+                             atol=1e-4 * np.abs(want_v).max())
+  np.testing.assert_allclose(np.asarray(grad_w), want_w, rtol=0,
+                             atol=5e-5 * np.abs(want_w).max())
+
+
 def test_nystrom_half_precision_stays_close_to_float64():
   """bf16 inputs: half-precision product operands, float32 softmax and pinv; the error against
   the float64 port is that of rounding the inputs and the probabilities to bf16."""

@@ -16,6 +16,18 @@ the float32 output once:
 V is zero-padded by K//2 (and up to a whole number of blocks) before the call, so every load
 is in bounds and needs no mask. Nothing here imports at module import time beyond JAX;
 ``interpret=True`` runs the same kernels on the CPU (the tests use that).
+
+``banded_length_conv`` is a candidate for half-precision V on the tensor cores: the conv as
+block-banded products (as ``nystrom.banded_length_conv`` in XLA), output block j =
+sum_u T_u[h] @ V[block j - 1 + u], u = 0, 1, 2, with T_u the [B x B] Toeplitz slices of the
+taps. The kernel above does K FMAs per output element on the CUDA cores with K shifted loads;
+this one does three [B x B] x [B x d] products per output tile from three loads. The taps stay
+float32-exact: T is split into two half-precision parts (hi + lo), and so is a float32
+cotangent in the backward, each pair of parts but lo x lo multiplied (about 16 bits of
+mantissa per product, float32 accumulation). Backward: dV is the same product with the bands
+transposed and reversed, dT_u = sum over examples and blocks of G_j V_{j-1+u}^T (one program
+per head and slice of the blocks, accumulated in registers), and dw is the transpose of the
+taps -> bands map (JAX's autodiff of ``_bands``).
 """
 from __future__ import annotations
 
@@ -111,9 +123,179 @@ def length_conv(values, taps, *, interpret: bool = False):
   values: [batch, length, heads, head_dim]; taps: [K, heads] with K odd. ``interpret=True``
   runs the kernels in Pallas' interpreter (CPU, tests).
   """
+  _check(values, taps)
+  return _length_conv(values, taps, interpret)
+
+
+def _check(values, taps):
   if values.ndim != 4 or taps.ndim != 2 or taps.shape[1] != values.shape[2]:
     raise ValueError(f"length_conv: values must be [batch, length, heads, head_dim] and taps "
                      f"[K, heads]; got {values.shape} and {taps.shape}")
   if taps.shape[0] % 2 == 0:
     raise ValueError(f"length_conv: the number of taps must be odd, got {taps.shape[0]}")
-  return _length_conv(values, taps, interpret)
+
+
+# ----------------------------------------------------------------------------- banded products
+HALF_DTYPES = (jnp.bfloat16, jnp.float16)
+GRAD_SPLITS = 32    # programs per head of the bands' gradient (each loops over its blocks)
+
+
+def band_block(size: int) -> int:
+  """B of ``banded_length_conv``: 64, or the power of two >= K//2 for longer taps."""
+  return max(64, 1 << max(0, (size // 2) - 1).bit_length())
+
+
+def _bands(taps, block: int):
+  """float32 [h, 3, B, B]: T_u[h][i, s] = w[u * B + s - i + K//2 - B, h] (0 off the taps)."""
+  size = taps.shape[0]
+  row = jnp.arange(block)[:, None]
+  col = jnp.arange(3 * block)[None, :]
+  tap = col - row + size // 2 - block                                  # [B, 3B]
+  band = jnp.where((tap >= 0) & (tap < size),
+                   jnp.swapaxes(taps.astype(jnp.float32), 0, 1)[:, jnp.clip(tap, 0, size - 1)],
+                   0.0)                                                # [h, B, 3B]
+  return band.reshape(taps.shape[1], block, 3, block).transpose(0, 2, 1, 3)
+
+
+def _parts(x, dtype):
+  """(hi, lo) in ``dtype`` with hi + lo ~ x (float32 x), or (x,) when x already is ``dtype``.
+  hi comes from reduce_precision, which XLA keeps (a convert round trip it may drop)."""
+  if x.dtype == dtype:
+    return (x,)
+  x = x.astype(jnp.float32)
+  bits = {jnp.dtype(jnp.bfloat16): (8, 7), jnp.dtype(jnp.float16): (5, 10)}[jnp.dtype(dtype)]
+  hi = jax.lax.reduce_precision(x, exponent_bits=bits[0], mantissa_bits=bits[1])
+  return hi.astype(dtype), (x - hi).astype(dtype)
+
+
+def _pairs(a_parts, b_parts):
+  """Index pairs of the parts multiplied: all but lo x lo."""
+  return [(i, j) for i in range(len(a_parts)) for j in range(len(b_parts)) if i + j < 2]
+
+
+def _band_product_kernel(*refs, parts, block: int):
+  """o[b, block j, h] = sum_u sum of part products T_u[h] @ x[b, block j + u, h]."""
+  nx, nt = parts
+  x_refs, t_refs, o_ref = refs[:nx], refs[nx:nx + nt], refs[-1]
+  b, j, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  acc = jnp.zeros((block, o_ref.shape[-1]), jnp.float32)
+  for u in range(3):
+    xs = [r[b, pl.ds((j + u) * block, block), h, :] for r in x_refs]
+    ts = [r[h, u, :, :] for r in t_refs]
+    for i, k in _pairs(ts, xs):
+      acc += jnp.dot(ts[i], xs[k], preferred_element_type=jnp.float32)
+  o_ref[b, pl.ds(j * block, block), h, :] = acc
+
+
+def _band_product(x_parts, t_parts, *, blocks: int, block: int, interpret: bool):
+  """float32 [b, blocks * B, h, d]: x parts [b, (blocks + 2) * B, h, d] (block j of the output
+  reads blocks j, j + 1, j + 2), band parts [h, 3, B, B]."""
+  batch, _, heads, dim = x_parts[0].shape
+  return pl.pallas_call(
+      functools.partial(_band_product_kernel, parts=(len(x_parts), len(t_parts)), block=block),
+      out_shape=jax.ShapeDtypeStruct((batch, blocks * block, heads, dim), jnp.float32),
+      grid=(batch, blocks, heads),
+      interpret=interpret,
+      compiler_params=None if interpret else _compiler_params(),
+  )(*x_parts, *t_parts)
+
+
+def _band_grad_kernel(*refs, parts, block: int, blocks: int, total: int, splits: int):
+  """o[s, h, u] = sum over the (example, block j) of this program of G_j X_{j+u}^T."""
+  ng, nx = parts
+  g_refs, x_refs, o_ref = refs[:ng], refs[ng:ng + nx], refs[-1]
+  h, s = pl.program_id(0), pl.program_id(1)
+
+  def body(it, accs):
+    index = s + it * splits
+    b, j = index // blocks, index % blocks
+    gs = [r[b, pl.ds(j * block, block), h, :] for r in g_refs]
+    out = []
+    for u, acc in enumerate(accs):
+      xs = [r[b, pl.ds((j + u) * block, block), h, :] for r in x_refs]
+      for i, k in _pairs(gs, xs):
+        acc += jax.lax.dot_general(gs[i], xs[k], (((1,), (1,)), ((), ())),
+                                   preferred_element_type=jnp.float32)
+      out.append(acc)
+    return tuple(out)
+
+  zeros = jnp.zeros((block, block), jnp.float32)
+  count = (total - s + splits - 1) // splits
+  accs = jax.lax.fori_loop(0, count, body, (zeros,) * 3)
+  for u in range(3):
+    o_ref[s, h, u, :, :] = accs[u]
+
+
+def _band_grad(g_parts, x_parts, *, blocks: int, block: int, interpret: bool):
+  """float32 [h, 3, B, B]: dT_u = sum over examples and output blocks j of G_j X_{j+u}^T, g
+  parts [b, blocks * B, h, d], x parts padded as for ``_band_product``."""
+  batch, _, heads, _ = x_parts[0].shape
+  total = batch * blocks
+  splits = min(GRAD_SPLITS, total)
+  partial_sums = pl.pallas_call(
+      functools.partial(_band_grad_kernel, parts=(len(g_parts), len(x_parts)), block=block,
+                        blocks=blocks, total=total, splits=splits),
+      out_shape=jax.ShapeDtypeStruct((splits, heads, 3, block, block), jnp.float32),
+      grid=(heads, splits),
+      interpret=interpret,
+      compiler_params=None if interpret else _compiler_params(),
+  )(*g_parts, *x_parts)
+  return jnp.sum(partial_sums, axis=0)
+
+
+def _layout(x, block: int, lead: int, dim: int):
+  """[b, L, h, d'] -> [b, lead + blocks * B + (2 * B - lead), h, dim]: ``lead`` zero rows in
+  front, zeros after L up to whole blocks and two more blocks minus ``lead``; zero columns up
+  to ``dim`` (head dims below the products' 16)."""
+  length = x.shape[1]
+  blocks = -(-length // block)
+  return jnp.pad(x, ((0, 0), (lead, blocks * block - length + 2 * block - lead), (0, 0),
+                     (0, dim - x.shape[-1])))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _banded_conv(values, bands, interpret):
+  return _banded_conv_fwd(values, bands, interpret)[0]
+
+
+def _banded_conv_fwd(values, bands, interpret):
+  batch, length, heads, dim = values.shape
+  block = bands.shape[-1]
+  blocks = -(-length // block)
+  width = max(16, 1 << (dim - 1).bit_length())
+  x = _layout(values, block, block, width)
+  out = _band_product((x,), _parts(bands, values.dtype), blocks=blocks, block=block,
+                      interpret=interpret)
+  return out[:, :length, :, :dim], (values, bands)
+
+
+def _banded_conv_bwd(interpret, residuals, grad):
+  values, bands = residuals
+  batch, length, heads, dim = values.shape
+  block = bands.shape[-1]
+  blocks = -(-length // block)
+  width = max(16, 1 << (dim - 1).bit_length())
+  g_parts = _parts(grad, values.dtype)
+  # dV: block m of the input gets sum_u T_u^T G_{m + 1 - u}: the product with the transposed
+  # bands in reverse order over G laid out as V is
+  flipped = jnp.swapaxes(bands[:, ::-1], -1, -2)
+  grad_values = _band_product(tuple(_layout(g, block, block, width) for g in g_parts),
+                              _parts(flipped, values.dtype), blocks=blocks, block=block,
+                              interpret=interpret)[:, :length, :, :dim]
+  grad_bands = _band_grad(tuple(_layout(g, block, 0, width) for g in g_parts),
+                          (_layout(values, block, block, width),), blocks=blocks, block=block,
+                          interpret=interpret)
+  return grad_values.astype(values.dtype), grad_bands
+
+
+_banded_conv.defvjp(_banded_conv_fwd, _banded_conv_bwd)
+
+
+def banded_length_conv(values, taps, *, interpret: bool = False):
+  """``length_conv`` for half-precision values as block-banded products on the tensor cores
+  (module docstring); float32 result. Float32 values: ``length_conv``'s exact kernels."""
+  _check(values, taps)
+  if values.dtype not in HALF_DTYPES:
+    return length_conv(values, taps, interpret=interpret)
+  bands = _bands(taps, band_block(taps.shape[0]))
+  return _banded_conv(values, bands, interpret)
