@@ -9,7 +9,10 @@ operands. conv: the depthwise conv skip over the length axis (forward+backward, 
 and the taps) in the candidate formulations below. step: the whole train step at the task's
 LRA shape (benchmarks.bench_train_step) for dense cuDNN and the Nystrom kinds; with ``--old``
 (a copy of an earlier lra_sparse/attention/nystrom.py) the earlier core and conv are timed in
-the same process as well, by swapping the module's functions.
+the same process as well, by swapping the module's functions; on a GPU the kernel candidates
+(``--step_candidates``: the fused pseudo-inverse of ``kernels/pinv_pallas.py``, the banded conv
+of ``kernels/length_conv_pallas.py``) are swapped into the first Nystrom variant's step the same
+way, and the core part times the fused pinv beside XLA's.
 Median of many timed runs after warm-up (benchmarks.bench_dfss_kernels.time_fn).
 """
 from __future__ import annotations
@@ -29,7 +32,7 @@ import numpy as np
 from benchmarks import bench_train_step
 from benchmarks.bench_dfss_kernels import gpu_state, time_fn
 from lra_sparse.attention import dense, nystrom, registry
-from lra_sparse.kernels import length_conv_pallas
+from lra_sparse.kernels import length_conv_pallas, pinv_pallas
 
 flags.DEFINE_list("parts", ["core", "conv", "step"], "What to time.")
 flags.DEFINE_string("old", "", "Path of an earlier nystrom.py to time in the same process.")
@@ -40,6 +43,9 @@ flags.DEFINE_bool("conv_micro", True, "conv part: time the conv alone (else only
 flags.DEFINE_list("step_convs", ["banded block matmul", "Pallas kernel", "Pallas banded kernel"],
                   "conv part: formulations also timed inside the first Nystrom train step.")
 flags.DEFINE_list("convs", [], "conv part: only these formulations (default: all).")
+flags.DEFINE_list("step_candidates", ["fused pinv", "fused pinv + banded conv"],
+                  "step part, on a GPU: kernel candidates swapped into the first Nystrom "
+                  "variant's step (fused pinv, banded conv, fused pinv + banded conv).")
 flags.DEFINE_list("conv_dtypes", ["bf16", "fp32"], "conv part: dtypes of V timed alone.")
 flags.DEFINE_list("step_variants", ["bf16:cudnn", "bf16:kind=nystrom",
                                     "bf16:kind=nystrom+nm=2:4", "fp32:kind=nystrom"],
@@ -93,9 +99,13 @@ def core_rows(old):
       impls["  part: B V, cuDNN"] = lambda q, k, v: dense.cudnn_attention(q[:, :lm], k, v)
       impls["  part: F (.), cuDNN"] = lambda q, k, v: dense.cudnn_attention(q, k[:, :lm],
                                                                              v[:, :lm])
+      landmark_softmax = lambda q, k: jax.nn.softmax(jnp.einsum(  # noqa: E731
+          "bnhd,bmhd->bhnm", q[:, :lm], k[:, :lm], preferred_element_type=jnp.float32), axis=-1)
       impls["  part: pinv of [b,h,m,m]"] = lambda q, k, v: nystrom.iterative_pinv(
-          jax.nn.softmax(jnp.einsum("bnhd,bmhd->bhnm", q[:, :lm], k[:, :lm],
-                                    preferred_element_type=jnp.float32), axis=-1), 6)
+          landmark_softmax(q, k), 6)
+      if jax.default_backend() == "gpu":
+        impls["  part: pinv, fused kernel"] = lambda q, k, v: pinv_pallas.iterative_pinv(
+            landmark_softmax(q, k), 6)
     for nm in ("", "2:4"):
       label = "nystrom XLA" + (f"+{nm}" if nm else "")
       impls[label] = functools.partial(nystrom.nystrom_attention, num_landmarks=lm,
@@ -195,6 +205,16 @@ def step_rows(old):
         old.nystrom_attention), depthwise_length_conv=_known_kwargs(old.depthwise_length_conv)))
              for v in FLAGS.step_variants if "nystrom" in v]
   nystrom_variants = [v for v in FLAGS.step_variants if "nystrom" in v]
+  if nystrom_variants and jax.default_backend() == "gpu":
+    candidates = {"fused pinv": dict(iterative_pinv=pinv_pallas.iterative_pinv),
+                  "banded conv": dict(
+                      depthwise_length_conv=length_conv_pallas.banded_length_conv)}
+    candidates["fused pinv + banded conv"] = {**candidates["fused pinv"],
+                                              **candidates["banded conv"]}
+    for name in FLAGS.step_candidates:
+      if name not in candidates:
+        raise ValueError(f"--step_candidates: unknown {name!r}; known: {sorted(candidates)}")
+      runs.append((f"{nystrom_variants[0]} ({name})", swapped(nystrom, **candidates[name])))
   if nystrom_variants and "conv" in FLAGS.parts:
     for name, fn in conv_cases().items():
       if name in FLAGS.step_convs:

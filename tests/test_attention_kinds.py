@@ -1022,6 +1022,57 @@ def test_banded_conv_kernel_matches_numpy(length, size, dim, dtype):
                              atol=5e-5 * np.abs(want_w).max())
 
 
+@pytest.mark.parametrize("shape,iters", [((2, 3, 16, 16), 6), ((4, 32, 32), 3),
+                                          ((1, 64, 64), 1), ((3, 64, 64), 6)])
+def test_fused_pinv_matches_float64(shape, iters):
+  """The fused pseudo-inverse (one Pallas program per matrix, forward and reverse mode through
+  the iterations) against float64 autodiff of ``iterative_pinv``: values and gradients. The
+  matrices have distinct row and column sums, so the scale's maxima have one argmax in float32
+  and float64 alike; the model's softmax rows all sum to 1, a tie that float32 rounding breaks,
+  so there the reference is the float32 XLA form, which breaks it the same way. Interpreter on
+  the CPU, the kernels on a GPU (TF32 products there, as XLA's)."""
+  from lra_sparse.attention import nystrom as nys  # pylint: disable=import-outside-toplevel
+  from lra_sparse.kernels import pinv_pallas  # pylint: disable=import-outside-toplevel
+  fused = functools.partial(pinv_pallas.iterative_pinv, iters=iters,
+                            interpret=jax.default_backend() != "gpu")
+  rng = np.random.default_rng(sum(shape) + iters)
+  a = rng.uniform(size=shape) + 2.0 * np.eye(shape[-1])
+  ct = rng.normal(size=shape)
+  with jax.enable_x64(True):
+    want, vjp = jax.vjp(lambda a: nys.iterative_pinv(a, iters), jnp.asarray(a, jnp.float64))
+    (want_grad,) = vjp(jnp.asarray(ct, jnp.float64))
+  a32, ct32 = jnp.asarray(a, jnp.float32), jnp.asarray(ct, jnp.float32)
+  got, vjp = jax.vjp(jax.jit(fused), a32)
+  (got_grad,) = vjp(ct32)
+  tol = _fp32_tol(2e-6)
+  for name, g, w in (("value", got, want), ("grad", got_grad, want_grad)):
+    g, w = np.asarray(g, np.float64), np.asarray(w)
+    assert np.all(np.isfinite(g)), name
+    np.testing.assert_allclose(g, w, rtol=0, atol=tol * np.abs(w).max(), err_msg=name)
+  # softmax matrices, as the model's: against the float32 XLA form
+  soft = jax.nn.softmax(jnp.asarray(rng.normal(size=shape) * 2.0, jnp.float32), axis=-1)
+  want, vjp = jax.vjp(lambda a: nys.iterative_pinv(a, iters), soft)
+  (want_grad,) = vjp(ct32)
+  got, vjp = jax.vjp(jax.jit(fused), soft)
+  (got_grad,) = vjp(ct32)
+  for name, g, w in (("value", got, want), ("grad", got_grad, want_grad)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=0,
+                               atol=_fp32_tol(1e-5) * np.abs(np.asarray(w)).max(),
+                               err_msg=f"softmax {name}")
+
+
+def test_fused_pinv_rejects_bad_input():
+  from lra_sparse.kernels import pinv_pallas  # pylint: disable=import-outside-toplevel
+  for bad, match in [(np.ones((2, 16, 8), np.float32), r"\[\.\.\., m, m\]"),
+                     (np.ones((2, 24, 24), np.float32), "power of two >= 16"),
+                     (np.ones((2, 8, 8), np.float32), "power of two >= 16"),
+                     (np.ones((2, 16, 16), jnp.bfloat16), "float32")]:
+    with pytest.raises(ValueError, match=match):
+      pinv_pallas.iterative_pinv(bad, 2, interpret=True)
+  with pytest.raises(ValueError, match="iters=0"):
+    pinv_pallas.iterative_pinv(np.ones((2, 16, 16), np.float32), 0, interpret=True)
+
+
 def test_nystrom_half_precision_stays_close_to_float64():
   """bf16 inputs: half-precision product operands, float32 softmax and pinv; the error against
   the float64 port is that of rounding the inputs and the probabilities to bf16."""
