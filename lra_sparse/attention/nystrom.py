@@ -249,15 +249,23 @@ def banded_length_conv(values, kernel, block: int = 64):
   x = jnp.pad(values.astype(operand),
               ((0, 0), (block, blocks * block - length + block), (0, 0), (0, 0)))
   x = x.reshape(batch, blocks + 2, block, heads, dim)
-  row = jnp.arange(block)[:, None]
-  col = jnp.arange(3 * block)[None, :]
-  tap = col - row + half - block                                   # [block, 3 * block]
-  band = jnp.where((tap >= 0) & (tap < size),
-                   jnp.swapaxes(kernel, 0, 1)[:, jnp.clip(tap, 0, size - 1)], 0.0)
-  band = band.astype(operand).reshape(heads, block, 3, block)      # [h, i, u, s]
-  out = sum(jnp.einsum("his,bjshd->bjihd", band[:, :, u], x[:, u:u + blocks],
+  band = toeplitz_bands(kernel, block).astype(operand)            # [h, u, i, s]
+  out = sum(jnp.einsum("his,bjshd->bjihd", band[:, u], x[:, u:u + blocks],
                        preferred_element_type=jnp.float32) for u in range(3))
   return out.reshape(batch, blocks * block, heads, dim)[:, :length]
+
+
+def toeplitz_bands(kernel, block: int):
+  """float32 [h, 3, block, block]: the slices T_u[h][i, s] = w[u * block + s - i + K//2 -
+  block, h] of the banded conv (zero off the K taps), kernel [K, h]."""
+  size = kernel.shape[0]
+  row = jnp.arange(block)[:, None]
+  col = jnp.arange(3 * block)[None, :]
+  tap = col - row + size // 2 - block                              # [block, 3 * block]
+  band = jnp.where((tap >= 0) & (tap < size),
+                   jnp.swapaxes(kernel.astype(jnp.float32), 0, 1)[:, jnp.clip(tap, 0, size - 1)],
+                   0.0)                                            # [h, i, 3 * block]
+  return band.reshape(kernel.shape[1], block, 3, block).transpose(0, 2, 1, 3)
 
 
 def depthwise_length_conv(values, kernel):

@@ -27,7 +27,7 @@ cotangent in the backward, each pair of parts but lo x lo multiplied (about 16 b
 mantissa per product, float32 accumulation). Backward: dV is the same product with the bands
 transposed and reversed, dT_u = sum over examples and blocks of G_j V_{j-1+u}^T (one program
 per head and slice of the blocks, accumulated in registers), and dw is the transpose of the
-taps -> bands map (JAX's autodiff of ``_bands``).
+taps -> bands map (JAX's autodiff of ``nystrom.toeplitz_bands``).
 """
 from __future__ import annotations
 
@@ -145,18 +145,6 @@ def band_block(size: int) -> int:
   return max(64, 1 << max(0, (size // 2) - 1).bit_length())
 
 
-def _bands(taps, block: int):
-  """float32 [h, 3, B, B]: T_u[h][i, s] = w[u * B + s - i + K//2 - B, h] (0 off the taps)."""
-  size = taps.shape[0]
-  row = jnp.arange(block)[:, None]
-  col = jnp.arange(3 * block)[None, :]
-  tap = col - row + size // 2 - block                                  # [B, 3B]
-  band = jnp.where((tap >= 0) & (tap < size),
-                   jnp.swapaxes(taps.astype(jnp.float32), 0, 1)[:, jnp.clip(tap, 0, size - 1)],
-                   0.0)                                                # [h, B, 3B]
-  return band.reshape(taps.shape[1], block, 3, block).transpose(0, 2, 1, 3)
-
-
 def _parts(x, dtype):
   """(hi, lo) in ``dtype`` with hi + lo ~ x (float32 x), or (x,) when x already is ``dtype``.
   hi comes from reduce_precision, which XLA keeps (a convert round trip it may drop)."""
@@ -259,7 +247,7 @@ def _banded_conv(values, bands, interpret):
 
 
 def _banded_conv_fwd(values, bands, interpret):
-  batch, length, heads, dim = values.shape
+  _, length, _, dim = values.shape
   block = bands.shape[-1]
   blocks = -(-length // block)
   width = max(16, 1 << (dim - 1).bit_length())
@@ -271,7 +259,7 @@ def _banded_conv_fwd(values, bands, interpret):
 
 def _banded_conv_bwd(interpret, residuals, grad):
   values, bands = residuals
-  batch, length, heads, dim = values.shape
+  _, length, _, dim = values.shape
   block = bands.shape[-1]
   blocks = -(-length // block)
   width = max(16, 1 << (dim - 1).bit_length())
@@ -297,5 +285,6 @@ def banded_length_conv(values, taps, *, interpret: bool = False):
   _check(values, taps)
   if values.dtype not in HALF_DTYPES:
     return length_conv(values, taps, interpret=interpret)
-  bands = _bands(taps, band_block(taps.shape[0]))
+  from lra_sparse.attention.nystrom import toeplitz_bands  # pylint: disable=import-outside-toplevel
+  bands = toeplitz_bands(taps, band_block(taps.shape[0]))
   return _banded_conv(values, bands, interpret)
