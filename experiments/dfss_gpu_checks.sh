@@ -12,48 +12,32 @@
 # ${OUT:-runs/dfss_gpu_checks}/<part>.tgz; the tables are also printed. Commit them under
 # experiments/dfss_mgpu_<gpu>/. PYTHON (default python3) is the interpreter; LIMIT (seconds,
 # default 280) bounds each step; TESTS_K overrides the tests part's -k expression.
-set -u
-[ $# -gt 0 ] || { echo "usage: dfss_gpu_checks.sh tests|dropout|forward|steps ..." >&2; exit 2; }
-py=${PYTHON:-python3}
-limit=${LIMIT:-280}
-base=${OUT:-runs/dfss_gpu_checks}; mkdir -p "$base"
-work=${WORK:-/tmp/dfss_gpu_checks}
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.used --format=csv,noheader \
-  2> /dev/null
-for part in "$@"; do
-  out=$work/$part; rm -rf "$out"; mkdir -p "$out"
-  step() {   # step NAME CMD...: CMD under the step limit, its output in $out/NAME.log
-    local name=$1; shift
-    local start=$SECONDS
-    timeout -k 10 "$limit" "$@" > "$out/$name.log" 2>&1
-    local rc=$?
-    echo "$part/$name: exit $rc in $((SECONDS - start)) s$([ $rc = 124 ] && echo " (over the ${limit} s limit)")"
-    tail -n 4 "$out/$name.log" | cut -c1-300
-  }
-  case "$part" in
-    tests)
-      step gpu_tests $py -m pytest -m gpu tests/test_kernels.py -n 6 -q -rfE -p no:cacheprovider \
-        -k "${TESTS_K:-mosaic_dropout or mosaic_wide or auto_runs_dropout}"
-      ;;
-    dropout)
-      step bench_dfss_dropout $py -m benchmarks.bench_dfss_dropout --dtypes=bf16 --rounds=5 \
-        --out="$out/bench_dfss_dropout.md"
-      ;;
-    forward)
-      step bench_dfss_mgpu $py -m benchmarks.bench_dfss_mgpu --variants=default \
-        --check=false --steps=20 --rounds=7 --out="$out/bench_dfss_mgpu.md"
-      ;;
-    steps)
-      step listops $py -m benchmarks.bench_train_step --reps=8 --warmup=3 \
-        --min_real_length=500 --variants=bf16:cudnn,bf16:kind=dfss+nm=2:4 \
-        --out="$out/train_step_listops.md"
-      step pathfinder $py -m benchmarks.bench_train_step --config=configs/pathfinder.py \
-        --reps=8 --warmup=2 --variants=bf16:cudnn_bias,bf16:kind=dfss+nm=2:4 \
-        --out="$out/train_step_pathfinder.md"
-      ;;
-    *) echo "unknown part $part: tests | dropout | forward | steps" >&2; exit 2 ;;
+source "$(dirname "$0")/gpu_checks_common.sh"
+
+part_commands() {
+  case "$1" in
+  tests)
+    step gpu_tests $py -m pytest -m gpu tests/test_kernels.py -n 6 -q -rfE -p no:cacheprovider \
+      -k "${TESTS_K:-mosaic_dropout or mosaic_wide or auto_runs_dropout}"
+    ;;
+  dropout)
+    step bench_dfss_dropout $py -m benchmarks.bench_dfss_dropout --dtypes=bf16 --rounds=5 \
+      --out="$out/bench_dfss_dropout.md"
+    ;;
+  forward)
+    step bench_dfss_mgpu $py -m benchmarks.bench_dfss_mgpu --variants=default \
+      --check=false --steps=20 --rounds=7 --out="$out/bench_dfss_mgpu.md"
+    ;;
+  steps)
+    step listops $py -m benchmarks.bench_train_step --reps=8 --warmup=3 \
+      --min_real_length=500 --variants=bf16:cudnn,bf16:kind=dfss+nm=2:4 \
+      --out="$out/train_step_listops.md"
+    step pathfinder $py -m benchmarks.bench_train_step --config=configs/pathfinder.py \
+      --reps=8 --warmup=2 --variants=bf16:cudnn_bias,bf16:kind=dfss+nm=2:4 \
+      --out="$out/train_step_pathfinder.md"
+    ;;
+  *) return 1 ;;
   esac
-  cat "$out"/*.md 2> /dev/null
-  tar czf "$base/$part.tgz" -C "$work" "$part"
-done
+}
+
+run_parts dfss_gpu_checks "tests|dropout|forward|steps" "$@"

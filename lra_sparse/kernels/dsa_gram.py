@@ -39,7 +39,7 @@ import jax.numpy as jnp
 
 from lra_sparse.attention import common
 from lra_sparse.kernels import dsa_reference
-from lra_sparse.kernels.dfss_launch import cdiv, key_extent, key_mask, launch
+from lra_sparse.kernels.dfss_launch import cdiv, half_parts, key_extent, key_mask, launch
 
 __all__ = ["MAX_RANK", "prediction_mse"]
 
@@ -78,16 +78,10 @@ def _width(n: int) -> int:
 
 
 def _split(x):
-  """(hi, lo) bf16 arrays with hi + lo ~ x to about 16 mantissa bits; a bf16 x is exact
-  (lo = hi, which the kernels do not read: pass ``exact``)."""
-  if x.dtype == jnp.bfloat16:
-    return x, x
-  x = x.astype(jnp.float32)
-  # hi rounded to bf16 but kept in fp32 by reduce_precision, which XLA honours: a bf16 round
-  # trip (convert to bf16 and back) is one that XLA's GPU compiler may remove as "excess
-  # precision", which left lo = 0 and about 3e-3 relative error in the gradients.
-  hi = jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=7)
-  return hi.astype(jnp.bfloat16), (x - hi).astype(jnp.bfloat16)
+  """(hi, lo) bf16 arrays with hi + lo ~ x to about 16 mantissa bits (``half_parts``); a bf16
+  x is exact (lo = hi, which the kernels do not read: pass ``exact``)."""
+  parts = half_parts(x)
+  return parts * 2 if len(parts) == 1 else parts
 
 
 def _dot(spec, *operands):

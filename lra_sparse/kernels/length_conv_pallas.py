@@ -37,6 +37,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from lra_sparse.kernels.dfss_launch import half_parts
+
 BLOCK = 64       # output rows per program
 NUM_WARPS = 4
 
@@ -145,17 +147,6 @@ def band_block(size: int) -> int:
   return max(64, 1 << max(0, (size // 2) - 1).bit_length())
 
 
-def _parts(x, dtype):
-  """(hi, lo) in ``dtype`` with hi + lo ~ x (float32 x), or (x,) when x already is ``dtype``.
-  hi comes from reduce_precision, which XLA keeps (a convert round trip it may drop)."""
-  if x.dtype == dtype:
-    return (x,)
-  x = x.astype(jnp.float32)
-  bits = {jnp.dtype(jnp.bfloat16): (8, 7), jnp.dtype(jnp.float16): (5, 10)}[jnp.dtype(dtype)]
-  hi = jax.lax.reduce_precision(x, exponent_bits=bits[0], mantissa_bits=bits[1])
-  return hi.astype(dtype), (x - hi).astype(dtype)
-
-
 def _pairs(a_parts, b_parts):
   """Index pairs of the parts multiplied: all but lo x lo."""
   return [(i, j) for i in range(len(a_parts)) for j in range(len(b_parts)) if i + j < 2]
@@ -252,7 +243,7 @@ def _banded_conv_fwd(values, bands, interpret):
   blocks = -(-length // block)
   width = max(16, 1 << (dim - 1).bit_length())
   x = _layout(values, block, block, width)
-  out = _band_product((x,), _parts(bands, values.dtype), blocks=blocks, block=block,
+  out = _band_product((x,), half_parts(bands, values.dtype), blocks=blocks, block=block,
                       interpret=interpret)
   return out[:, :length, :, :dim], (values, bands)
 
@@ -263,12 +254,12 @@ def _banded_conv_bwd(interpret, residuals, grad):
   block = bands.shape[-1]
   blocks = -(-length // block)
   width = max(16, 1 << (dim - 1).bit_length())
-  g_parts = _parts(grad, values.dtype)
+  g_parts = half_parts(grad, values.dtype)
   # dV: block m of the input gets sum_u T_u^T G_{m + 1 - u}: the product with the transposed
   # bands in reverse order over G laid out as V is
   flipped = jnp.swapaxes(bands[:, ::-1], -1, -2)
   grad_values = _band_product(tuple(_layout(g, block, block, width) for g in g_parts),
-                              _parts(flipped, values.dtype), blocks=blocks, block=block,
+                              half_parts(flipped, values.dtype), blocks=blocks, block=block,
                               interpret=interpret)[:, :length, :, :dim]
   grad_bands = _band_grad(tuple(_layout(g, block, 0, width) for g in g_parts),
                           (_layout(values, block, block, width),), blocks=blocks, block=block,
