@@ -9,10 +9,9 @@ operands. conv: the depthwise conv skip over the length axis (forward+backward, 
 and the taps) in the candidate formulations below. step: the whole train step at the task's
 LRA shape (benchmarks.bench_train_step) for dense cuDNN and the Nystrom kinds; with ``--old``
 (a copy of an earlier lra_sparse/attention/nystrom.py) the earlier core and conv are timed in
-the same process as well, by swapping the module's functions; on a GPU the kernel candidates
-(``--step_candidates``: the fused pseudo-inverse of ``kernels/pinv_pallas.py``, the banded conv
-of ``kernels/length_conv_pallas.py``) are swapped into the first Nystrom variant's step the same
-way, and the core part times the fused pinv beside XLA's.
+the same process as well, by swapping the module's functions; the conv forms of
+``--step_convs`` are swapped into the first Nystrom variant's step the same way (the skip then
+added to the attention output outside the conv).
 Median of many timed runs after warm-up (benchmarks.bench_dfss_kernels.time_fn).
 """
 from __future__ import annotations
@@ -32,7 +31,7 @@ import numpy as np
 from benchmarks import bench_train_step
 from benchmarks.bench_dfss_kernels import gpu_state, time_fn
 from lra_sparse.attention import dense, nystrom, registry
-from lra_sparse.kernels import length_conv_pallas, pinv_pallas
+from lra_sparse.kernels import length_conv_pallas
 
 flags.DEFINE_list("parts", ["core", "conv", "step"], "What to time.")
 flags.DEFINE_string("old", "", "Path of an earlier nystrom.py to time in the same process.")
@@ -40,12 +39,9 @@ flags.DEFINE_string("shape", "32x2000x8x64", "batch x length x heads x head_dim 
 flags.DEFINE_integer("landmarks", 64, "Landmarks (core).")
 flags.DEFINE_integer("conv_kernel", 35, "Conv taps (conv).")
 flags.DEFINE_bool("conv_micro", True, "conv part: time the conv alone (else only in steps).")
-flags.DEFINE_list("step_convs", ["banded block matmul", "Pallas kernel"],
+flags.DEFINE_list("step_convs", ["Pallas kernel"],
                   "conv part: formulations also timed inside the first Nystrom train step.")
 flags.DEFINE_list("convs", [], "conv part: only these formulations (default: all).")
-flags.DEFINE_list("step_candidates", ["fused pinv", "fused pinv + banded conv"],
-                  "step part, on a GPU: kernel candidates swapped into the first Nystrom "
-                  "variant's step (fused pinv, banded conv, fused pinv + banded conv).")
 flags.DEFINE_list("conv_dtypes", ["bf16", "fp32"], "conv part: dtypes of V timed alone.")
 flags.DEFINE_list("step_variants", ["bf16:cudnn", "bf16:kind=nystrom",
                                     "bf16:kind=nystrom+nm=2:4", "fp32:kind=nystrom"],
@@ -103,9 +99,6 @@ def core_rows(old):
           "bnhd,bmhd->bhnm", q[:, :lm], k[:, :lm], preferred_element_type=jnp.float32), axis=-1)
       impls["  part: pinv of [b,h,m,m]"] = lambda q, k, v: nystrom.iterative_pinv(
           landmark_softmax(q, k), 6)
-      if jax.default_backend() == "gpu":
-        impls["  part: pinv, fused kernel"] = lambda q, k, v: pinv_pallas.iterative_pinv(
-            landmark_softmax(q, k), 6)
     for nm in ("", "2:4"):
       label = "nystrom XLA" + (f"+{nm}" if nm else "")
       impls[label] = functools.partial(nystrom.nystrom_attention, num_landmarks=lm,
@@ -146,7 +139,7 @@ def conv_cases():
   cases["banded block matmul"] = nystrom.banded_length_conv
   if jax.default_backend() == "gpu":
     cases["Pallas kernel"] = length_conv_pallas.length_conv
-    # half-precision V on the tensor cores (float32 V: the kernel above)
+    # the model's: half-precision V on the tensor cores (float32 V: the kernel above)
     cases["Pallas banded kernel"] = length_conv_pallas.banded_length_conv
   return {name: fn for name, fn in cases.items() if not FLAGS.convs or name in FLAGS.convs}
 
@@ -194,6 +187,20 @@ def _known_kwargs(fn):
   return lambda *args, **kwargs: fn(*args, **{k: v for k, v in kwargs.items() if k in names})
 
 
+def _adding_residual(conv):
+  """A float32 conv (values, taps) as the model's ``depthwise_length_conv``, which adds the
+  skip to ``residual`` (the attention output) when given; convs that take ``residual``
+  themselves get it."""
+  if "residual" in inspect.signature(conv).parameters:
+    return conv
+
+  def fn(values, taps, residual=None):
+    out = conv(values, taps)
+    return out if residual is None else (residual.astype(jnp.float32) + out).astype(
+        residual.dtype)
+  return fn
+
+
 def step_rows(old):
   rows = []
   runs = [(v, contextlib.nullcontext()) for v in FLAGS.step_variants]
@@ -202,24 +209,14 @@ def step_rows(old):
     # keywords its signature lacks dropped (an earlier version of this harness dropped
     # `implementation` and cast the conv's input to float32, which timed another formulation).
     runs += [(v + " (old)", swapped(nystrom, nystrom_attention=_known_kwargs(
-        old.nystrom_attention), depthwise_length_conv=_known_kwargs(old.depthwise_length_conv)))
+        old.nystrom_attention), depthwise_length_conv=_adding_residual(old.depthwise_length_conv)))
              for v in FLAGS.step_variants if "nystrom" in v]
   nystrom_variants = [v for v in FLAGS.step_variants if "nystrom" in v]
-  if nystrom_variants and jax.default_backend() == "gpu":
-    candidates = {"fused pinv": dict(iterative_pinv=pinv_pallas.iterative_pinv),
-                  "banded conv": dict(
-                      depthwise_length_conv=length_conv_pallas.banded_length_conv)}
-    candidates["fused pinv + banded conv"] = {**candidates["fused pinv"],
-                                              **candidates["banded conv"]}
-    for name in FLAGS.step_candidates:
-      if name not in candidates:
-        raise ValueError(f"--step_candidates: unknown {name!r}; known: {sorted(candidates)}")
-      runs.append((f"{nystrom_variants[0]} ({name})", swapped(nystrom, **candidates[name])))
   if nystrom_variants and "conv" in FLAGS.parts:
     for name, fn in conv_cases().items():
       if name in FLAGS.step_convs:
         runs.append((f"{nystrom_variants[0]} (conv: {name})",
-                     swapped(nystrom, depthwise_length_conv=fn)))
+                     swapped(nystrom, depthwise_length_conv=_adding_residual(fn))))
   for variant, context in runs:
     try:
       with context:

@@ -676,6 +676,37 @@ def test_nystrom_pads_length_to_a_multiple_of_landmarks():
   np.testing.assert_allclose(np.asarray(got), want, rtol=_fp32_tol(1e-4), atol=_fp32_tol(1e-4))
 
 
+@pytest.mark.parametrize("length,nm", [(32, None), (30, None), (30, (2, 4))])
+def test_nystrom_gradients_match_float64_finite_differences(length, nm):
+  """Gradients w.r.t. q, k, v against central differences of the float64 port along a random
+  direction: padded tokens, a length that is not a multiple of the landmarks (30 = 7 full
+  segments of 4 and one of 2; the port pads), plain and 2:4. Covers the hand-written
+  backward of the segment means (each token gets its segment's gradient / size)."""
+  q, k, v = _qkv(13 + length, (B, length, H, D))
+  mask = _mask(lengths=[length, 13], length=length)
+  padded = -(-length // 8) * 8
+  pad = lambda x: np.pad(x, ((0, 0), (0, padded - length)) + ((0, 0),) * (x.ndim - 2))
+  rng = np.random.default_rng(length)
+  cot = rng.normal(size=q.shape)
+  directions = [rng.normal(size=q.shape) for _ in range(3)]
+
+  def port(q, k, v):
+    out = np_nystrom_official(pad(q), pad(k), pad(v), pad(mask), 8, nm=nm)[:, :length]
+    return float(np.sum(out * cot))
+
+  eps = 1e-5
+  plus = port(*[x.astype(np.float64) + eps * d for x, d in zip((q, k, v), directions)])
+  minus = port(*[x.astype(np.float64) - eps * d for x, d in zip((q, k, v), directions)])
+  want = (plus - minus) / (2 * eps)
+  grads = jax.grad(lambda q, k, v: jnp.vdot(nystrom_attention(
+      q, k, v, num_landmarks=8, nm=nm, mask=jnp.asarray(mask)), cot.astype(np.float32)),
+                   argnums=(0, 1, 2))(q, k, v)
+  got = sum(float(np.sum(np.asarray(g, np.float64) * d)) for g, d in zip(grads, directions))
+  scale = sum(float(np.abs(np.asarray(g, np.float64) * d).sum())
+              for g, d in zip(grads, directions))
+  assert abs(got - want) <= _fp32_tol(1e-5) * scale, (got, want, scale)
+
+
 def test_nystrom_core_with_conv_matches_numpy_and_trains():
   q, k, v = _qkv(12)
   mask = jnp.asarray(_mask())
@@ -994,11 +1025,15 @@ def test_conv_skip_forms_match_numpy(length, size, block):
     (130, 35, 8, "bfloat16"), (7, 5, 64, "bfloat16"), (64, 129, 16, "float16"),
     (200, 1, 12, "bfloat16"), (300, 35, 64, "bfloat16")])
 def test_banded_conv_kernel_matches_numpy(length, size, dim, dtype):
-  """The tensor-core candidate for half-precision V (block-banded products, taps and float32
-  cotangents split into hi + lo parts): value and tap gradient at float32-like accuracy, the
-  values' gradient within its own rounding to the input dtype; odd lengths (a partial last
-  block), head dims below 16 and not powers of two (zero columns), taps longer than a block's
-  half (K = 129: 64 per side) and a single tap. Interpreter on the CPU, the kernels on a GPU."""
+  """The tensor-core conv for half-precision V (block-banded products, taps and float32
+  cotangents split into hi + lo parts, rows past the ends masked): value and tap gradient at
+  float32-like accuracy, the values' gradient within its own rounding to the input dtype; odd
+  lengths (a partial last block), head dims below 16 and not powers of two (zero columns), taps
+  longer than a block's half (K = 129: 64 per side) and a single tap. Then with the residual
+  added in the kernel: the sum rounded once to the residual's dtype, the residual's gradient
+  the cotangent itself, and a half-precision cotangent (one part) for the other gradients.
+  Outputs are not pre-zeroed by Pallas, so a row the kernel skipped would be garbage.
+  Interpreter on the CPU, the kernels on a GPU."""
   from lra_sparse.kernels.length_conv_pallas import banded_length_conv  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(length + size + dim)
   values = jnp.asarray(rng.normal(size=(2, length, 3, dim)), dtype)
@@ -1008,69 +1043,38 @@ def test_banded_conv_kernel_matches_numpy(length, size, dim, dtype):
   got = np.asarray(jax.jit(fn)(values, taps))
   assert got.dtype == np.float32
   np.testing.assert_allclose(got, want, rtol=0, atol=3e-5 * np.abs(want).max())
-  cot = rng.normal(size=want.shape).astype(np.float32)
-  grad_v, grad_w = jax.grad(lambda x, w: jnp.vdot(fn(x, w), cot), argnums=(0, 1))(values, taps)
-  want_v = np_length_conv(cot, taps[::-1])
   padded = np.pad(np.asarray(values, np.float64), ((0, 0), (size // 2, size // 2), (0, 0), (0, 0)))
-  want_w = np.stack([np.einsum("blhd,blhd->h", cot, padded[:, t:t + length])
-                     for t in range(size)])
-  assert grad_v.dtype == values.dtype
   eps = float(jnp.finfo(values.dtype).eps)
-  np.testing.assert_allclose(np.asarray(grad_v, np.float64), want_v, rtol=eps,
-                             atol=1e-4 * np.abs(want_v).max())
-  np.testing.assert_allclose(np.asarray(grad_w), want_w, rtol=0,
-                             atol=5e-5 * np.abs(want_w).max())
 
+  def check_grads(grad_v, grad_w, cot):
+    want_v = np_length_conv(cot, taps[::-1])
+    want_w = np.stack([np.einsum("blhd,blhd->h", cot, padded[:, t:t + length])
+                       for t in range(size)])
+    assert grad_v.dtype == values.dtype
+    np.testing.assert_allclose(np.asarray(grad_v, np.float64), want_v, rtol=eps,
+                               atol=1e-4 * np.abs(want_v).max())
+    np.testing.assert_allclose(np.asarray(grad_w), want_w, rtol=0,
+                               atol=5e-5 * np.abs(want_w).max())
 
-@pytest.mark.parametrize("shape,iters", [((2, 3, 16, 16), 6), ((4, 32, 32), 3),
-                                          ((1, 64, 64), 1), ((3, 64, 64), 6)])
-def test_fused_pinv_matches_float64(shape, iters):
-  """The fused pseudo-inverse (one Pallas program per matrix, forward and reverse mode through
-  the iterations) against float64 autodiff of ``iterative_pinv``: values and gradients. The
-  matrices have distinct row and column sums, so the scale's maxima have one argmax in float32
-  and float64 alike; the model's softmax rows all sum to 1, a tie that float32 rounding breaks,
-  so there the reference is the float32 XLA form, which breaks it the same way. Interpreter on
-  the CPU, the kernels on a GPU (TF32 products there, as XLA's)."""
-  from lra_sparse.attention import nystrom as nys  # pylint: disable=import-outside-toplevel
-  from lra_sparse.kernels import pinv_pallas  # pylint: disable=import-outside-toplevel
-  fused = functools.partial(pinv_pallas.iterative_pinv, iters=iters,
-                            interpret=jax.default_backend() != "gpu")
-  rng = np.random.default_rng(sum(shape) + iters)
-  a = rng.uniform(size=shape) + 2.0 * np.eye(shape[-1])
-  ct = rng.normal(size=shape)
-  with jax.enable_x64(True):
-    want, vjp = jax.vjp(lambda a: nys.iterative_pinv(a, iters), jnp.asarray(a, jnp.float64))
-    (want_grad,) = vjp(jnp.asarray(ct, jnp.float64))
-  a32, ct32 = jnp.asarray(a, jnp.float32), jnp.asarray(ct, jnp.float32)
-  got, vjp = jax.vjp(jax.jit(fused), a32)
-  (got_grad,) = vjp(ct32)
-  tol = _fp32_tol(2e-6)
-  for name, g, w in (("value", got, want), ("grad", got_grad, want_grad)):
-    g, w = np.asarray(g, np.float64), np.asarray(w)
-    assert np.all(np.isfinite(g)), name
-    np.testing.assert_allclose(g, w, rtol=0, atol=tol * np.abs(w).max(), err_msg=name)
-  # softmax matrices, as the model's: against the float32 XLA form
-  soft = jax.nn.softmax(jnp.asarray(rng.normal(size=shape) * 2.0, jnp.float32), axis=-1)
-  want, vjp = jax.vjp(lambda a: nys.iterative_pinv(a, iters), soft)
-  (want_grad,) = vjp(ct32)
-  got, vjp = jax.vjp(jax.jit(fused), soft)
-  (got_grad,) = vjp(ct32)
-  for name, g, w in (("value", got, want), ("grad", got_grad, want_grad)):
-    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=0,
-                               atol=_fp32_tol(1e-5) * np.abs(np.asarray(w)).max(),
-                               err_msg=f"softmax {name}")
-
-
-def test_fused_pinv_rejects_bad_input():
-  from lra_sparse.kernels import pinv_pallas  # pylint: disable=import-outside-toplevel
-  for bad, match in [(np.ones((2, 16, 8), np.float32), r"\[\.\.\., m, m\]"),
-                     (np.ones((2, 24, 24), np.float32), "power of two >= 16"),
-                     (np.ones((2, 8, 8), np.float32), "power of two >= 16"),
-                     (np.ones((2, 16, 16), jnp.bfloat16), "float32")]:
-    with pytest.raises(ValueError, match=match):
-      pinv_pallas.iterative_pinv(bad, 2, interpret=True)
-  with pytest.raises(ValueError, match="iters=0"):
-    pinv_pallas.iterative_pinv(np.ones((2, 16, 16), np.float32), 0, interpret=True)
+  cot = rng.normal(size=want.shape).astype(np.float32)
+  check_grads(*jax.grad(lambda x, w: jnp.vdot(fn(x, w), cot), argnums=(0, 1))(values, taps),
+              cot)
+  # the residual added in the kernel's epilogue, in the residual's (half) dtype
+  residual = jnp.asarray(rng.normal(size=want.shape) * 4.0, dtype)
+  got = jax.jit(fn)(values, taps, residual)
+  assert got.dtype == residual.dtype
+  summed = np.asarray(residual, np.float64) + want
+  np.testing.assert_allclose(np.asarray(got, np.float64), summed, rtol=eps,
+                             atol=3e-5 * np.abs(summed).max())
+  half_cot = jnp.asarray(cot, dtype)
+  grads = jax.grad(lambda x, w, r: jnp.vdot(fn(x, w, r).astype(jnp.float32),
+                                            half_cot.astype(jnp.float32)),
+                   argnums=(0, 1, 2))(values, taps, residual)
+  assert grads[2].dtype == residual.dtype
+  np.testing.assert_array_equal(np.asarray(grads[2]), np.asarray(half_cot))
+  check_grads(grads[0], grads[1], np.asarray(half_cot, np.float64))
+  with pytest.raises(ValueError, match="residual must have the values' shape"):
+    fn(values, taps, residual[:, 1:])
 
 
 def test_nystrom_half_precision_stays_close_to_float64():

@@ -19,7 +19,8 @@ sequence is padded at the end with masked tokens (the official code requires div
 exact softmax there); a bf16 / fp16 model multiplies in half precision with float32
 accumulation (the official code runs its attention in float32 under AMP; the softmaxes and the
 pseudo-inverse stay float32 here too), through cuDNN's flash attention on a GPU. The conv skip
-is one Pallas kernel pass on a GPU and block-banded matrix products elsewhere.
+is block-banded matrix products (a Pallas kernel on a GPU, which also adds the skip to the
+attention output).
 
 Nystrom + DFSS (``nm="n:m"``): the two non-square softmax matrices F and B are N:M-pruned along
 their last axis (landmarks for F, keys for B) before their softmax, as DFSS stores them under
@@ -28,6 +29,7 @@ their last axis (landmarks for F, keys for B) before their softmax, as DFSS stor
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional, Union
 
 import jax
@@ -88,6 +90,46 @@ def iterative_pinv(matrix, iters: int = 6):
     az = matrix @ z
     z = 0.25 * z @ (13 * identity - az @ (15 * identity - az @ (7 * identity - az)))
   return z
+
+
+def segment_means(x, num_landmarks: int):
+  """float32 [b, m, h, d]: the means of x [b, L, h, d] over num_landmarks segments of
+  ceil(L / m) tokens (a shorter or empty last one counts the missing tokens as zeros).
+
+  Forward: one product with the 0/1 [m, L] segment-membership matrix (exact in any dtype;
+  float32 sums, then / size): on a GPU a tensor-core product reading x once, where the
+  [b, m, size, h, d] mean over the middle axis (fused with a pad) took 0.26 ms per ListOps
+  layer in a profile of the train step on an H100. Backward: each token's gradient is its
+  segment's, / size, a broadcast XLA fuses into the consumer (the same numbers as the
+  product's transpose, which cost a [L x m] x [m x h d] product per call). (Batched over b:
+  XLA's CPU backend lacks the unbatched bf16 x bf16 -> f32 product.)"""
+  return _segment_means(x, num_landmarks, x.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _segment_means(x, num_landmarks, dtype):
+  return _segment_means_fwd(x, num_landmarks, dtype)[0]
+
+
+def _segment_means_fwd(x, num_landmarks, dtype):
+  batch, length = x.shape[:2]
+  size = -(-length // num_landmarks)
+  member = (jnp.arange(length) // size)[None, :] == jnp.arange(num_landmarks)[:, None]
+  member = jnp.broadcast_to(member.astype(x.dtype), (batch,) + member.shape)
+  half = x.dtype in (jnp.bfloat16, jnp.float16)
+  sums = jnp.einsum("bml,blhd->bmhd", member, x, preferred_element_type=jnp.float32,
+                    precision=None if half else jax.lax.Precision.HIGHEST)
+  return sums / jnp.float32(size), jnp.zeros((length, 0), dtype)
+
+
+def _segment_means_bwd(num_landmarks, dtype, saved, grad):
+  length = saved.shape[0]       # (a zero-size array: residuals are arrays)
+  size = -(-length // num_landmarks)
+  spread = jnp.repeat(grad / jnp.float32(size), size, axis=1)[:, :length]
+  return (spread.astype(dtype),)
+
+
+_segment_means.defvjp(_segment_means_fwd, _segment_means_bwd)
 
 
 def _softmax(logits, nm):
@@ -175,22 +217,8 @@ def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
     key_mask = jnp.pad(mask, ((0, 0), (0, size * num_landmarks - length)))
   logit_scale = f32(head_dim ** -0.5)
 
-  # Q~, K~: means of num_landmarks equal segments, float32 [b, m, h, d], as one product with
-  # the 0/1 [m, L] segment-membership matrix (exact in any dtype; float32 sums, then / size):
-  # on a GPU a tensor-core product reading x once, where the [b, m, size, h, d] mean over the
-  # middle axis (fused with the pad) took 0.26 ms per ListOps layer in a profile of the train
-  # step on an H100. (Batched over b: XLA's CPU backend lacks the unbatched bf16 x bf16 -> f32
-  # product.)
-  member = (jnp.arange(qz.shape[1]) // size)[None, :] == jnp.arange(num_landmarks)[:, None]
-  member = jnp.broadcast_to(member.astype(operand), (batch,) + member.shape)
-
-  def segments(x):
-    sums = jnp.einsum("bml,blhd->bmhd", member, x.astype(operand),
-                      preferred_element_type=f32,
-                      precision=None if half else jax.lax.Precision.HIGHEST)
-    return sums / f32(size)
-
-  q_land, k_land = segments(qz), segments(kz)
+  q_land = segment_means(qz.astype(operand), num_landmarks)                      # Q~, K~
+  k_land = segment_means(kz.astype(operand), num_landmarks)
   kernel_a = _softmax(jnp.einsum("bnhd,bmhd->bhnm", q_land, k_land) * logit_scale,  # [m x m]
                       None)
   pinv_a = iterative_pinv(kernel_a, pinv_iters)
@@ -268,17 +296,26 @@ def toeplitz_bands(kernel, block: int):
   return band.reshape(kernel.shape[1], block, 3, block).transpose(0, 2, 1, 3)
 
 
-def depthwise_length_conv(values, kernel):
-  """The conv skip of the Nystromformer core: values [b, L, h, d], kernel [K, h] -> float32.
+def depthwise_length_conv(values, kernel, residual=None):
+  """The conv skip of the Nystromformer core: values [b, L, h, d], kernel [K, h] -> the float32
+  conv; with ``residual`` (the attention output, [b, L, h, d]): residual + conv, summed in
+  float32 and returned in residual's dtype.
 
-  On a GPU (head_dim a power of two) the one-pass Pallas kernel
-  ``lra_sparse.kernels.length_conv_pallas``; elsewhere the block-banded products above."""
+  On a GPU (head_dim a power of two) a Pallas kernel, ``lra_sparse.kernels.length_conv_pallas``:
+  block-banded products on the tensor cores for bf16 / fp16 values, with the residual added in
+  the kernel; the one-pass kernel for float32 values. Elsewhere the block-banded products
+  above."""
   dim = values.shape[-1]
   if jax.default_backend() == "gpu" and dim & (dim - 1) == 0:
     from lra_sparse.kernels import length_conv_pallas  # pylint: disable=import-outside-toplevel
-    return common.per_data_shard(length_conv_pallas.length_conv, values, kernel,
-                                 replicated=(1,))
-  return banded_length_conv(values, kernel, block=max(64, -(-(kernel.shape[0] // 2) // 16) * 16))
+    if residual is None:
+      return common.per_data_shard(length_conv_pallas.banded_length_conv, values, kernel,
+                                   replicated=(1,))
+    return common.per_data_shard(length_conv_pallas.banded_length_conv, values, kernel,
+                                 residual, replicated=(1,))
+  conv = banded_length_conv(values, kernel, block=max(64, -(-(kernel.shape[0] // 2) // 16) * 16))
+  return conv if residual is None else (residual.astype(jnp.float32) + conv).astype(
+      residual.dtype)
 
 
 class NystromAttention(nn.Module):
@@ -304,8 +341,7 @@ class NystromAttention(nn.Module):
       kernel = self.param("conv_kernel", init, (config.conv_kernel, self.dims.num_heads),
                           jnp.float32)
       real = (jnp.ones(v.shape[:2], bool) if mask is None else mask)[:, :, None, None]
-      skip = depthwise_length_conv(jnp.where(real, v, 0), kernel)
-      out = (out.astype(jnp.float32) + skip).astype(q.dtype)
+      out = depthwise_length_conv(jnp.where(real, v, 0), kernel, residual=out)
     return out
 
 

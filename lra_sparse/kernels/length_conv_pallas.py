@@ -17,17 +17,19 @@ V is zero-padded by K//2 (and up to a whole number of blocks) before the call, s
 is in bounds and needs no mask. Nothing here imports at module import time beyond JAX;
 ``interpret=True`` runs the same kernels on the CPU (the tests use that).
 
-``banded_length_conv`` is a candidate for half-precision V on the tensor cores: the conv as
-block-banded products (as ``nystrom.banded_length_conv`` in XLA), output block j =
-sum_u T_u[h] @ V[block j - 1 + u], u = 0, 1, 2, with T_u the [B x B] Toeplitz slices of the
-taps. The kernel above does K FMAs per output element on the CUDA cores with K shifted loads;
-this one does three [B x B] x [B x d] products per output tile from three loads. The taps stay
-float32-exact: T is split into two half-precision parts (hi + lo), and so is a float32
-cotangent in the backward, each pair of parts but lo x lo multiplied (about 16 bits of
-mantissa per product, float32 accumulation). Backward: dV is the same product with the bands
-transposed and reversed, dT_u = sum over examples and blocks of G_j V_{j-1+u}^T (one program
-per head and slice of the blocks, accumulated in registers), and dw is the transpose of the
-taps -> bands map (JAX's autodiff of ``nystrom.toeplitz_bands``).
+``banded_length_conv`` is the model's form for half-precision V (bf16 / fp16), on the tensor
+cores: the conv as block-banded products (as ``nystrom.banded_length_conv`` in XLA), output
+block j = sum_u T_u[h] @ V[block j - 1 + u], u = 0, 1, 2, with T_u the [B x B] Toeplitz slices
+of the taps. The kernel above does K FMAs per output element on the CUDA cores with K shifted
+loads; this one does three [B x B] x [B x d] products per output tile from three loads (masked
+at the ends, so nothing is padded in memory), and adds the attention output it is the skip of
+in its epilogue. The taps stay float32-exact: T is split into two half-precision parts
+(hi + lo), and so is a float32 cotangent in the backward, each pair of parts but lo x lo
+multiplied (about 16 bits of mantissa per product, float32 accumulation). Backward: dV is the
+same product with the bands transposed and reversed, dT_u = sum over examples and blocks of
+G_j V_{j-1+u}^T (one program per head and slice of the blocks, accumulated in registers), and
+dw is the transpose of the taps -> bands map (JAX's autodiff of ``nystrom.toeplitz_bands``).
+Measurements: experiments/nystrom_speed_h100.md.
 """
 from __future__ import annotations
 
@@ -152,35 +154,57 @@ def _pairs(a_parts, b_parts):
   return [(i, j) for i in range(len(a_parts)) for j in range(len(b_parts)) if i + j < 2]
 
 
-def _band_product_kernel(*refs, parts, block: int):
-  """o[b, block j, h] = sum_u sum of part products T_u[h] @ x[b, block j + u, h]."""
+def _rows(ref, b, start, h, *, block: int, length: int):
+  """ref[b, start:start + block, h, :], rows outside [0, length) read as zeros (masked, so V
+  and the cotangents are never copied into padded arrays)."""
+  from jax.experimental.pallas import triton as plgpu  # pylint: disable=import-outside-toplevel
+  rows = start + jnp.arange(block)
+  inside = jnp.broadcast_to(((rows >= 0) & (rows < length))[:, None], (block, ref.shape[-1]))
+  return plgpu.load(ref.at[b, pl.ds(start, block), h, :], mask=inside, other=0)
+
+
+def _band_product_kernel(*refs, parts, block: int, length: int, residual: bool):
+  """o[b, block j, h] = sum_u sum of part products T_u[h] @ x[b, block j - 1 + u, h]
+  (+ the residual's tile), stored in o's dtype; rows past the length are neither read nor
+  written."""
+  from jax.experimental.pallas import triton as plgpu  # pylint: disable=import-outside-toplevel
   nx, nt = parts
-  x_refs, t_refs, o_ref = refs[:nx], refs[nx:nx + nt], refs[-1]
+  x_refs, t_refs = refs[:nx], refs[nx:nx + nt]
+  r_ref, o_ref = (refs[-2], refs[-1]) if residual else (None, refs[-1])
   b, j, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  load = functools.partial(_rows, b=b, h=h, block=block, length=length)
   acc = jnp.zeros((block, o_ref.shape[-1]), jnp.float32)
   for u in range(3):
-    xs = [r[b, pl.ds((j + u) * block, block), h, :] for r in x_refs]
+    xs = [load(r, start=(j - 1 + u) * block) for r in x_refs]
     ts = [r[h, u, :, :] for r in t_refs]
     for i, k in _pairs(ts, xs):
       acc += jnp.dot(ts[i], xs[k], preferred_element_type=jnp.float32)
-  o_ref[b, pl.ds(j * block, block), h, :] = acc
+  if residual:
+    acc += load(r_ref, start=j * block).astype(jnp.float32)
+  rows = j * block + jnp.arange(block)
+  inside = jnp.broadcast_to((rows < length)[:, None], acc.shape)
+  plgpu.store(o_ref.at[b, pl.ds(j * block, block), h, :], acc.astype(o_ref.dtype), mask=inside)
 
 
-def _band_product(x_parts, t_parts, *, blocks: int, block: int, interpret: bool):
-  """float32 [b, blocks * B, h, d]: x parts [b, (blocks + 2) * B, h, d] (block j of the output
-  reads blocks j, j + 1, j + 2), band parts [h, 3, B, B]."""
-  batch, _, heads, dim = x_parts[0].shape
+def _band_product(x_parts, t_parts, residual=None, *, dtype, interpret: bool):
+  """[b, L, h, d] in ``dtype``: the band products over x parts [b, L, h, d] with band parts
+  [h, 3, B, B] (output block j reads blocks j - 1, j, j + 1), plus ``residual`` if given."""
+  batch, length, heads, dim = x_parts[0].shape
+  block = t_parts[0].shape[-1]
+  extra = () if residual is None else (residual,)
   return pl.pallas_call(
-      functools.partial(_band_product_kernel, parts=(len(x_parts), len(t_parts)), block=block),
-      out_shape=jax.ShapeDtypeStruct((batch, blocks * block, heads, dim), jnp.float32),
-      grid=(batch, blocks, heads),
+      functools.partial(_band_product_kernel, parts=(len(x_parts), len(t_parts)), block=block,
+                        length=length, residual=residual is not None),
+      out_shape=jax.ShapeDtypeStruct((batch, length, heads, dim), dtype),
+      grid=(batch, pl.cdiv(length, block), heads),
       interpret=interpret,
       compiler_params=None if interpret else _compiler_params(),
-  )(*x_parts, *t_parts)
+  )(*x_parts, *t_parts, *extra)
 
 
-def _band_grad_kernel(*refs, parts, block: int, blocks: int, total: int, splits: int):
-  """o[s, h, u] = sum over the (example, block j) of this program of G_j X_{j+u}^T."""
+def _band_grad_kernel(*refs, parts, block: int, blocks: int, length: int, total: int,
+                      splits: int):
+  """o[s, h, u] = sum over the (example, block j) of this program of G_j X_{j-1+u}^T."""
   ng, nx = parts
   g_refs, x_refs, o_ref = refs[:ng], refs[ng:ng + nx], refs[-1]
   h, s = pl.program_id(0), pl.program_id(1)
@@ -188,10 +212,11 @@ def _band_grad_kernel(*refs, parts, block: int, blocks: int, total: int, splits:
   def body(it, accs):
     index = s + it * splits
     b, j = index // blocks, index % blocks
-    gs = [r[b, pl.ds(j * block, block), h, :] for r in g_refs]
+    load = functools.partial(_rows, b=b, h=h, block=block, length=length)
+    gs = [load(r, start=j * block) for r in g_refs]
     out = []
     for u, acc in enumerate(accs):
-      xs = [r[b, pl.ds((j + u) * block, block), h, :] for r in x_refs]
+      xs = [load(r, start=(j - 1 + u) * block) for r in x_refs]
       for i, k in _pairs(gs, xs):
         acc += jax.lax.dot_general(gs[i], xs[k], (((1,), (1,)), ((), ())),
                                    preferred_element_type=jnp.float32)
@@ -205,15 +230,16 @@ def _band_grad_kernel(*refs, parts, block: int, blocks: int, total: int, splits:
     o_ref[s, h, u, :, :] = accs[u]
 
 
-def _band_grad(g_parts, x_parts, *, blocks: int, block: int, interpret: bool):
-  """float32 [h, 3, B, B]: dT_u = sum over examples and output blocks j of G_j X_{j+u}^T, g
-  parts [b, blocks * B, h, d], x parts padded as for ``_band_product``."""
-  batch, _, heads, _ = x_parts[0].shape
+def _band_grad(g_parts, x_parts, *, block: int, interpret: bool):
+  """float32 [h, 3, B, B]: dT_u = sum over examples and output blocks j of G_j X_{j-1+u}^T;
+  g and x parts [b, L, h, d]."""
+  batch, length, heads, _ = x_parts[0].shape
+  blocks = pl.cdiv(length, block)
   total = batch * blocks
   splits = min(GRAD_SPLITS, total)
   partial_sums = pl.pallas_call(
       functools.partial(_band_grad_kernel, parts=(len(g_parts), len(x_parts)), block=block,
-                        blocks=blocks, total=total, splits=splits),
+                        blocks=blocks, length=length, total=total, splits=splits),
       out_shape=jax.ShapeDtypeStruct((splits, heads, 3, block, block), jnp.float32),
       grid=(heads, splits),
       interpret=interpret,
@@ -222,60 +248,63 @@ def _band_grad(g_parts, x_parts, *, blocks: int, block: int, interpret: bool):
   return jnp.sum(partial_sums, axis=0)
 
 
-def _layout(x, block: int, lead: int, dim: int):
-  """[b, L, h, d'] -> [b, lead + blocks * B + (2 * B - lead), h, dim]: ``lead`` zero rows in
-  front, zeros after L up to whole blocks and two more blocks minus ``lead``; zero columns up
-  to ``dim`` (head dims below the products' 16)."""
-  length = x.shape[1]
-  blocks = -(-length // block)
-  return jnp.pad(x, ((0, 0), (lead, blocks * block - length + 2 * block - lead), (0, 0),
-                     (0, dim - x.shape[-1])))
+def _widen(x, width: int):
+  """Zero head-dim columns up to ``width`` (the products need 16 and a power of two)."""
+  return x if x.shape[-1] == width else jnp.pad(
+      x, ((0, 0),) * (x.ndim - 1) + ((0, width - x.shape[-1]),))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _banded_conv(values, bands, interpret):
-  return _banded_conv_fwd(values, bands, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _banded_conv(values, bands, residual, interpret):
+  return _banded_conv_fwd(values, bands, residual, interpret)[0]
 
 
-def _banded_conv_fwd(values, bands, interpret):
-  _, length, _, dim = values.shape
-  block = bands.shape[-1]
-  blocks = -(-length // block)
+def _banded_conv_fwd(values, bands, residual, interpret):
+  dim = values.shape[-1]
   width = max(16, 1 << (dim - 1).bit_length())
-  x = _layout(values, block, block, width)
-  out = _band_product((x,), half_parts(bands, values.dtype), blocks=blocks, block=block,
+  out = _band_product((_widen(values, width),), half_parts(bands, values.dtype),
+                      None if residual is None else _widen(residual, width),
+                      dtype=jnp.float32 if residual is None else residual.dtype,
                       interpret=interpret)
-  return out[:, :length, :, :dim], (values, bands)
+  return out[..., :dim], (values, bands, residual)
 
 
-def _banded_conv_bwd(interpret, residuals, grad):
-  values, bands = residuals
-  _, length, _, dim = values.shape
-  block = bands.shape[-1]
-  blocks = -(-length // block)
+def _banded_conv_bwd(interpret, saved, grad):
+  values, bands, residual = saved
+  dim = values.shape[-1]
   width = max(16, 1 << (dim - 1).bit_length())
-  g_parts = half_parts(grad, values.dtype)
+  # A float32 cotangent (no residual) is split into hi + lo parts; a half-precision one (the
+  # residual's dtype) is one part.
+  g_parts = tuple(_widen(g, width) for g in half_parts(grad, values.dtype))
   # dV: block m of the input gets sum_u T_u^T G_{m + 1 - u}: the product with the transposed
   # bands in reverse order over G laid out as V is
   flipped = jnp.swapaxes(bands[:, ::-1], -1, -2)
-  grad_values = _band_product(tuple(_layout(g, block, block, width) for g in g_parts),
-                              half_parts(flipped, values.dtype), blocks=blocks, block=block,
-                              interpret=interpret)[:, :length, :, :dim]
-  grad_bands = _band_grad(tuple(_layout(g, block, 0, width) for g in g_parts),
-                          (_layout(values, block, block, width),), blocks=blocks, block=block,
+  grad_values = _band_product(g_parts, half_parts(flipped, values.dtype), dtype=values.dtype,
+                              interpret=interpret)[..., :dim]
+  grad_bands = _band_grad(g_parts, (_widen(values, width),), block=bands.shape[-1],
                           interpret=interpret)
-  return grad_values.astype(values.dtype), grad_bands
+  grad_residual = None if residual is None else grad.astype(residual.dtype)
+  return grad_values, grad_bands, grad_residual
 
 
 _banded_conv.defvjp(_banded_conv_fwd, _banded_conv_bwd)
 
 
-def banded_length_conv(values, taps, *, interpret: bool = False):
+def banded_length_conv(values, taps, residual=None, *, interpret: bool = False):
   """``length_conv`` for half-precision values as block-banded products on the tensor cores
-  (module docstring); float32 result. Float32 values: ``length_conv``'s exact kernels."""
+  (module docstring). Without ``residual``: the float32 conv. With ``residual`` ([batch,
+  length, heads, head_dim], the attention output the skip is added to): (residual in float32
+  + conv) in residual's dtype, the sum made in the kernel's epilogue, so no float32
+  [b, L, h, d] array is written, and a half-precision cotangent comes back (one part, not a
+  hi + lo pair). Float32 values: ``length_conv``'s exact kernels (plus the residual)."""
   _check(values, taps)
+  if residual is not None and residual.shape != values.shape:
+    raise ValueError(f"banded_length_conv: residual must have the values' shape "
+                     f"{values.shape}, got {residual.shape}")
   if values.dtype not in HALF_DTYPES:
-    return length_conv(values, taps, interpret=interpret)
+    out = length_conv(values, taps, interpret=interpret)
+    return out if residual is None else (residual.astype(jnp.float32) + out).astype(
+        residual.dtype)
   from lra_sparse.attention.nystrom import toeplitz_bands  # pylint: disable=import-outside-toplevel
   bands = toeplitz_bands(taps, band_block(taps.shape[0]))
-  return _banded_conv(values, bands, interpret)
+  return _banded_conv(values, bands, residual, interpret)
