@@ -31,7 +31,7 @@ import numpy as np
 from benchmarks import bench_train_step
 from benchmarks.bench_dfss_kernels import gpu_state, time_fn
 from lra_sparse.attention import dense, nystrom, registry
-from lra_sparse.kernels import length_conv_pallas
+from lra_sparse.kernels import landmark_attention_pallas, length_conv_pallas
 
 flags.DEFINE_list("parts", ["core", "conv", "step"], "What to time.")
 flags.DEFINE_string("old", "", "Path of an earlier nystrom.py to time in the same process.")
@@ -95,6 +95,9 @@ def core_rows(old):
       impls["  part: B V, cuDNN"] = lambda q, k, v: dense.cudnn_attention(q[:, :lm], k, v)
       impls["  part: F (.), cuDNN"] = lambda q, k, v: dense.cudnn_attention(q, k[:, :lm],
                                                                              v[:, :lm])
+      if jax.default_backend() == "gpu":
+        impls["  part: F (.), Pallas"] = lambda q, k, v: (
+            landmark_attention_pallas.few_keys_attention(q, k[:, :lm], v[:, :lm]))
       landmark_softmax = lambda q, k: jax.nn.softmax(jnp.einsum(  # noqa: E731
           "bnhd,bmhd->bhnm", q[:, :lm], k[:, :lm], preferred_element_type=jnp.float32), axis=-1)
       impls["  part: pinv of [b,h,m,m]"] = lambda q, k, v: nystrom.iterative_pinv(
@@ -212,6 +215,10 @@ def step_rows(old):
         old.nystrom_attention), depthwise_length_conv=_adding_residual(old.depthwise_length_conv)))
              for v in FLAGS.step_variants if "nystrom" in v]
   nystrom_variants = [v for v in FLAGS.step_variants if "nystrom" in v]
+  if nystrom_variants and jax.default_backend() == "gpu":
+    # the model's F (.) (the Pallas kernel) against cuDNN's flash attention, in one process
+    runs.append((f"{nystrom_variants[0]} (F (.) on cuDNN)",
+                 swapped(nystrom, attend_landmarks=dense.cudnn_attention)))
   if nystrom_variants and "conv" in FLAGS.parts:
     for name, fn in conv_cases().items():
       if name in FLAGS.step_convs:

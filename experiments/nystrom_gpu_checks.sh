@@ -17,7 +17,7 @@ part_commands() {
   tests)
     # unmarked tests: the interpreter on a CPU, the compiled kernels on a GPU
     step tests $py -m pytest tests/test_attention_kinds.py -n 4 -v -rfE -p no:cacheprovider \
-      --durations=10 -k "banded_conv or conv_skip_forms or nystrom"
+      --durations=10 -k "banded_conv or conv_skip_forms or nystrom or few_keys"
     ;;
   bench)
     step bench $py -m benchmarks.bench_nystrom --parts=core,conv,step --conv_dtypes=bf16 \

@@ -1077,6 +1077,64 @@ def test_banded_conv_kernel_matches_numpy(length, size, dim, dtype):
     fn(values, taps, residual[:, 1:])
 
 
+def np_few_keys_attention(q, k, v, scale):
+  """float64 softmax(q k^T * scale) v and its VJP for cotangent c, q [b, L, h, d]."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  s = np.einsum("blhd,bmhd->bhlm", q, k) * scale
+  p = np.exp(s - s.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  out = np.einsum("bhlm,bmhd->blhd", p, v)
+
+  def vjp(c):
+    c = np.asarray(c, np.float64)
+    dp = np.einsum("blhd,bmhd->bhlm", c, v)
+    ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True)) * scale
+    return (np.einsum("bhlm,bmhd->blhd", ds, k), np.einsum("bhlm,blhd->bmhd", ds, q),
+            np.einsum("bhlm,blhd->bmhd", p, c))
+  return out, vjp
+
+
+@pytest.mark.parametrize("length,keys,dim,dtype", [
+    (300, 32, 16, "bfloat16"), (128, 64, 64, "bfloat16"), (1, 16, 32, "float16"),
+    (257, 64, 16, "float16")])
+def test_few_keys_attention_kernel_matches_float64(length, keys, dim, dtype):
+  """F (.)'s kernel (all keys in one tile; query rows past the length masked): output and the
+  gradients of q, k, v against float64 numpy, within the half-precision rounding of the
+  probabilities and operands (flash attention's); lengths with a partial last row block and a
+  single row. Interpreter on the CPU, the kernels on a GPU."""
+  from lra_sparse.kernels import landmark_attention_pallas as la  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(length + keys + dim)
+  q, k, v = (jnp.asarray(rng.normal(size=(3, n, 2, dim)), dtype)
+             for n in (length, keys, keys))
+  fn = functools.partial(la.few_keys_attention, interpret=jax.default_backend() != "gpu")
+  want, vjp = np_few_keys_attention(q, k, v, dim ** -0.5)
+  cot = rng.normal(size=want.shape)
+  got, got_vjp = jax.vjp(jax.jit(fn), q, k, v)
+  assert got.dtype == q.dtype
+  tol = 2 * float(jnp.finfo(q.dtype).eps)
+  np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=0,
+                             atol=tol * np.abs(want).max())
+  for name, g, w in zip("qkv", got_vjp(jnp.asarray(cot, q.dtype)),
+                        vjp(np.asarray(jnp.asarray(cot, q.dtype), np.float64))):
+    assert g.dtype == q.dtype and g.shape == w.shape, name
+    np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=0,
+                               atol=4 * tol * np.abs(w).max(), err_msg=name)
+
+
+def test_few_keys_attention_rejects_bad_input():
+  from lra_sparse.kernels import landmark_attention_pallas as la  # pylint: disable=import-outside-toplevel
+  q = jnp.ones((2, 40, 2, 16), jnp.bfloat16)
+  k = jnp.ones((2, 16, 2, 16), jnp.bfloat16)
+  for args, match in [((q, k[:, :, :1], k[:, :, :1]), r"k, v \[b, m, h, d\]"),
+                      ((q, k, k[:, :8]), r"k, v \[b, m, h, d\]"),
+                      ((q, k[:, :12], k[:, :12]), "12 keys"),
+                      ((q[..., :8], k[..., :8], k[..., :8]), "head dim 8"),
+                      ((q.astype(jnp.float32), k, k), "float32"),
+                      ((q, k.astype(jnp.float16), k), "float16")]:
+    with pytest.raises(ValueError, match=match):
+      la.few_keys_attention(*args, interpret=True)
+
+
 def test_nystrom_half_precision_stays_close_to_float64():
   """bf16 inputs: half-precision product operands, float32 softmax and pinv; the error against
   the float64 port is that of rounding the inputs and the probabilities to bf16."""
@@ -1119,6 +1177,15 @@ def test_nystrom_cudnn_formulation_equals_explicit(monkeypatch):
   assert calls == [((3, 8, H, 16), (3, 30, H, 16)), ((3, 30, H, 16), (3, 8, H, 16))]
   want = nystrom_attention(q, k, v, num_landmarks=8, mask=mask, implementation="xla")
   real = np.asarray(mask)[:, :, None, None]
+  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  assert np.all(np.isfinite(got)) and np.all(got[2] == 0)
+  np.testing.assert_allclose(np.where(real, got, 0), np.where(real, want, 0), rtol=3e-2,
+                             atol=3e-2)
+  # 16 landmarks: F (.) runs the Pallas kernel (interpreter here), only B V goes to cuDNN
+  calls.clear()
+  got = nystrom_attention(q, k, v, num_landmarks=16, mask=mask, implementation="cudnn")
+  assert calls == [((3, 16, H, 16), (3, 30, H, 16))]
+  want = nystrom_attention(q, k, v, num_landmarks=16, mask=mask, implementation="xla")
   got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
   assert np.all(np.isfinite(got)) and np.all(got[2] == 0)
   np.testing.assert_allclose(np.where(real, got, 0), np.where(real, want, 0), rtol=3e-2,

@@ -132,6 +132,18 @@ def _segment_means_bwd(num_landmarks, dtype, saved, grad):
 _segment_means.defvjp(_segment_means_fwd, _segment_means_bwd)
 
 
+def attend_landmarks(q, landmarks, values):
+  """F (.) on a GPU: softmax(Q K~^T / sqrt(d)) values, q [b, L, h, d] over the m landmark keys
+  [b, m, h, d], half precision. The Pallas kernel of ``kernels/landmark_attention_pallas`` (all
+  m keys in one tile) where it applies (head dim and m powers of two >= 16), else cuDNN."""
+  from lra_sparse.kernels import landmark_attention_pallas  # pylint: disable=import-outside-toplevel
+  if landmark_attention_pallas.supports(q, landmarks):
+    attend = functools.partial(landmark_attention_pallas.few_keys_attention,
+                               interpret=jax.default_backend() != "gpu")   # (CPU: the tests)
+    return common.per_data_shard(attend, q, landmarks, values)
+  return dense.cudnn_attention(q, landmarks, values)
+
+
 def _softmax(logits, nm):
   """Softmax over the last axis, optionally over the N:M-kept entries only (-inf = excluded)."""
   if nm is None:
@@ -227,7 +239,7 @@ def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
                                 any_mask=mask_holes)
     b_v = jnp.where(jnp.any(key_mask, axis=1)[:, None, None, None], b_v, 0)       # no keys: 0
     right = jnp.einsum("bhnm,bmhd->bnhd", pinv_a, b_v.astype(f32))
-    out = dense.cudnn_attention(qz, k_land.astype(operand), right.astype(operand))
+    out = attend_landmarks(qz, k_land.astype(operand), right.astype(operand))
     return out.astype(q.dtype)
   kernel_f = _softmax(product("blhd,bmhd->bhlm", qz, k_land) * logit_scale, nm)     # [L x m]
   logits_b = product("bmhd,blhd->bhml", q_land, kz) * logit_scale
