@@ -6,8 +6,9 @@ In the Nystromformer core, F pinv(A) B V is this attention with the m landmarks 
 pinv(A) B V as values. All m keys fit one tile, so a program owns a block of query rows and
 needs no running maximum: one [rows x m] score tile, its softmax, one product with v. The
 backward recomputes the probabilities from the saved log-sum-exp (as flash attention does) and
-writes dq per row block; dk and dv are sums over all query rows, written as one partial sum per
-program and added up outside (deterministic, no atomics). No key mask: every landmark is a key
+writes dq per row block; dk and dv are sums over all query rows: each program sums them over
+its BWD_BLOCKS row blocks in registers and writes one partial sum, added up outside
+(deterministic, no atomics). No key mask: every landmark is a key
 (the official code keeps empty segments too). Query rows past the length are masked in every
 load and store, so nothing is padded in memory.
 
@@ -24,7 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-ROWS = 128       # query rows per program
+ROWS = 128       # query rows per block (the forward: one block per program)
+BWD_BLOCKS = 4   # row blocks per backward program
 NUM_WARPS = 4
 HALF_DTYPES = (jnp.bfloat16, jnp.float16)
 
@@ -77,28 +79,41 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale: float, length
 
 def _backward_kernel(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, dk_ref, dv_ref, *,
                      scale: float, length: int):
-  b, j, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-  start = j * ROWS
+  """dq of BWD_BLOCKS row blocks, and their dk, dv terms summed in registers (one partial sum
+  per program, so few partial sums to add up outside)."""
+  b, group, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   k, v = k_ref[b, :, h, :], v_ref[b, :, h, :]
-  q = _rows(q_ref, b, start, h, length)
-  do = _rows(do_ref, b, start, h, length)
-  # rows past the length: q = do = o = 0, so their ds and P^T dO terms are 0
-  p = jnp.exp(_scores(q, k, scale) - lse_ref[b, h, j, :][:, None])
-  delta = jnp.sum(do.astype(jnp.float32) * _rows(o_ref, b, start, h, length).astype(jnp.float32),
-                  axis=1)
-  dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-  ds = (p * (dp - delta[:, None])).astype(q.dtype)
-  _store_rows(dq_ref, b, start, h, length,
-              jnp.dot(ds, k, preferred_element_type=jnp.float32) * scale)
-  dk_ref[b, j, h, :, :] = jax.lax.dot_general(
-      ds, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32) * scale
-  dv_ref[b, j, h, :, :] = jax.lax.dot_general(
-      p.astype(do.dtype), do, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+  def body(i, sums):
+    j = group * BWD_BLOCKS + i
+    start = j * ROWS
+    q = _rows(q_ref, b, start, h, length)
+    do = _rows(do_ref, b, start, h, length)
+    # rows past the length: q = do = o = 0 and p = 0 (their lse was never written)
+    inside = (start + jnp.arange(ROWS) < length)[:, None]
+    p = jnp.where(inside, jnp.exp(_scores(q, k, scale) - lse_ref[b, h, j, :][:, None]), 0.0)
+    delta = jnp.sum(do.astype(jnp.float32) *
+                    _rows(o_ref, b, start, h, length).astype(jnp.float32), axis=1)
+    dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())),
+                             preferred_element_type=jnp.float32)
+    ds = (p * (dp - delta[:, None])).astype(q.dtype)
+    _store_rows(dq_ref, b, start, h, length,
+                jnp.dot(ds, k, preferred_element_type=jnp.float32) * scale)
+    dk = sums[0] + jax.lax.dot_general(ds, q, (((0,), (0,)), ((), ())),
+                                       preferred_element_type=jnp.float32)
+    dv = sums[1] + jax.lax.dot_general(p.astype(do.dtype), do, (((0,), (0,)), ((), ())),
+                                       preferred_element_type=jnp.float32)
+    return dk, dv
+
+  zeros = jnp.zeros(k.shape, jnp.float32)
+  dk, dv = jax.lax.fori_loop(0, BWD_BLOCKS, body, (zeros, zeros))
+  dk_ref[b, group, h, :, :] = dk * scale
+  dv_ref[b, group, h, :, :] = dv
 
 
-def _grid(q):
+def _grid(q, blocks_per_program: int = 1):
   batch, length, heads, _ = q.shape
-  return batch, pl.cdiv(length, ROWS), heads
+  return batch, pl.cdiv(pl.cdiv(length, ROWS), blocks_per_program), heads
 
 
 def _forward(q, k, v, scale, interpret):
@@ -106,8 +121,10 @@ def _forward(q, k, v, scale, interpret):
   grid = _grid(q)
   return pl.pallas_call(
       functools.partial(_forward_kernel, scale=scale, length=length),
+      # lse for whole backward programs (the blocks past the last are never written)
       out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype),
-                 jax.ShapeDtypeStruct((batch, heads, grid[1], ROWS), jnp.float32)),
+                 jax.ShapeDtypeStruct((batch, heads, _grid(q, BWD_BLOCKS)[1] * BWD_BLOCKS,
+                                       ROWS), jnp.float32)),
       grid=grid, interpret=interpret,
       compiler_params=None if interpret else _compiler_params(),
   )(q, k, v)
@@ -126,7 +143,7 @@ def _attention_fwd(q, k, v, scale, interpret):
 def _attention_bwd(scale, interpret, saved, grad):
   q, k, v, out, lse = saved
   batch, length, heads, dim = q.shape
-  grid = _grid(q)
+  grid = _grid(q, BWD_BLOCKS)
   keys = k.shape[1]
   partial = jax.ShapeDtypeStruct((batch, grid[1], heads, keys, dim), jnp.float32)
   dq, dk, dv = pl.pallas_call(
@@ -135,7 +152,7 @@ def _attention_bwd(scale, interpret, saved, grad):
       grid=grid, interpret=interpret,
       compiler_params=None if interpret else _compiler_params(),
   )(q, k, v, out, grad.astype(q.dtype), lse)
-  # the partial sums [b, row blocks, h, m, d] added up, back in k's layout [b, m, h, d]
+  # the partial sums [b, programs, h, m, d] added up, back in k's layout [b, m, h, d]
   total = lambda x, like: jnp.swapaxes(jnp.sum(x, axis=1), 1, 2).astype(like.dtype)  # noqa: E731
   return dq, total(dk, k), total(dv, v)
 
