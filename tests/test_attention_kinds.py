@@ -1101,8 +1101,8 @@ def test_few_keys_attention_kernel_matches_float64(length, keys, dim, dtype):
   """F (.)'s kernel (all keys in one tile; query rows past the length masked): output and the
   gradients of q, k, v against float64 numpy, within the half-precision rounding of the
   probabilities and operands (flash attention's); lengths with a partial last row block, a
-  single row, and more row blocks than one backward program takes (600 = 5 blocks of 128:
-  two programs, the second with 3 blocks past the end). Pallas' interpreter fills outputs with
+  single row, and more row blocks than one backward program takes (600 = 10 blocks of 64:
+  two programs of 8 blocks, the second with 6 past the end). Pallas' interpreter fills outputs with
   NaN before the kernels run, so a row they fail to write, or a read of the log-sum-exp blocks
   past the end, shows on the CPU. Interpreter on the CPU, the kernels on a GPU."""
   from lra_sparse.kernels import landmark_attention_pallas as la  # pylint: disable=import-outside-toplevel

@@ -25,8 +25,10 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-ROWS = 128       # query rows per block (the forward: one block per program)
-BWD_BLOCKS = 4   # row blocks per backward program
+# Tiles: the fastest of ROWS 64 / 128 x warps 4 / 8 x BWD_BLOCKS 2 / 4 / 8 on an H200 at the
+# ListOps shape (experiments/nystrom_h200_session16/tune_few_keys.md)
+ROWS = 64        # query rows per block (the forward: one block per program)
+BWD_BLOCKS = 8   # row blocks per backward program
 NUM_WARPS = 4
 HALF_DTYPES = (jnp.bfloat16, jnp.float16)
 
