@@ -18,8 +18,9 @@ sequence is padded at the end with masked tokens (the official code requires div
 ``num_landmarks == L`` still runs the Nystrom approximation (the official code switches to
 exact softmax there); a bf16 / fp16 model multiplies in half precision with float32
 accumulation (the official code runs its attention in float32 under AMP; the softmaxes and the
-pseudo-inverse stay float32 here too), through cuDNN's flash attention on a GPU. The conv skip
-is block-banded matrix products (a Pallas kernel on a GPU, which also adds the skip to the
+pseudo-inverse stay float32 here too), on a GPU as flash attentions (B V on cuDNN, F (.) on a
+Pallas kernel that holds all m landmark keys in one tile). The conv skip is block-banded
+matrix products (a Pallas kernel on a GPU, which also adds the skip to the
 attention output).
 
 Nystrom + DFSS (``nm="n:m"``): the two non-square softmax matrices F and B are N:M-pruned along
@@ -53,8 +54,9 @@ class NystromConfig(KindConfig):
   pinv_iters: int = 6              # iterations of the Moore-Penrose pseudo-inverse
   conv_kernel: int = 35            # depthwise conv skip on V over the length axis; 0 = none
   nm: str = ""                     # "" (plain Nystromformer) or "n:m": DFSS on F and B
-  # auto: cuDNN for F (.) and B V on a GPU in half precision (plain Nystromformer without
-  # attention dropout), else XLA | xla | cudnn
+  # auto: flash attentions for F (.) (a Pallas kernel, or cuDNN where it does not apply) and
+  # B V (cuDNN) on a GPU in half precision (plain Nystromformer without attention dropout),
+  # else XLA | xla | cudnn (the same flash attentions)
   implementation: str = "auto"
   # The task's key masks may have holes (pixel tasks masking black pixels): cuDNN's B V then
   # takes the key mask as a [batch, 1, m, L] bias. Set by the model builder, not by hand.
@@ -169,8 +171,9 @@ def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
   ``implementation``: "xla" (the explicit formulation), "cudnn" or "auto" (cuDNN when it
   applies: a GPU, half precision, no N:M, no dropout). F (pinv(A) B V) and B V are softmax
   attentions with other lengths -- queries Q over the m keys K~ with values pinv(A) B V, and
-  the m queries Q~ over the L keys K with values V -- so cuDNN's flash attention computes
-  both without writing F or B, forward and backward.  ``mask_holes``: the mask may have holes
+  the m queries Q~ over the L keys K with values V -- so flash attentions compute both
+  without writing F or B, forward and backward: B V on cuDNN, F (.) on
+  ``attend_landmarks``.  ``mask_holes``: the mask may have holes
   (not only padding at the end of each row), so cuDNN's B V takes it as a bias.
   """
   if q.ndim != 4 or k.shape != q.shape or v.shape[:-1] != k.shape[:-1]:
@@ -320,11 +323,9 @@ def depthwise_length_conv(values, kernel, residual=None):
   dim = values.shape[-1]
   if jax.default_backend() == "gpu" and dim & (dim - 1) == 0:
     from lra_sparse.kernels import length_conv_pallas  # pylint: disable=import-outside-toplevel
-    if residual is None:
-      return common.per_data_shard(length_conv_pallas.banded_length_conv, values, kernel,
-                                   replicated=(1,))
+    extra = () if residual is None else (residual,)
     return common.per_data_shard(length_conv_pallas.banded_length_conv, values, kernel,
-                                 residual, replicated=(1,))
+                                 *extra, replicated=(1,))
   conv = banded_length_conv(values, kernel, block=max(64, -(-(kernel.shape[0] // 2) // 16) * 16))
   return conv if residual is None else (residual.astype(jnp.float32) + conv).astype(
       residual.dtype)
