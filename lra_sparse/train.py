@@ -363,6 +363,27 @@ def _sigint_deferred():
     signal.signal(signal.SIGINT, previous)
 
 
+@contextlib.contextmanager
+def _sigint_after():
+  """A Ctrl-C inside interrupts only once the block is done (where the main thread can set
+  handlers): a checkpoint save is never cut in half. Cut inside orbax's ``save``, a save could
+  leave its background writes running into a temporary step directory that the interrupt's own
+  save of that step then failed to clear ("Directory not empty"), losing the steps since the
+  last checkpoint."""
+  caught = []
+  try:
+    previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
+  except ValueError:       # not the main thread: nothing to defer
+    yield
+    return
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  if caught:
+    raise KeyboardInterrupt
+
+
 def _save_on_interrupt(manager, state, finite, last_saved) -> tuple[Optional[int], str]:
   """Checkpoints the state reached when Ctrl-C stopped training, so that a resumed run loses
   no steps; returns (the step reached, as the state counts it, or None where unknown; what the
@@ -805,8 +826,9 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
       if saves:
         if not (bool(finite) and bool(_all_finite(state.params))):
           raise diverged((last_saved or 0) + 1, done)
-        manager.save(done, args=ocp.args.StandardSave(state))
-        last_saved, finite = done, jnp.array(True)
+        with _sigint_after():
+          manager.save(done, args=ocp.args.StandardSave(state))
+          last_saved, finite = done, jnp.array(True)
       if evaluates or saves:
         window_started += time.perf_counter() - paused
   except KeyboardInterrupt:

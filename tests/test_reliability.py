@@ -328,6 +328,32 @@ def test_sigint_saves_cleanly_exits_130_and_resumes(tmp_path, listops_dir):
   assert json.loads((workdir / "result.json").read_text())["step"] == saved + 10
 
 
+_SIGINT_DURING_SAVE = r"""
+import os, signal, sys
+from lra_sparse import train
+steps = []
+try:
+  with train._sigint_after():
+    steps.append("save started")
+    os.kill(os.getpid(), signal.SIGINT)      # Ctrl-C in the middle of the save
+    steps.append("save finished")
+except KeyboardInterrupt:
+  steps.append("interrupted")
+print(steps)
+assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+"""
+
+
+def test_ctrl_c_during_a_checkpoint_save_interrupts_after_it():
+  """A Ctrl-C that lands inside the periodic checkpoint save waits for the save to finish, then
+  interrupts as usual (a save cut in half once made the interrupt's own save of that step fail
+  and lost the steps since the last checkpoint); the usual handler is back afterwards."""
+  done = subprocess.run([sys.executable, "-c", _SIGINT_DURING_SAVE], capture_output=True,
+                        text=True, timeout=120, check=False, cwd=REPO)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.strip() == "['save started', 'save finished', 'interrupted']", done.stdout
+
+
 def test_kill_9_then_resume_gives_the_uninterrupted_result(tmp_path, listops_dir):
   steps = 60
   reference = subprocess.run(_main(tmp_path / "ref", *_tiny_listops(listops_dir, steps, 10)),
