@@ -20,6 +20,7 @@ import math
 import os
 import re
 import signal
+import threading
 import time
 from typing import Any, Optional
 
@@ -370,12 +371,12 @@ def _sigint_after():
   leave its background writes running into a temporary step directory that the interrupt's own
   save of that step then failed to clear ("Directory not empty"), losing the steps since the
   last checkpoint."""
-  caught = []
-  try:
-    previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
-  except ValueError:       # not the main thread: nothing to defer
+  if (threading.current_thread() is not threading.main_thread()   # can't set handlers there
+      or signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None)):  # Ctrl-C ignored anyway
     yield
     return
+  caught = []
+  previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
   try:
     yield
   finally:

@@ -331,7 +331,8 @@ def test_sigint_saves_cleanly_exits_130_and_resumes(tmp_path, listops_dir):
 _SIGINT_DURING_SAVE = r"""
 import os, signal, sys
 from lra_sparse import train
-steps = []
+signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal (a background
+steps = []                                                 # job starts with Ctrl-C ignored)
 try:
   with train._sigint_after():
     steps.append("save started")
@@ -341,17 +342,23 @@ except KeyboardInterrupt:
   steps.append("interrupted")
 print(steps)
 assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+signal.signal(signal.SIGINT, signal.SIG_IGN)               # ignored: stays ignored
+with train._sigint_after():
+  os.kill(os.getpid(), signal.SIGINT)
+print("ignored")
 """
 
 
 def test_ctrl_c_during_a_checkpoint_save_interrupts_after_it():
   """A Ctrl-C that lands inside the periodic checkpoint save waits for the save to finish, then
   interrupts as usual (a save cut in half once made the interrupt's own save of that step fail
-  and lost the steps since the last checkpoint); the usual handler is back afterwards."""
+  and lost the steps since the last checkpoint); the usual handler is back afterwards, and a
+  process that ignores Ctrl-C keeps ignoring it."""
   done = subprocess.run([sys.executable, "-c", _SIGINT_DURING_SAVE], capture_output=True,
                         text=True, timeout=120, check=False, cwd=REPO)
   assert done.returncode == 0, done.stderr
-  assert done.stdout.strip() == "['save started', 'save finished', 'interrupted']", done.stdout
+  assert done.stdout.split() == ["['save", "started',", "'save", "finished',", "'interrupted']",
+                                 "ignored"], done.stdout
 
 
 def test_kill_9_then_resume_gives_the_uninterrupted_result(tmp_path, listops_dir):
