@@ -14,7 +14,8 @@ from absl import app, flags
 import jax
 import jax.numpy as jnp
 
-from benchmarks.bench_dfss_kernels import gpu_state, time_fn
+from benchmarks.ab_dfss_kernels import emit_table
+from benchmarks.bench_dfss_kernels import time_fn
 from benchmarks.bench_nystrom import grad_of, random_sets
 from lra_sparse.attention import dense
 from lra_sparse.kernels import landmark_attention_pallas as kernel
@@ -37,9 +38,9 @@ def main(argv):
     try:
       fwd, _ = time_fn(jax.jit(fn), [s[:3] for s in sets])
       both, _ = time_fn(grad_of(fn), sets)
-      rows.append(f"| {name} | {fwd:.3f} | {both:.3f} |")
+      rows.append((name, f"{fwd:.3f}", f"{both:.3f}"))
     except Exception as e:  # noqa: BLE001  one failing row must not hide the others
-      rows.append(f"| {name} | failed | {str(e).splitlines()[0][:80]} |")
+      rows.append((name, "failed", str(e).splitlines()[0][:80]))
     print(rows[-1], flush=True)
 
   run("cuDNN", lambda q, k, v: dense.cudnn_attention(q, k, v))
@@ -51,13 +52,8 @@ def main(argv):
                                                         else ""),
         lambda q, k, v: kernel.few_keys_attention(q, k, v))
   kernel.ROWS, kernel.NUM_WARPS, kernel.BWD_BLOCKS = saved
-  table = (f"F (.) at {FLAGS.shape}, {m} keys, bf16; device {jax.devices()[0].device_kind}; "
-           f"jax {jax.__version__}; {gpu_state()}\n\n| what | fwd ms | fwd+bwd ms |\n"
-           "|---|---|---|\n" + "\n".join(rows) + "\n")
-  print(table)
-  if FLAGS.out:
-    with open(FLAGS.out, "w") as f:
-      f.write(table)
+  emit_table(f"F (.) at {FLAGS.shape}, {m} keys, bf16; device {jax.devices()[0].device_kind}; "
+             f"jax {jax.__version__}", ["what", "fwd ms", "fwd+bwd ms"], rows, FLAGS.out)
 
 
 if __name__ == "__main__":

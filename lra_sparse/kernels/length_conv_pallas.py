@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_sparse.kernels.dfss_launch import half_parts
+from lra_sparse.kernels.dfss_launch import half_parts, zero_pad_head_dim
 
 BLOCK = 64       # output rows per program
 NUM_WARPS = 4
@@ -248,12 +248,6 @@ def _band_grad(g_parts, x_parts, *, block: int, interpret: bool):
   return jnp.sum(partial_sums, axis=0)
 
 
-def _widen(x, width: int):
-  """Zero head-dim columns up to ``width`` (the products need 16 and a power of two)."""
-  return x if x.shape[-1] == width else jnp.pad(
-      x, ((0, 0),) * (x.ndim - 1) + ((0, width - x.shape[-1]),))
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _banded_conv(values, bands, residual, interpret):
   return _banded_conv_fwd(values, bands, residual, interpret)[0]
@@ -262,8 +256,8 @@ def _banded_conv(values, bands, residual, interpret):
 def _banded_conv_fwd(values, bands, residual, interpret):
   dim = values.shape[-1]
   width = max(16, 1 << (dim - 1).bit_length())
-  out = _band_product((_widen(values, width),), half_parts(bands, values.dtype),
-                      None if residual is None else _widen(residual, width),
+  out = _band_product((zero_pad_head_dim(values, width),), half_parts(bands, values.dtype),
+                      None if residual is None else zero_pad_head_dim(residual, width),
                       dtype=jnp.float32 if residual is None else residual.dtype,
                       interpret=interpret)
   return out[..., :dim], (values, bands, residual)
@@ -275,13 +269,13 @@ def _banded_conv_bwd(interpret, saved, grad):
   width = max(16, 1 << (dim - 1).bit_length())
   # A float32 cotangent (no residual) is split into hi + lo parts; a half-precision one (the
   # residual's dtype) is one part.
-  g_parts = tuple(_widen(g, width) for g in half_parts(grad, values.dtype))
+  g_parts = tuple(zero_pad_head_dim(g, width) for g in half_parts(grad, values.dtype))
   # dV: block m of the input gets sum_u T_u^T G_{m + 1 - u}: the product with the transposed
   # bands in reverse order over G laid out as V is
   flipped = jnp.swapaxes(bands[:, ::-1], -1, -2)
   grad_values = _band_product(g_parts, half_parts(flipped, values.dtype), dtype=values.dtype,
                               interpret=interpret)[..., :dim]
-  grad_bands = _band_grad(g_parts, (_widen(values, width),), block=bands.shape[-1],
+  grad_bands = _band_grad(g_parts, (zero_pad_head_dim(values, width),), block=bands.shape[-1],
                           interpret=interpret)
   grad_residual = None if residual is None else grad.astype(residual.dtype)
   return grad_values, grad_bands, grad_residual
