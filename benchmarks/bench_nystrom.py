@@ -91,13 +91,22 @@ def core_rows(old):
     if dtype == jnp.bfloat16:
       impls["nystrom cuDNN"] = lambda q, k, v: nystrom.nystrom_attention(
           q, k, v, num_landmarks=lm, implementation="cudnn")
+      for nm in ("", "2:4"):
+        impls["nystrom Pallas" + (f"+{nm}" if nm else "")] = functools.partial(
+            nystrom.nystrom_attention, num_landmarks=lm, nm=nm or None, implementation="pallas")
       # its parts: B V (m queries over L keys), F (.) (L queries over m keys), the pinv
       impls["  part: B V, cuDNN"] = lambda q, k, v: dense.cudnn_attention(q[:, :lm], k, v)
       impls["  part: F (.), cuDNN"] = lambda q, k, v: dense.cudnn_attention(q, k[:, :lm],
                                                                              v[:, :lm])
       if jax.default_backend() == "gpu":
-        impls["  part: F (.), Pallas"] = lambda q, k, v: (
-            landmark_attention_pallas.few_keys_attention(q, k[:, :lm], v[:, :lm]))
+        for nm in (None, (2, 4)):
+          tag = "" if nm is None else " 2:4"
+          impls[f"  part: B V{tag}, Pallas"] = functools.partial(
+              lambda q, k, v, nm: landmark_attention_pallas.few_queries_attention(
+                  q[:, :lm], k, v, nm=nm), nm=nm)
+          impls[f"  part: F (.){tag}, Pallas"] = functools.partial(
+              lambda q, k, v, nm: landmark_attention_pallas.few_keys_attention(
+                  q, k[:, :lm], v[:, :lm], nm=nm), nm=nm)
       landmark_softmax = lambda q, k: jax.nn.softmax(jnp.einsum(  # noqa: E731
           "bnhd,bmhd->bhnm", q[:, :lm], k[:, :lm], preferred_element_type=jnp.float32), axis=-1)
       impls["  part: pinv of [b,h,m,m]"] = lambda q, k, v: nystrom.iterative_pinv(
@@ -215,10 +224,6 @@ def step_rows(old):
         old.nystrom_attention), depthwise_length_conv=_adding_residual(old.depthwise_length_conv)))
              for v in FLAGS.step_variants if "nystrom" in v]
   nystrom_variants = [v for v in FLAGS.step_variants if "nystrom" in v]
-  if nystrom_variants and jax.default_backend() == "gpu":
-    # the model's F (.) (the Pallas kernel) against cuDNN's flash attention, in one process
-    runs.append((f"{nystrom_variants[0]} (F (.) on cuDNN)",
-                 swapped(nystrom, attend_landmarks=dense.cudnn_attention)))
   if nystrom_variants and "conv" in FLAGS.parts:
     for name, fn in conv_cases().items():
       if name in FLAGS.step_convs:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The Nystromformer kernels on one GPU (the conv skip of lra_sparse/kernels/length_conv_pallas.py:
-# the banded tensor-core kernel the model runs for half-precision V, the one-pass kernel), in parts
+# The Nystromformer kernels on one GPU (F (.) and B V of lra_sparse/kernels/
+# landmark_attention_pallas.py, plain and N:M; the conv skip of length_conv_pallas.py: the banded
+# tensor-core kernel the model runs for half-precision V, the one-pass kernel), in parts
 # that each fit one 10-minute device call; every step runs under its own time limit and writes
 # its log to a file, and a part's logs come back as ONE tarball (the device returns at most 8
 # files a call).
@@ -17,14 +18,14 @@ part_commands() {
   tests)
     # unmarked tests: the interpreter on a CPU, the compiled kernels on a GPU
     step tests $py -m pytest tests/test_attention_kinds.py -n 4 -v -rfE -p no:cacheprovider \
-      --durations=10 -k "banded_conv or conv_skip_forms or nystrom or few_keys"
+      --durations=10 -k "banded_conv or conv_skip_forms or nystrom or few_keys or few_queries or landmark"
     ;;
   bench)
-    step bench $py -m benchmarks.bench_nystrom --parts=core,conv,step --conv_dtypes=bf16 \
-      --convs="banded block matmul,Pallas kernel,Pallas banded kernel" \
-      --step_convs="Pallas kernel" \
-      --step_variants=bf16:cudnn,bf16:kind=nystrom,bf16:kind=nystrom+nm=2:4 --reps=5 \
-      --warmup=2 --out="$out/bench_nystrom.md"
+    # core: the flash formulations and their parts; step: dense cuDNN, then the Nystromformer
+    # with "auto" (the Pallas kernels) against its A/B partners, plain and 2:4
+    step bench $py -m benchmarks.bench_nystrom --parts=core,step --reps=5 --warmup=2 \
+      --step_variants=bf16:cudnn,bf16:kind=nystrom,bf16:kind=nystrom+implementation=cudnn,bf16:kind=nystrom+nm=2:4,bf16:kind=nystrom+nm=2:4+implementation=xla \
+      --out="$out/bench_nystrom.md"
     ;;
   profile)
     step profile $py -m benchmarks.profile_train_step --variants=bf16:cudnn,bf16:kind=nystrom \

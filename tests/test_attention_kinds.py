@@ -1077,12 +1077,20 @@ def test_banded_conv_kernel_matches_numpy(length, size, dim, dtype):
     fn(values, taps, residual[:, 1:])
 
 
-def np_few_keys_attention(q, k, v, scale):
-  """float64 softmax(q k^T * scale) v and its VJP for cotangent c, q [b, L, h, d]."""
+def np_landmark_attention(q, k, v, scale, nm=None, mask=None):
+  """float64 softmax(q k^T * scale) v over the kept keys (N:M of ``nm`` on groups of M keys
+  from key 0, keys past the length and masked keys -inf; a row with no key gives 0) and its
+  VJP for cotangent c; q [b, rows, h, d], k, v [b, keys, h, d]."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   s = np.einsum("blhd,bmhd->bhlm", q, k) * scale
-  p = np.exp(s - s.max(-1, keepdims=True))
-  p /= p.sum(-1, keepdims=True)
+  if mask is not None:
+    s = np.where(np.asarray(mask)[:, None, None, :], s, -np.inf)
+  keep = np.ones(s.shape, bool)
+  if nm is not None:
+    keys = s.shape[-1]
+    padded = np.pad(s, [(0, 0)] * 3 + [(0, -keys % nm[1])], constant_values=-np.inf)
+    keep = np_nm_mask(padded, *nm)[..., :keys]
+  p = np_softmax_where(s, keep)
   out = np.einsum("bhlm,bmhd->blhd", p, v)
 
   def vjp(c):
@@ -1094,23 +1102,9 @@ def np_few_keys_attention(q, k, v, scale):
   return out, vjp
 
 
-@pytest.mark.parametrize("length,keys,dim,dtype", [
-    (300, 32, 16, "bfloat16"), (128, 64, 64, "bfloat16"), (1, 16, 32, "float16"),
-    (600, 64, 16, "float16")])
-def test_few_keys_attention_kernel_matches_float64(length, keys, dim, dtype):
-  """F (.)'s kernel (all keys in one tile; query rows past the length masked): output and the
-  gradients of q, k, v against float64 numpy, within the half-precision rounding of the
-  probabilities and operands (flash attention's); lengths with a partial last row block, a
-  single row, and more row blocks than one backward program takes (600 = 10 blocks of 64:
-  two programs of 8 blocks, the second with 6 past the end). Pallas' interpreter fills outputs with
-  NaN before the kernels run, so a row they fail to write, or a read of the log-sum-exp blocks
-  past the end, shows on the CPU. Interpreter on the CPU, the kernels on a GPU."""
-  from lra_sparse.kernels import landmark_attention_pallas as la  # pylint: disable=import-outside-toplevel
-  rng = np.random.default_rng(length + keys + dim)
-  q, k, v = (jnp.asarray(rng.normal(size=(3, n, 2, dim)), dtype)
-             for n in (length, keys, keys))
-  fn = functools.partial(la.few_keys_attention, interpret=jax.default_backend() != "gpu")
-  want, vjp = np_few_keys_attention(q, k, v, dim ** -0.5)
+def _check_kernel_against_float64(fn, q, k, v, want, vjp, rng):
+  """Output and the q, k, v gradients of ``fn`` (jitted) against float64, within the
+  half-precision rounding of the probabilities and operands (flash attention's)."""
   cot = rng.normal(size=want.shape)
   got, got_vjp = jax.vjp(jax.jit(fn), q, k, v)
   grads = got_vjp(jnp.asarray(cot, q.dtype))
@@ -1122,20 +1116,120 @@ def test_few_keys_attention_kernel_matches_float64(length, keys, dim, dtype):
     assert g.dtype == q.dtype and g.shape == w.shape, name
     np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=0,
                                atol=4 * tol * np.abs(w).max(), err_msg=name)
+  return got, grads
 
 
-def test_few_keys_attention_rejects_bad_input():
+@pytest.mark.parametrize("length,keys,dim,dtype,nm", [
+    (300, 32, 16, "bfloat16", None), (128, 64, 64, "bfloat16", None),
+    (1, 16, 32, "float16", None), (600, 64, 16, "float16", None),
+    (300, 64, 16, "bfloat16", (2, 4)), (130, 32, 32, "float16", (1, 2)),
+    (70, 64, 16, "bfloat16", (3, 4))])
+def test_few_keys_attention_kernel_matches_float64(length, keys, dim, dtype, nm):
+  """F (.)'s kernel (all keys in one tile; query rows past the length masked), plain and N:M
+  along the keys: output and the gradients of q, k, v against float64 numpy; lengths with a
+  partial last row block, a single row, and more row blocks than one backward program takes
+  (600 = 10 blocks of 64: two programs of 8 blocks, the second with 6 past the end). Pallas'
+  interpreter fills outputs with NaN before the kernels run, so a row they fail to write, or
+  a read of the log-sum-exp blocks past the end, shows on the CPU. Interpreter on the CPU,
+  the kernels on a GPU."""
+  from lra_sparse.kernels import landmark_attention_pallas as la  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(length + keys + dim)
+  q, k, v = (jnp.asarray(rng.normal(size=(3, n, 2, dim)), dtype)
+             for n in (length, keys, keys))
+  fn = functools.partial(la.few_keys_attention, nm=nm, interpret=jax.default_backend() != "gpu")
+  want, vjp = np_landmark_attention(q, k, v, dim ** -0.5, nm=nm)
+  _check_kernel_against_float64(fn, q, k, v, want, vjp, rng)
+
+
+@pytest.mark.parametrize("keys,queries,dim,dtype,nm", [
+    (530, 16, 16, "bfloat16", None), (530, 64, 32, "bfloat16", (2, 4)),
+    (1030, 32, 16, "float16", (1, 2)), (131, 16, 64, "bfloat16", (2, 8)),
+    (200, 16, 16, "float16", (3, 4))])
+def test_few_queries_attention_kernel_matches_float64(keys, queries, dim, dtype, nm):
+  """B V's kernel (the m landmark queries over all keys), plain and N:M along the keys: output
+  and gradients against float64 numpy, with a key mask that has holes, an example with no
+  real key (zeros, no NaN, zero gradients), lengths that are not a multiple of M (the last
+  group's missing members count as masked) and more than one span of keys (530 and 1030:
+  the spans' partial softmaxes combined). Interpreter on the CPU, the kernels on a GPU."""
+  from lra_sparse.kernels import landmark_attention_pallas as la  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(keys + queries + dim)
+  q, k, v = (jnp.asarray(rng.normal(size=(3, n, 2, dim)), dtype)
+             for n in (queries, keys, keys))
+  mask = rng.random((3, keys)) < 0.7
+  mask[1] = False
+  mask[2, keys // 2:] = False
+  fn = functools.partial(la.few_queries_attention, mask=jnp.asarray(mask), nm=nm,
+                         interpret=jax.default_backend() != "gpu")
+  want, vjp = np_landmark_attention(q, k, v, dim ** -0.5, nm=nm, mask=mask)
+  got, grads = _check_kernel_against_float64(fn, q, k, v, want, vjp, rng)
+  assert np.all(np.asarray(got[1]) == 0)
+  for g in grads:
+    assert np.all(np.isfinite(np.asarray(g, np.float32)))
+  for g in grads[1:]:                  # masked keys get no gradient (all of example 1's)
+    assert np.all(np.asarray(g, np.float32)[~mask] == 0)
+
+
+def test_landmark_attention_kernels_reject_bad_input():
   from lra_sparse.kernels import landmark_attention_pallas as la  # pylint: disable=import-outside-toplevel
   q = jnp.ones((2, 40, 2, 16), jnp.bfloat16)
   k = jnp.ones((2, 16, 2, 16), jnp.bfloat16)
-  for args, match in [((q, k[:, :, :1], k[:, :, :1]), r"k, v \[b, m, h, d\]"),
-                      ((q, k, k[:, :8]), r"k, v \[b, m, h, d\]"),
-                      ((q, k[:, :12], k[:, :12]), "12 keys"),
-                      ((q[..., :8], k[..., :8], k[..., :8]), "head dim 8"),
-                      ((q.astype(jnp.float32), k, k), "float32"),
-                      ((q, k.astype(jnp.float16), k), "float16")]:
+  for args, kwargs, match in [
+      ((q, k[:, :, :1], k[:, :, :1]), {}, r"k, v of one shape with q's batch, heads"),
+      ((q, k, k[:, :8]), {}, "k, v of one shape"),
+      ((q, k[:, :12], k[:, :12]), {}, "12 keys"),
+      ((q[..., :8], k[..., :8], k[..., :8]), {}, "head dim 8"),
+      ((q.astype(jnp.float32), k.astype(jnp.float32), k.astype(jnp.float32)), {}, "float32"),
+      ((q, k.astype(jnp.float16), k), {}, "one dtype"),
+      ((q, k, k), {"nm": (2, 4)}, r"16 keys, nm=\(2, 4\)"),
+      ((q, k, k), {"nm": (3, 2)}, "0 < n <= m")]:
     with pytest.raises(ValueError, match=match):
-      la.few_keys_attention(*args, interpret=True)
+      la.few_keys_attention(*args, interpret=True, **kwargs)
+  for args, kwargs, match in [
+      ((k, q, q[:, :, :1]), {}, "k, v of one shape"),
+      ((k[:, :12], q, q), {}, "12 queries"),
+      ((k, q, q), {"nm": (2, 3)}, r"nm=\(2, 3\)"),
+      ((k, q, q), {"mask": jnp.ones((2, 39), bool)}, r"mask must be bool \[b, L\]"),
+      ((k.astype(jnp.float32),) + (q.astype(jnp.float32),) * 2, {}, "float32")]:
+    with pytest.raises(ValueError, match=match):
+      la.few_queries_attention(*args, interpret=True, **kwargs)
+
+
+@pytest.mark.parametrize("length,landmarks,nm", [(70, 16, None), (70, 32, (1, 2)),
+                                                  (130, 64, (2, 4))])
+def test_nystrom_pallas_formulation_equals_explicit(length, landmarks, nm):
+  """implementation='pallas' (F (.) and B V on the Pallas kernels, plain or N:M-pruned inside
+  their tiles; the interpreter on the CPU) computes the explicit formulation's function, values
+  and q, k, v gradients on the real rows, with padding, a length that is not a multiple of the
+  landmarks (nor, at 130, of M = 4), a mask with a hole and a fully padded
+  example (zeros); 'auto' on a GPU picks it. One clear error where the kernels do not apply."""
+  rng = np.random.default_rng(length + landmarks)
+  q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in _qkv(27, (3, length, H, 16)))
+  mask = np.arange(length)[None, :] < np.array([[length], [length // 3], [0]])
+  mask[0, 5] = False
+  mask = jnp.asarray(mask)
+  real = np.asarray(mask)[:, :, None, None]
+  cot = jnp.asarray(rng.normal(size=q.shape) * real, jnp.float32)
+
+  def loss(q, k, v, implementation):
+    out = nystrom_attention(q, k, v, num_landmarks=landmarks, nm=nm, mask=mask,
+                            implementation=implementation)
+    return jnp.sum(out.astype(jnp.float32) * cot), out
+
+  grad = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
+  (_, got), got_grads = grad(q, k, v, "pallas")
+  (_, want), want_grads = grad(*(x.astype(jnp.float32) for x in (q, k, v)), "xla")
+  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  assert np.all(np.isfinite(got)) and np.all(got[2] == 0)
+  assert np.linalg.norm(np.where(real, got - want, 0)) <= 3e-2 * np.linalg.norm(want)
+  for g, w in zip(got_grads, want_grads):
+    g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+    assert np.all(np.isfinite(g))
+    assert np.linalg.norm(np.where(real, g - w, 0)) <= 5e-2 * np.linalg.norm(w)
+  with pytest.raises(ValueError, match=r"implementation='pallas'.*float32"):
+    nystrom_attention(*(x.astype(jnp.float32) for x in (q, k, v)), num_landmarks=landmarks,
+                      nm=nm, implementation="pallas")
+  with pytest.raises(ValueError, match=r"implementation='pallas'.*12 landmarks"):
+    nystrom_attention(q, k, v, num_landmarks=12, implementation="pallas")
 
 
 def test_nystrom_half_precision_stays_close_to_float64():
@@ -1184,18 +1278,9 @@ def test_nystrom_cudnn_formulation_equals_explicit(monkeypatch):
   assert np.all(np.isfinite(got)) and np.all(got[2] == 0)
   np.testing.assert_allclose(np.where(real, got, 0), np.where(real, want, 0), rtol=3e-2,
                              atol=3e-2)
-  # 16 landmarks: F (.) runs the Pallas kernel (interpreter here), only B V goes to cuDNN
-  calls.clear()
-  got = nystrom_attention(q, k, v, num_landmarks=16, mask=mask, implementation="cudnn")
-  assert calls == [((3, 16, H, 16), (3, 30, H, 16))]
-  want = nystrom_attention(q, k, v, num_landmarks=16, mask=mask, implementation="xla")
-  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-  assert np.all(np.isfinite(got)) and np.all(got[2] == 0)
-  np.testing.assert_allclose(np.where(real, got, 0), np.where(real, want, 0), rtol=3e-2,
-                             atol=3e-2)
   for kwargs, problem in (({"nm": "2:4"}, "nm=(2, 4)"),
                           ({"dropout_rate": 0.1, "dropout_rng": jax.random.PRNGKey(0)},
-                           "dropout_rate=0.1")):
+                           "dropout_rate > 0")):
     with pytest.raises(ValueError, match=rf"implementation='cudnn'.*{re.escape(problem)}"):
       nystrom_attention(q, k, v, num_landmarks=8, mask=mask, implementation="cudnn", **kwargs)
   with pytest.raises(ValueError, match="implementation='cudnn'.*float32"):

@@ -43,7 +43,7 @@ from lra_sparse.attention.registry import (AttentionDims, KindConfig, derived,
                                            register_attention)
 
 
-IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+IMPLEMENTATIONS = ("auto", "xla", "pallas", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +54,9 @@ class NystromConfig(KindConfig):
   pinv_iters: int = 6              # iterations of the Moore-Penrose pseudo-inverse
   conv_kernel: int = 35            # depthwise conv skip on V over the length axis; 0 = none
   nm: str = ""                     # "" (plain Nystromformer) or "n:m": DFSS on F and B
-  # auto: flash attentions for F (.) (a Pallas kernel, or cuDNN where it does not apply) and
-  # B V (cuDNN) on a GPU in half precision (plain Nystromformer without attention dropout),
-  # else XLA | xla | cudnn (the same flash attentions)
+  # auto: on a GPU in half precision without attention dropout, F (.) and B V as flash
+  # attentions (the Pallas kernels, plain or N:M; cuDNN for a plain part they cannot take),
+  # else XLA | xla | pallas (both on the Pallas kernels) | cudnn (both on cuDNN; plain only)
   implementation: str = "auto"
   # The task's key masks may have holes (pixel tasks masking black pixels): cuDNN's B V then
   # takes the key mask as a [batch, 1, m, L] bias. Set by the model builder, not by hand.
@@ -134,16 +134,43 @@ def _segment_means_bwd(num_landmarks, dtype, saved, grad):
 _segment_means.defvjp(_segment_means_fwd, _segment_means_bwd)
 
 
-def attend_landmarks(q, landmarks, values):
-  """F (.) on a GPU: softmax(Q K~^T / sqrt(d)) values, q [b, L, h, d] over the m landmark keys
-  [b, m, h, d], half precision. The Pallas kernel of ``kernels/landmark_attention_pallas`` (all
-  m keys in one tile) where it applies (head dim and m powers of two >= 16), else cuDNN."""
-  from lra_sparse.kernels import landmark_attention_pallas  # pylint: disable=import-outside-toplevel
-  if landmark_attention_pallas.supports(q, landmarks):
-    attend = functools.partial(landmark_attention_pallas.few_keys_attention,
-                               interpret=jax.default_backend() != "gpu")   # (CPU: the tests)
-    return common.per_data_shard(attend, q, landmarks, values)
-  return dense.cudnn_attention(q, landmarks, values)
+def _flash_plan(implementation: str, dtype, head_dim: int, num_landmarks: int, nm,
+                dropout: bool):
+  """How F (.) and B V run: ("pallas" | "cudnn", "pallas" | "cudnn"), or None for the explicit
+  XLA formulation; one ValueError where a named implementation cannot run the call."""
+  from lra_sparse.kernels import landmark_attention_pallas as kernels  # pylint: disable=import-outside-toplevel
+  if implementation == "xla":
+    return None
+  half = dtype in (jnp.bfloat16, jnp.float16)
+  fits = (half and kernels.supports(dtype, head_dim, num_landmarks, nm=nm),
+          half and kernels.supports_few_queries(dtype, head_dim, num_landmarks, nm=nm))
+  why = (f"nm={nm}, dropout_rate > 0" if dropout else f"nm={nm}") + f", dtype={dtype}, " + (
+      f"head dim {head_dim}, {num_landmarks} landmarks")
+  if implementation == "pallas":
+    if dropout or not all(fits):
+      raise ValueError("nystrom_attention: implementation='pallas' runs bf16/fp16 without "
+                       "attention dropout, with the kernels' shapes (landmark_attention_pallas."
+                       f"supports); got {why}; use 'xla' (or 'auto')")
+    return "pallas", "pallas"
+  if implementation == "cudnn":
+    if nm is not None or dropout or not half:
+      raise ValueError("nystrom_attention: implementation='cudnn' runs plain Nystromformer in "
+                       f"bf16/fp16 without attention dropout; got {why}; use 'xla' (or 'auto')")
+    return "cudnn", "cudnn"
+  if not half or jax.default_backend() != "gpu":
+    return None
+  if dropout:
+    common.warn_once("Nystromformer implementation='auto': attention dropout trains on the XLA "
+                     "formulation (the flash attentions have no dropout); evaluation stays on "
+                     "them")
+    return None
+  if nm is None:
+    return tuple("pallas" if fit else "cudnn" for fit in fits)
+  if all(fits):
+    return "pallas", "pallas"
+  common.warn_once(f"Nystromformer implementation='auto': the N:M kernels cannot take {why}; "
+                   "using the XLA formulation")
+  return None
 
 
 def _softmax(logits, nm):
@@ -152,6 +179,23 @@ def _softmax(logits, nm):
     return common.masked_softmax(logits)
   keep = nm_mask(logits, *nm)
   return common.masked_softmax(jnp.where(keep, logits, -jnp.inf), keep)
+
+
+def _flash_nystrom(plan, qz, kz, v, mask, q_land, k_land, pinv_a, nm, mask_holes: bool):
+  """F (pinv(A) B V) with F (.) and B V as flash attentions (``plan``: where each runs)."""
+  from lra_sparse.kernels import landmark_attention_pallas as kernels  # pylint: disable=import-outside-toplevel
+  interpret = jax.default_backend() != "gpu"     # (CPU: the tests)
+  if plan[1] == "pallas":
+    b_v = common.per_data_shard(functools.partial(kernels.few_queries_attention, nm=nm,
+                                                  interpret=interpret), q_land, kz, v, mask)
+  else:
+    b_v = dense.cudnn_attention(q_land, kz, v, mask, any_mask=mask_holes)       # [b,m,h,d]
+    b_v = jnp.where(jnp.any(mask, axis=1)[:, None, None, None], b_v, 0)         # no keys: 0
+  right = jnp.einsum("bhnm,bmhd->bnhd", pinv_a, b_v.astype(jnp.float32)).astype(q_land.dtype)
+  if plan[0] == "pallas":
+    return common.per_data_shard(functools.partial(kernels.few_keys_attention, nm=nm,
+                                                   interpret=interpret), qz, k_land, right)
+  return dense.cudnn_attention(qz, k_land, right)
 
 
 def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
@@ -168,13 +212,14 @@ def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
   dtype (bf16 / fp16 inputs: half-precision operands with float32 accumulation, as flash
   attention multiplies P V), so a float32 model computes everything in float32.
 
-  ``implementation``: "xla" (the explicit formulation), "cudnn" or "auto" (cuDNN when it
-  applies: a GPU, half precision, no N:M, no dropout). F (pinv(A) B V) and B V are softmax
-  attentions with other lengths -- queries Q over the m keys K~ with values pinv(A) B V, and
-  the m queries Q~ over the L keys K with values V -- so flash attentions compute both
-  without writing F or B, forward and backward: B V on cuDNN, F (.) on
-  ``attend_landmarks``.  ``mask_holes``: the mask may have holes
-  (not only padding at the end of each row), so cuDNN's B V takes it as a bias.
+  ``implementation``: "xla" (the explicit formulation), "pallas", "cudnn" or "auto"
+  (``_flash_plan``). F (pinv(A) B V) and B V are softmax attentions with other lengths --
+  queries Q over the m keys K~ with values pinv(A) B V, and the m queries Q~ over the L keys K
+  with values V -- so flash attentions compute both without writing F or B, forward and
+  backward: the Pallas kernels of ``kernels/landmark_attention_pallas`` (plain or N:M, which
+  they prune inside their score tiles) or cuDNN (plain only). ``mask_holes``: the mask may
+  have holes (not only padding at the end of each row), so cuDNN's B V takes it as a bias
+  (the Pallas kernel always does).
   """
   if q.ndim != 4 or k.shape != q.shape or v.shape[:-1] != k.shape[:-1]:
     raise ValueError(f"nystrom_attention: q, k, v must be [batch, length, heads, head_dim] "
@@ -203,16 +248,7 @@ def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"nystrom_attention: implementation={implementation!r} not in "
                      f"{IMPLEMENTATIONS}")
-  if implementation == "cudnn" and (nm is not None or dropout or not half):
-    raise ValueError("nystrom_attention: implementation='cudnn' runs plain Nystromformer in "
-                     "bf16/fp16 without attention dropout; use 'xla' (or 'auto') for "
-                     f"nm={nm}, dropout_rate={dropout_rate}, dtype={q.dtype}")
-  cudnn_fits = half and nm is None and jax.default_backend() == "gpu"
-  use_cudnn = implementation == "cudnn" or (implementation == "auto" and cudnn_fits
-                                            and not dropout)
-  if implementation == "auto" and cudnn_fits and dropout:
-    common.warn_once("Nystromformer implementation='auto': attention dropout trains on the XLA "
-                     "formulation (cuDNN has no dropout through JAX); evaluation stays on cuDNN")
+  plan = _flash_plan(implementation, q.dtype, head_dim, num_landmarks, nm, dropout)
 
   def product(spec, x, y):
     return jnp.einsum(spec, x.astype(operand), y.astype(operand), preferred_element_type=f32)
@@ -221,29 +257,23 @@ def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
   # The official d^(-1/4) on Q and on K is applied as d^(-1/2) on every logit (same value).
   real = mask[:, :, None, None]
   qz, kz = jnp.where(real, q, 0), jnp.where(real, k, 0)
-  # Segments of ceil(L / m) tokens: the length padded with masked zeros to a multiple of m.
-  # Only N:M pruning of B along the keys needs that padding in memory (its groups of m
-  # keys); elsewhere the zeros are implicit, so q, k, v are never copied into padded arrays.
-  size = -(-length // num_landmarks)
-  key_mask = mask
-  if nm is not None and size * num_landmarks != length:
-    pad = ((0, 0), (0, size * num_landmarks - length), (0, 0), (0, 0))
-    qz, kz, v = jnp.pad(qz, pad), jnp.pad(kz, pad), jnp.pad(v, pad)
-    key_mask = jnp.pad(mask, ((0, 0), (0, size * num_landmarks - length)))
   logit_scale = f32(head_dim ** -0.5)
-
+  # Segments of ceil(L / m) tokens (a shorter last one counts the missing tokens as zeros).
   q_land = segment_means(qz.astype(operand), num_landmarks)                      # Q~, K~
   k_land = segment_means(kz.astype(operand), num_landmarks)
   kernel_a = _softmax(jnp.einsum("bnhd,bmhd->bhnm", q_land, k_land) * logit_scale,  # [m x m]
                       None)
   pinv_a = iterative_pinv(kernel_a, pinv_iters)
-  if use_cudnn:
-    b_v = dense.cudnn_attention(q_land.astype(operand), kz, v, key_mask,           # [b,m,h,d]
-                                any_mask=mask_holes)
-    b_v = jnp.where(jnp.any(key_mask, axis=1)[:, None, None, None], b_v, 0)       # no keys: 0
-    right = jnp.einsum("bhnm,bmhd->bnhd", pinv_a, b_v.astype(f32))
-    out = attend_landmarks(qz, k_land.astype(operand), right.astype(operand))
-    return out.astype(q.dtype)
+  if plan is not None:
+    return _flash_nystrom(plan, qz, kz, v, mask, q_land.astype(operand),
+                          k_land.astype(operand), pinv_a, nm, mask_holes).astype(q.dtype)
+  # The explicit form: N:M pruning of B along the keys needs the length padded with masked
+  # zeros to a multiple of m (its groups of m keys), in memory.
+  key_mask = mask
+  if nm is not None and length % nm[1]:
+    pad = ((0, 0), (0, -length % nm[1]), (0, 0), (0, 0))
+    qz, kz, v = jnp.pad(qz, pad), jnp.pad(kz, pad), jnp.pad(v, pad)
+    key_mask = jnp.pad(mask, ((0, 0), (0, -length % nm[1])))
   kernel_f = _softmax(product("blhd,bmhd->bhlm", qz, k_land) * logit_scale, nm)     # [L x m]
   logits_b = product("bmhd,blhd->bhml", q_land, kz) * logit_scale
   logits_b = jnp.where(key_mask[:, None, None, :], logits_b, -jnp.inf)
