@@ -1,10 +1,14 @@
-"""Tiles of the Nystromformer F (.) kernel (kernels/landmark_attention_pallas.py) against cuDNN.
+"""Tiles of the Nystromformer's flash kernels (kernels/landmark_attention_pallas.py) against cuDNN.
 
-  python -m benchmarks.tune_landmark_attention [--shape=32x2000x8x64 --landmarks=64] [--out=FILE]
+  python -m benchmarks.tune_landmark_attention [--kernels=few_keys,few_queries] [--nm=,2:4]
+      [--shape=32x2000x8x64 --landmarks=64] [--out=FILE]
 
 Times forward and forward+backward (grads of <out, cotangent> w.r.t. q, k, v) of cuDNN's flash
-attention and of the kernel under every combination of ROWS x NUM_WARPS x BWD_BLOCKS, in one
-process, bf16; median after warm-up (benchmarks.bench_dfss_kernels.time_fn). One table.
+attention and of each kernel under every combination of its tile constants, in one process,
+bf16; median after warm-up (benchmarks.bench_dfss_kernels.time_fn). One table.
+
+  F (.)  (L queries over the m landmark keys): ROWS x NUM_WARPS x BWD_BLOCKS x NUM_STAGES
+  B V    (the m landmark queries over L keys): KEY_BLOCK x SPAN x SPAN_WARPS x SPAN_STAGES
 """
 from __future__ import annotations
 
@@ -18,42 +22,71 @@ from benchmarks.ab_dfss_kernels import emit_table
 from benchmarks.bench_dfss_kernels import time_fn
 from benchmarks.bench_nystrom import grad_of, random_sets
 from lra_sparse.attention import dense
+from lra_sparse.attention.nm import parse_nm
 from lra_sparse.kernels import landmark_attention_pallas as kernel
 
-flags.DEFINE_list("rows", ["64", "128"], "ROWS values.")
-flags.DEFINE_list("warps", ["4", "8"], "NUM_WARPS values.")
-flags.DEFINE_list("bwd_blocks", ["2", "4", "8"], "BWD_BLOCKS values.")
+flags.DEFINE_list("kernels", ["few_keys", "few_queries"], "Which kernels to tune.")
+flags.DEFINE_list("nm", ["", "2:4"], "N:M settings ('' = plain).")
+flags.DEFINE_list("rows", ["64", "128"], "F (.): ROWS values.")
+flags.DEFINE_list("warps", ["4", "8"], "NUM_WARPS / SPAN_WARPS values.")
+flags.DEFINE_list("bwd_blocks", ["4", "8"], "F (.): BWD_BLOCKS values.")
+flags.DEFINE_list("stages", ["1", "2"], "NUM_STAGES / SPAN_STAGES values.")
+flags.DEFINE_list("key_blocks", ["64", "128"], "B V: KEY_BLOCK values.")
+flags.DEFINE_list("spans", ["256", "512", "1024"], "B V: SPAN values.")
 FLAGS = flags.FLAGS   # --shape, --landmarks: bench_nystrom's; --out: bench_train_step's
+
+KNOBS = {"few_keys": ("ROWS", "NUM_WARPS", "BWD_BLOCKS", "NUM_STAGES"),
+         "few_queries": ("KEY_BLOCK", "SPAN", "SPAN_WARPS", "SPAN_STAGES")}
+
+
+def _values(name: str):
+  flag = {"ROWS": "rows", "NUM_WARPS": "warps", "BWD_BLOCKS": "bwd_blocks",
+          "NUM_STAGES": "stages", "KEY_BLOCK": "key_blocks", "SPAN": "spans",
+          "SPAN_WARPS": "warps", "SPAN_STAGES": "stages"}[name]
+  return [int(x) for x in FLAGS[flag].value]
 
 
 def main(argv):
   del argv
   b, l, h, d = map(int, FLAGS.shape.split("x"))
   m = FLAGS.landmarks
-  sets = random_sets([((b, l, h, d), jnp.bfloat16), ((b, m, h, d), jnp.bfloat16),
-                      ((b, m, h, d), jnp.bfloat16), ((b, l, h, d), jnp.float32)])
+  many, few = ((b, l, h, d), jnp.bfloat16), ((b, m, h, d), jnp.bfloat16)
+  inputs = {"few_keys": random_sets([many, few, few, ((b, l, h, d), jnp.float32)]),
+            "few_queries": random_sets([few, many, many, ((b, m, h, d), jnp.float32)])}
+  cudnn = lambda q, k, v: dense.cudnn_attention(q, k, v)  # noqa: E731
   rows = []
 
-  def run(name, fn):
+  def run(what, name, fn):
+    sets = inputs[what]
     try:
       fwd, _ = time_fn(jax.jit(fn), [s[:3] for s in sets])
       both, _ = time_fn(grad_of(fn), sets)
-      rows.append((name, f"{fwd:.3f}", f"{both:.3f}"))
+      rows.append((what, name, f"{fwd:.3f}", f"{both:.3f}"))
     except Exception as e:  # noqa: BLE001  one failing row must not hide the others
-      rows.append((name, "failed", str(e).splitlines()[0][:80]))
+      rows.append((what, name, "failed", str(e).splitlines()[0][:80]))
     print(rows[-1], flush=True)
 
-  run("cuDNN", lambda q, k, v: dense.cudnn_attention(q, k, v))
-  saved = kernel.ROWS, kernel.NUM_WARPS, kernel.BWD_BLOCKS
-  for r, w, g in itertools.product(*(map(int, x) for x in (FLAGS.rows, FLAGS.warps,
-                                                           FLAGS.bwd_blocks))):
-    kernel.ROWS, kernel.NUM_WARPS, kernel.BWD_BLOCKS = r, w, g   # read at trace time
-    run(f"Pallas ROWS={r} warps={w} bwd_blocks={g}" + (" (default)" if (r, w, g) == saved
-                                                        else ""),
-        lambda q, k, v: kernel.few_keys_attention(q, k, v))
-  kernel.ROWS, kernel.NUM_WARPS, kernel.BWD_BLOCKS = saved
-  emit_table(f"F (.) at {FLAGS.shape}, {m} keys, bf16; device {jax.devices()[0].device_kind}; "
-             f"jax {jax.__version__}", ["what", "fwd ms", "fwd+bwd ms"], rows, FLAGS.out)
+  for what in FLAGS.kernels:
+    run(what, "cuDNN", cudnn)
+    knobs = KNOBS[what]
+    saved = tuple(getattr(kernel, k) for k in knobs)
+    for nm_text in FLAGS.nm:
+      nm = parse_nm(nm_text) if nm_text else None
+      attend = kernel.few_keys_attention if what == "few_keys" else kernel.few_queries_attention
+      for values in itertools.product(*(_values(k) for k in knobs)):
+        for k, value in zip(knobs, values):
+          setattr(kernel, k, value)                       # read at trace time
+        if what == "few_queries" and kernel.SPAN % kernel.KEY_BLOCK:
+          continue
+        label = " ".join(f"{k}={v}" for k, v in zip(knobs, values))
+        run(what, f"Pallas {nm_text or 'plain'} {label}" + (" (default)" if values == saved
+                                                            else ""),
+            lambda q, k, v, nm=nm, attend=attend: attend(q, k, v, nm=nm))
+    for k, value in zip(knobs, saved):
+      setattr(kernel, k, value)
+  emit_table(f"Nystromformer flash kernels, {FLAGS.shape}, {m} landmarks, bf16; device "
+             f"{jax.devices()[0].device_kind}; jax {jax.__version__}",
+             ["kernel", "what", "fwd ms", "fwd+bwd ms"], rows, FLAGS.out)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 #   bash experiments/nystrom_gpu_checks.sh tests   # the kernels and the core against float64
 #   bash experiments/nystrom_gpu_checks.sh bench   # core, conv and train step, one process
 #   bash experiments/nystrom_gpu_checks.sh profile # the train step's kernels, dense vs Nystrom
+#   bash experiments/nystrom_gpu_checks.sh tune    # the flash kernels' tiles, plain and 2:4
 # Logs and tables go to ${WORK:-/tmp/nystrom_gpu_checks}/<part>/ and come back as
 # ${OUT:-runs/nystrom_gpu_checks}/<part>.tgz; the tables are also printed. PYTHON (default
 # python3) is the interpreter; LIMIT (seconds, default 280) bounds each step.
@@ -32,8 +33,14 @@ part_commands() {
       --json="$out/profile_nystrom.json"
     gzip -f "$out/profile_nystrom.json"
     ;;
+  tune)
+    step tune_few_keys $py -m benchmarks.tune_landmark_attention --kernels=few_keys \
+      --bwd_blocks=8 --out="$out/tune_few_keys.md"
+    step tune_few_queries $py -m benchmarks.tune_landmark_attention --kernels=few_queries \
+      --spans=256,512 --out="$out/tune_few_queries.md"
+    ;;
   *) return 1 ;;
   esac
 }
 
-run_parts nystrom_gpu_checks "tests|bench|profile" "$@"
+run_parts nystrom_gpu_checks "tests|bench|profile|tune" "$@"

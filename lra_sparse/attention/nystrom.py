@@ -18,14 +18,15 @@ sequence is padded at the end with masked tokens (the official code requires div
 ``num_landmarks == L`` still runs the Nystrom approximation (the official code switches to
 exact softmax there); a bf16 / fp16 model multiplies in half precision with float32
 accumulation (the official code runs its attention in float32 under AMP; the softmaxes and the
-pseudo-inverse stay float32 here too), on a GPU as flash attentions (B V on cuDNN, F (.) on a
-Pallas kernel that holds all m landmark keys in one tile). The conv skip is block-banded
-matrix products (a Pallas kernel on a GPU, which also adds the skip to the
-attention output).
+pseudo-inverse stay float32 here too), on a GPU as flash attentions (Pallas kernels: F (.)
+holds all m landmark keys in one tile, B V runs the m landmark queries over spans of keys).
+The conv skip is block-banded matrix products (a Pallas kernel on a GPU, which also adds the
+skip to the attention output).
 
 Nystrom + DFSS (``nm="n:m"``): the two non-square softmax matrices F and B are N:M-pruned along
 their last axis (landmarks for F, keys for B) before their softmax, as DFSS stores them under
-1:2 / 2:4 sparsity; A is kept dense.
+1:2 / 2:4 sparsity; A is kept dense. The flash kernels prune inside their score tiles, so
+neither matrix is written.
 """
 from __future__ import annotations
 

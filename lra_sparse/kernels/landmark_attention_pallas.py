@@ -51,9 +51,13 @@ from lra_sparse.attention.nm import check_nm, nm_mask
 ROWS = 64        # query rows per block (the forward: one block per program)
 BWD_BLOCKS = 8   # row blocks per backward program
 NUM_WARPS = 4
-# B V tiles: keys per step (at least 16 per member tile) and keys per program
+NUM_STAGES = 1
+# B V tiles (benchmarks/tune_landmark_attention.py): keys per step (at least 16 per member
+# tile), keys per program, warps and software-pipeline stages of its loop
 KEY_BLOCK = 64
 SPAN = 512
+SPAN_WARPS = 4
+SPAN_STAGES = 1
 HALF_DTYPES = (jnp.bfloat16, jnp.float16)
 NM = Optional[tuple[int, int]]
 
@@ -77,9 +81,14 @@ def landmark_attention_reference(q, k, v, scale, *, nm: NM = None, mask=None):
   return jnp.einsum("bhlm,bmhd->blhd", probs, v.astype(jnp.float32))
 
 
-def _compiler_params():
+def _compiler_params(interpret: bool, few_queries: bool = False):
+  """Triton's launch options of F (.)'s kernels, or B V's (None in the interpreter)."""
   from jax.experimental.pallas import triton as plgpu  # pylint: disable=import-outside-toplevel
-  return plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
+  if interpret:
+    return None
+  if few_queries:
+    return plgpu.CompilerParams(num_warps=SPAN_WARPS, num_stages=SPAN_STAGES)
+  return plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
 
 
 def _load(ref, index, inside, other=0):
@@ -213,7 +222,7 @@ def _few_keys_forward(q, k, v, scale, nm, interpret):
                  jax.ShapeDtypeStruct((batch, heads, _rows_grid(q, BWD_BLOCKS)[1] * BWD_BLOCKS,
                                        ROWS), jnp.float32)),
       grid=_rows_grid(q), interpret=interpret,
-      compiler_params=None if interpret else _compiler_params(),
+      compiler_params=_compiler_params(interpret),
   )(q, _member_major(k, m), _member_major(v, m))
 
 
@@ -238,7 +247,7 @@ def _few_keys_bwd(scale, nm, interpret, saved, grad):
       functools.partial(_few_keys_backward_kernel, scale=scale, length=length, n=n, m=m),
       out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype), partial, partial),
       grid=grid, interpret=interpret,
-      compiler_params=None if interpret else _compiler_params(),
+      compiler_params=_compiler_params(interpret),
   )(q, _member_major(k, m), _member_major(v, m), out, grad.astype(q.dtype), lse)
   # the partial sums [b, programs, h, m, d] added up, back in k's layout [b, m, h, d]
   def total(x, like):
@@ -359,7 +368,7 @@ def _few_queries_forward(q, k, v, bias, scale, n, interpret):
       functools.partial(_few_queries_forward_kernel, scale=scale, n=n),
       out_shape=(partial(dim), partial(), partial()),
       grid=(batch, spans, heads), interpret=interpret,
-      compiler_params=None if interpret else _compiler_params(),
+      compiler_params=_compiler_params(interpret, few_queries=True),
   )(q, k, v, bias)
   # The spans' partial softmaxes combined (a span or a row with no real key has top -inf)
   best = jnp.max(top, axis=1, keepdims=True)
@@ -393,7 +402,7 @@ def _few_queries_bwd(scale, n, interpret, saved, grad):
       out_shape=(jax.ShapeDtypeStruct((batch, spans, heads, rows, dim), jnp.float32),
                  jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
       grid=(batch, spans, heads), interpret=interpret,
-      compiler_params=None if interpret else _compiler_params(),
+      compiler_params=_compiler_params(interpret, few_queries=True),
   )(q, k, v, bias, grad, lse, delta)
   dq = jnp.swapaxes(jnp.sum(dq, axis=1), 1, 2).astype(q.dtype)
   return dq, dk, dv, None
