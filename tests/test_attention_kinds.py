@@ -1201,7 +1201,7 @@ def test_nystrom_pallas_formulation_equals_explicit(length, landmarks, nm):
   their tiles; the interpreter on the CPU) computes the explicit formulation's function, values
   and q, k, v gradients on the real rows, with padding, a length that is not a multiple of the
   landmarks (nor, at 130, of M = 4), a mask with a hole and a fully padded
-  example (zeros); 'auto' on a GPU picks it. One clear error where the kernels do not apply."""
+  example (zeros). One clear error where the kernels do not apply."""
   rng = np.random.default_rng(length + landmarks)
   q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in _qkv(27, (3, length, H, 16)))
   mask = np.arange(length)[None, :] < np.array([[length], [length // 3], [0]])
@@ -1230,6 +1230,24 @@ def test_nystrom_pallas_formulation_equals_explicit(length, landmarks, nm):
                       nm=nm, implementation="pallas")
   with pytest.raises(ValueError, match=r"implementation='pallas'.*12 landmarks"):
     nystrom_attention(q, k, v, num_landmarks=12, implementation="pallas")
+
+
+def test_nystrom_auto_plan_on_a_gpu(monkeypatch):
+  """Where 'auto' runs F (.) and B V on a GPU (the backend stood in for): both on the Pallas
+  kernels where they apply, plain or N:M; cuDNN for a plain part they cannot take (head dim
+  8, or 12 landmarks); the XLA formulation for N:M they cannot take, float32 or dropout."""
+  from lra_sparse.attention import nystrom as nystrom_lib  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(nystrom_lib.jax, "default_backend", lambda: "gpu")
+  plan = functools.partial(nystrom_lib._flash_plan, "auto")  # pylint: disable=protected-access
+  bf16 = jnp.bfloat16
+  assert plan(bf16, 64, 64, None, False) == ("pallas", "pallas")
+  assert plan(bf16, 64, 64, (2, 4), False) == ("pallas", "pallas")
+  assert plan(jnp.float16, 32, 16, (1, 2), False) is None        # 8 landmarks per member
+  assert plan(bf16, 8, 64, None, False) == ("cudnn", "cudnn")
+  assert plan(bf16, 64, 12, None, False) == ("cudnn", "cudnn")
+  assert plan(bf16, 8, 64, (2, 4), False) is None
+  assert plan(jnp.float32, 64, 64, None, False) is None
+  assert plan(bf16, 64, 64, None, True) is None
 
 
 def test_nystrom_half_precision_stays_close_to_float64():

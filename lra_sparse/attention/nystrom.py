@@ -145,8 +145,8 @@ def _flash_plan(implementation: str, dtype, head_dim: int, num_landmarks: int, n
   half = dtype in (jnp.bfloat16, jnp.float16)
   fits = (half and kernels.supports(dtype, head_dim, num_landmarks, nm=nm),
           half and kernels.supports_few_queries(dtype, head_dim, num_landmarks, nm=nm))
-  why = (f"nm={nm}, dropout_rate > 0" if dropout else f"nm={nm}") + f", dtype={dtype}, " + (
-      f"head dim {head_dim}, {num_landmarks} landmarks")
+  why = (f"nm={nm}{', dropout_rate > 0' if dropout else ''}, dtype={jnp.dtype(dtype).name}, "
+         f"head dim {head_dim}, {num_landmarks} landmarks")
   if implementation == "pallas":
     if dropout or not all(fits):
       raise ValueError("nystrom_attention: implementation='pallas' runs bf16/fp16 without "

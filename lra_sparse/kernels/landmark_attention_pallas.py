@@ -46,14 +46,18 @@ from jax.experimental import pallas as pl
 
 from lra_sparse.attention.nm import check_nm, nm_mask
 
-# F (.) tiles: the fastest of ROWS 64 / 128 x warps 4 / 8 x BWD_BLOCKS 2 / 4 / 8 on an H200 at
-# the ListOps shape (experiments/nystrom_h200_session16/tune_few_keys.md)
+# Tiles: the fastest at the ListOps shape (benchmarks/tune_landmark_attention.py; F (.): of
+# ROWS 64 / 128 x warps 4 / 8 x BWD_BLOCKS 2 / 4 / 8 on an H200, experiments/
+# nystrom_h200_session16/tune_few_keys.md, then stages 1 / 2 on an H100, plain and 2:4,
+# experiments/nystrom_h100_session17/tune_few_keys.md)
 ROWS = 64        # query rows per block (the forward: one block per program)
 BWD_BLOCKS = 8   # row blocks per backward program
 NUM_WARPS = 4
-NUM_STAGES = 1
-# B V tiles (benchmarks/tune_landmark_attention.py): keys per step (at least 16 per member
-# tile), keys per program, warps and software-pipeline stages of its loop
+NUM_STAGES = 2   # software-pipeline stages of the backward's loop over row blocks
+# B V: keys per step (at least 16 per member tile), keys per program, warps, stages: the
+# fastest of 64 / 128 x 256 / 512 x 4 / 8 x 1 / 2 on an H100, plain and 2:4 (stages 2 is
+# 0.01 ms faster plain and 0.01 slower 2:4; experiments/nystrom_h100_session17/
+# tune_few_queries.md)
 KEY_BLOCK = 64
 SPAN = 512
 SPAN_WARPS = 4
