@@ -1121,14 +1121,14 @@ def _check_kernel_against_float64(fn, q, k, v, want, vjp, rng):
 
 @pytest.mark.parametrize("length,keys,dim,dtype,nm", [
     (300, 32, 16, "bfloat16", None), (128, 64, 64, "bfloat16", None),
-    (1, 16, 32, "float16", None), (600, 64, 16, "float16", None),
+    (1, 16, 32, "float16", None), (1100, 64, 16, "float16", None),
     (300, 64, 16, "bfloat16", (2, 4)), (130, 32, 32, "float16", (1, 2)),
     (70, 64, 16, "bfloat16", (3, 4))])
 def test_few_keys_attention_kernel_matches_float64(length, keys, dim, dtype, nm):
   """F (.)'s kernel (all keys in one tile; query rows past the length masked), plain and N:M
   along the keys: output and the gradients of q, k, v against float64 numpy; lengths with a
   partial last row block, a single row, and more row blocks than one backward program takes
-  (600 = 10 blocks of 64: two programs of 8 blocks, the second with 6 past the end). Pallas'
+  (1100 = 18 blocks of 64: two programs of 16 blocks, the second with 14 past the end). Pallas'
   interpreter fills outputs with NaN before the kernels run, so a row they fail to write, or
   a read of the log-sum-exp blocks past the end, shows on the CPU. Interpreter on the CPU,
   the kernels on a GPU."""

@@ -17,8 +17,9 @@ member j of each group with strided loads, so K and V are never copied. ``nm=Non
 
 F (.): all m keys fit one tile, so a program owns a block of query rows and needs no running
 maximum: one [rows x m] score tile, its softmax, one product with v. The backward recomputes
-the probabilities from the saved log-sum-exp (as flash attention does) and writes dq per row
-block; dk and dv are sums over all query rows: each program sums them over its BWD_BLOCKS row
+the probabilities from the saved log-sum-exp (as flash attention does), takes flash
+attention's delta = rowsum(dO o) as rowsum(P dP) from the tiles at hand (so o is neither kept
+nor read: measured faster), and writes dq per row block; dk and dv are sums over all query rows: each program sums them over its BWD_BLOCKS row
 blocks in registers and writes one partial sum, added up outside (deterministic, no atomics).
 Query rows past the length are masked in every load and store, so nothing is padded in
 memory. No key mask: every landmark is a key (the official code keeps empty segments too).
@@ -48,10 +49,11 @@ from lra_sparse.attention.nm import check_nm, nm_mask
 
 # Tiles: the fastest at the ListOps shape (benchmarks/tune_landmark_attention.py; F (.): of
 # ROWS 64 / 128 x warps 4 / 8 x BWD_BLOCKS 2 / 4 / 8 on an H200, experiments/
-# nystrom_h200_session16/tune_few_keys.md, then stages 1 / 2 on an H100, plain and 2:4,
-# experiments/nystrom_h100_session17/tune_few_keys.md)
+# nystrom_h200_session16/tune_few_keys.md, then stages 1 / 2 and BWD_BLOCKS 8 / 16 on an H100,
+# plain and 2:4, experiments/nystrom_h100_session17/tune_few_keys.md and
+# ab_delta_from_probabilities.md)
 ROWS = 64        # query rows per block (the forward: one block per program)
-BWD_BLOCKS = 8   # row blocks per backward program
+BWD_BLOCKS = 16  # row blocks per backward program
 NUM_WARPS = 4
 NUM_STAGES = 2   # software-pipeline stages of the backward's loop over row blocks
 # B V: keys per step (at least 16 per member tile), keys per program, warps, stages: the
@@ -162,8 +164,8 @@ def _few_keys_forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale: floa
   lse_ref[b, h, j, :] = top + jnp.log(total)
 
 
-def _few_keys_backward_kernel(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, dk_ref,
-                              dv_ref, *, scale: float, length: int, n: int, m: int):
+def _few_keys_backward_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, dq_ref, dk_ref, dv_ref, *,
+                              scale: float, length: int, n: int, m: int):
   """dq of BWD_BLOCKS row blocks, and their dk, dv terms summed in registers (one partial sum
   per program, so few partial sums to add up outside)."""
   b, program, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
@@ -178,12 +180,13 @@ def _few_keys_backward_kernel(q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_re
     inside = (start + jnp.arange(ROWS) < length)[:, None]
     q, do = _load(q_ref, rows, inside), _load(do_ref, rows, inside)
     scores = [_dot(q, k) * scale for k in ks]
-    # rows past the length: q = do = o = 0 and p = 0 (their lse was never written)
+    # rows past the length: q = do = 0 and p = 0 (their lse was never written)
     lse = jnp.where(inside, lse_ref[b, h, j, :][:, None], jnp.inf)
     p = _probabilities(scores, _kept(scores, n), lse)
-    delta = jnp.sum(do.astype(jnp.float32) * _load(o_ref, rows, inside).astype(jnp.float32),
-                    axis=1)[:, None]
-    ds = [(x * (_dot(do, v) - delta)).astype(q.dtype) for x, v in zip(p, vs)]
+    dp = [_dot(do, v) for v in vs]
+    # delta = rowsum(dO o) = rowsum(P dP): from the tiles at hand, so o is never read
+    delta = sum(jnp.sum(x * y, axis=1) for x, y in zip(p, dp))[:, None]
+    ds = [(x * (y - delta)).astype(q.dtype) for x, y in zip(p, dp)]
     _store(dq_ref, rows, inside,
            sum(jnp.dot(d, k, preferred_element_type=jnp.float32) for d, k in zip(ds, ks))
            * scale)
@@ -237,11 +240,11 @@ def _few_keys(q, k, v, scale, nm, interpret):
 
 def _few_keys_fwd(q, k, v, scale, nm, interpret):
   out, lse = _few_keys_forward(q, k, v, scale, nm, interpret)
-  return out, (q, k, v, out, lse)
+  return out, (q, k, v, lse)
 
 
 def _few_keys_bwd(scale, nm, interpret, saved, grad):
-  q, k, v, out, lse = saved
+  q, k, v, lse = saved
   batch, length, heads, dim = q.shape
   n, m = nm
   grid = _rows_grid(q, BWD_BLOCKS)
@@ -252,7 +255,7 @@ def _few_keys_bwd(scale, nm, interpret, saved, grad):
       out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype), partial, partial),
       grid=grid, interpret=interpret,
       compiler_params=_compiler_params(interpret),
-  )(q, _member_major(k, m), _member_major(v, m), out, grad.astype(q.dtype), lse)
+  )(q, _member_major(k, m), _member_major(v, m), grad.astype(q.dtype), lse)
   # the partial sums [b, programs, h, m, d] added up, back in k's layout [b, m, h, d]
   def total(x, like):
     return _group_major(jnp.swapaxes(jnp.sum(x, axis=1), 1, 2), m, 1).astype(like.dtype)
