@@ -111,6 +111,9 @@ def core_rows(old):
           "bnhd,bmhd->bhnm", q[:, :lm], k[:, :lm], preferred_element_type=jnp.float32), axis=-1)
       impls["  part: pinv of [b,h,m,m]"] = lambda q, k, v: nystrom.iterative_pinv(
           landmark_softmax(q, k), 6)
+      if jax.default_backend() == "gpu":
+        impls["  part: pinv of [b,h,m,m], fused"] = lambda q, k, v: nystrom.iterative_pinv(
+            landmark_softmax(q, k), 6, fused=True)
     for nm in ("", "2:4"):
       label = "nystrom XLA" + (f"+{nm}" if nm else "")
       impls[label] = functools.partial(nystrom.nystrom_attention, num_landmarks=lm,
@@ -224,6 +227,12 @@ def step_rows(old):
         old.nystrom_attention), depthwise_length_conv=_adding_residual(old.depthwise_length_conv)))
              for v in FLAGS.step_variants if "nystrom" in v]
   nystrom_variants = [v for v in FLAGS.step_variants if "nystrom" in v]
+  if nystrom_variants and jax.default_backend() == "gpu":
+    # the model's fused pseudo-inverse (Pallas) against XLA's iteration, in one process
+    xla_pinv = functools.partial(nystrom.iterative_pinv, fused=False)
+    runs += [(f"{v} (pinv on XLA)", swapped(nystrom, iterative_pinv=(
+        lambda matrix, iters=6, fused=False: xla_pinv(matrix, iters))))
+             for v in dict.fromkeys(nystrom_variants) if "implementation" not in v]
   if nystrom_variants and "conv" in FLAGS.parts:
     for name, fn in conv_cases().items():
       if name in FLAGS.step_convs:

@@ -24,7 +24,7 @@ part_commands() {
   bench)
     # core: the flash formulations and their parts; step: dense cuDNN, then the Nystromformer
     # with "auto" (the Pallas kernels) against its A/B partners, plain and 2:4; dense and plain
-    # again at the end (the drift within the process)
+    # again, then the "auto" variants with the pseudo-inverse on XLA (bench_nystrom adds them)
     step bench $py -m benchmarks.bench_nystrom --parts=core,step --reps=5 --warmup=2 \
       --step_variants=bf16:cudnn,bf16:kind=nystrom,bf16:kind=nystrom+implementation=cudnn,bf16:kind=nystrom+nm=2:4,bf16:kind=nystrom+nm=2:4+implementation=xla,bf16:cudnn,bf16:kind=nystrom \
       --out="$out/bench_nystrom.md"

@@ -1250,6 +1250,46 @@ def test_nystrom_auto_plan_on_a_gpu(monkeypatch):
   assert plan(bf16, 64, 64, None, True) is None
 
 
+@pytest.mark.parametrize("m,iters", [(16, 1), (64, 6), (32, 3)])
+def test_fused_pinv_matches_the_iteration_and_its_autodiff(m, iters):
+  """The pseudo-inverse in one Pallas program per matrix (``kernels/pinv_pallas``): Z and the
+  gradient of <Z, C> for A against XLA's iteration and its autodiff (float32: bit for bit in
+  the interpreter, where products are exact; TF32 on a GPU). A is a batch of row softmaxes,
+  as the Nystromformer's; the interpreter fills outputs with NaN first, so an unwritten
+  entry shows. Where the kernel does not apply (m = 12) the iteration runs on XLA."""
+  from lra_sparse.attention import nystrom as nystrom_lib  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(m + iters)
+  a = jax.nn.softmax(jnp.asarray(rng.normal(size=(2, 3, m, m)) * 2, jnp.float32), axis=-1)
+  c = jnp.asarray(rng.normal(size=a.shape), jnp.float32)
+
+  def value_and_grad(fused):
+    fn = lambda a: jnp.sum(nystrom_lib.iterative_pinv(a, iters, fused=fused) * c)  # noqa: E731
+    return (jax.jit(lambda a: nystrom_lib.iterative_pinv(a, iters, fused=fused))(a),
+            jax.jit(jax.grad(fn))(a))
+
+  (got, got_grad), (want, want_grad) = value_and_grad(True), value_and_grad(False)
+  tol = 1e-6 if jax.default_backend() != "gpu" else 3e-3
+  assert np.all(np.isfinite(np.asarray(got))) and np.all(np.isfinite(np.asarray(got_grad)))
+  np.testing.assert_allclose(got, want, rtol=0, atol=tol * float(jnp.max(jnp.abs(want))))
+  np.testing.assert_allclose(got_grad, want_grad, rtol=0,
+                             atol=tol * float(jnp.max(jnp.abs(want_grad))))
+  small = a[..., :12, :12]
+  np.testing.assert_array_equal(nystrom_lib.iterative_pinv(small, iters, fused=True),
+                                nystrom_lib.iterative_pinv(small, iters))
+
+
+def test_fused_pinv_rejects_bad_input():
+  from lra_sparse.kernels import pinv_pallas  # pylint: disable=import-outside-toplevel
+  a = jnp.ones((2, 16, 16), jnp.float32)
+  for args, match in [((a.astype(jnp.bfloat16), a.astype(jnp.bfloat16), 6), "bfloat16"),
+                      ((a[:, :, :12], a[:, :, :12], 6), r"\[2, 16, 12\]"),
+                      ((a[..., :12, :12], a[..., :12, :12], 6), r"m in 16, 32 or 64"),
+                      ((a, a[:1], 6), r"Z_0 of the same shape"),
+                      ((a, a, 0), "iters=0")]:
+    with pytest.raises(ValueError, match=match):
+      pinv_pallas.iterate(*args, interpret=True)
+
+
 def test_nystrom_half_precision_stays_close_to_float64():
   """bf16 inputs: half-precision product operands, float32 softmax and pinv; the error against
   the float64 port is that of rounding the inputs and the probabilities to bf16."""

@@ -82,13 +82,19 @@ class NystromConfig(KindConfig):
     return parse_nm(self.nm) if self.nm else None
 
 
-def iterative_pinv(matrix, iters: int = 6):
-  """Moore-Penrose pseudo-inverse of [..., m, m] by the Nystromformer iteration."""
+def iterative_pinv(matrix, iters: int = 6, *, fused: bool = False):
+  """Moore-Penrose pseudo-inverse of [..., m, m] by the Nystromformer iteration. ``fused``:
+  the iterations in one Pallas program per matrix (``kernels/pinv_pallas``; float32, m in 16,
+  32, 64, else XLA), the interpreter off a GPU."""
   identity = jnp.eye(matrix.shape[-1], dtype=matrix.dtype)
   magnitude = jnp.abs(matrix)
   max_col_sum = jnp.max(jnp.sum(magnitude, axis=-2))
   max_row_sum = jnp.max(jnp.sum(magnitude, axis=-1))
   z = jnp.swapaxes(matrix, -1, -2) / (max_col_sum * max_row_sum)
+  if fused:
+    from lra_sparse.kernels import pinv_pallas  # pylint: disable=import-outside-toplevel
+    if pinv_pallas.supports(matrix):
+      return pinv_pallas.iterate(matrix, z, iters, interpret=jax.default_backend() != "gpu")
   for _ in range(iters):
     az = matrix @ z
     z = 0.25 * z @ (13 * identity - az @ (15 * identity - az @ (7 * identity - az)))
@@ -264,7 +270,7 @@ def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
   k_land = segment_means(kz.astype(operand), num_landmarks)
   kernel_a = _softmax(jnp.einsum("bnhd,bmhd->bhnm", q_land, k_land) * logit_scale,  # [m x m]
                       None)
-  pinv_a = iterative_pinv(kernel_a, pinv_iters)
+  pinv_a = iterative_pinv(kernel_a, pinv_iters, fused=plan is not None and "pallas" in plan)
   if plan is not None:
     return _flash_nystrom(plan, qz, kz, v, mask, q_land.astype(operand),
                           k_land.astype(operand), pinv_a, nm, mask_holes).astype(q.dtype)
