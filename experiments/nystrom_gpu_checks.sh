@@ -19,7 +19,7 @@ part_commands() {
   tests)
     # unmarked tests: the interpreter on a CPU, the compiled kernels on a GPU
     step tests $py -m pytest tests/test_attention_kinds.py -n 4 -v -rfE -p no:cacheprovider \
-      --durations=10 -k "banded_conv or conv_skip_forms or nystrom or few_keys or few_queries or landmark"
+      --durations=10 -k "banded_conv or conv_skip_forms or nystrom or few_keys or few_queries or landmark or pinv"
     ;;
   bench)
     # core: the flash formulations and their parts; step: dense cuDNN, then the Nystromformer

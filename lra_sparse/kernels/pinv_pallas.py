@@ -9,8 +9,8 @@ The pure-JAX reference is ``lra_sparse.attention.nystrom.iterative_pinv``:
 on [..., m, m] matrices. At the ListOps shape (32 x 8 matrices of 64 x 64, 6 iterations) XLA
 runs it as about 70 small batched products and elementwise kernels forward and more backward,
 each limited by its launch and its trip through memory: 0.15 ms forward, 0.44 ms forward +
-backward per layer on an H100. Here one program per matrix runs every iteration with its
-matrices in registers:
+backward per layer on an H100. Here one program per matrix runs every iteration (a loop, so
+Triton compiles one iteration's code) with its matrices in registers: 0.05 and 0.14 ms.
 
 * forward: Z from A and Z_0 (the scale, a reduction over the batch, stays in XLA, so its
   gradient is JAX's); Z_k, X_k, T2 and T3 of every iteration are written for the backward, so
@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-# the fastest of 4, 8, 16 on an H100 (experiments/nystrom_h100_session17/ab_pinv.md)
+# warps: the fastest of 4, 8, 16 on an H100 (experiments/nystrom_h100_session17/ab_pinv.md)
 NUM_WARPS = 4
 
 
@@ -65,30 +65,37 @@ def _eye(m: int):
 
 
 def _forward_kernel(a_ref, z0_ref, z_ref, saved_ref, *, iters: int):
-  a, z = a_ref[...], z0_ref[...]
+  a = a_ref[...]
   eye = _eye(a.shape[-1])
-  for k in range(iters):
+
+  def iteration(k, z):
     x = _dot(a, z)
     t2 = 15.0 * eye - _dot(x, 7.0 * eye - x)
     t3 = 13.0 * eye - _dot(x, t2)
     for i, value in enumerate((z, x, t2, t3)):
       saved_ref[k, i] = value
-    z = 0.25 * _dot(z, t3)
-  z_ref[...] = z
+    return 0.25 * _dot(z, t3)
+
+  # a loop, not unrolled: Triton compiles one iteration's code (unrolled, the backward took
+  # minutes to compile)
+  z_ref[...] = jax.lax.fori_loop(0, iters, iteration, z0_ref[...])
 
 
 def _backward_kernel(a_ref, saved_ref, g_ref, da_ref, dz0_ref, *, iters: int):
-  a, g = a_ref[...], g_ref[...]                       # g: the cotangent of Z, transposed
+  a = a_ref[...]
   eye = _eye(a.shape[-1])
-  da = jnp.zeros_like(a)                               # (dL/dA)^T
-  for k in reversed(range(iters)):
+
+  def iteration(i, carry):
+    g, da = carry                  # the cotangent of Z_{k+1} and (dL/dA)^T so far, transposed
+    k = iters - 1 - i
     x = saved_ref[k, 1]
     d3 = 0.25 * _dot(g, saved_ref[k, 0])
     d2 = -_dot(d3, x)
     d1 = -_dot(d2, x)
     e = -(_dot(saved_ref[k, 2], d3) + _dot(7.0 * eye - x, d2) + d1)
-    da = da + _dot(saved_ref[k, 0], e)
-    g = 0.25 * _dot(saved_ref[k, 3], g) + _dot(e, a)
+    return 0.25 * _dot(saved_ref[k, 3], g) + _dot(e, a), da + _dot(saved_ref[k, 0], e)
+
+  g, da = jax.lax.fori_loop(0, iters, iteration, (g_ref[...], jnp.zeros_like(a)))
   da_ref[...] = da
   dz0_ref[...] = g
 
