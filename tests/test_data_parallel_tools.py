@@ -217,6 +217,57 @@ def test_kernels_run_once_per_device_on_their_shard():
   assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 
+_NYSTROM_SCRIPT = r"""
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from lra_sparse import train
+from lra_sparse.attention import nystrom
+from lra_sparse.kernels import landmark_attention_pallas as la, pinv_pallas
+
+calls = []
+def spy(name, fn):
+  def wrapped(*args, **kwargs):
+    calls.append((name, args[0].shape[0]))
+    return fn(*args, **kwargs)
+  return wrapped
+pinv_pallas.iterate = spy("pinv", pinv_pallas.iterate)
+la.few_queries_attention = spy("B V", la.few_queries_attention)
+la.few_keys_attention = spy("F", la.few_keys_attention)
+
+rng = np.random.default_rng(0)
+b, l, h, d = 4, 40, 2, 16
+q, k, v = (jnp.asarray(rng.normal(size=(b, l, h, d)), jnp.bfloat16) for _ in range(3))
+mask = jnp.asarray(np.arange(l)[None] < np.array([40, 40, 9, 25])[:, None])   # shards differ
+c = jnp.asarray(rng.normal(size=(b, l, h, d)), jnp.float32)
+mesh = Mesh(np.array(jax.devices()), ("data",))
+put = lambda x: jax.device_put(x, NamedSharding(mesh, P("data")))
+f = lambda q, k, v: jnp.sum(nystrom.nystrom_attention(
+    q, k, v, num_landmarks=32, nm=(1, 2), mask=mask, implementation="pallas") * c)
+grad = jax.value_and_grad(f, argnums=(0, 1, 2))
+want = jax.jit(grad)(q, k, v)
+assert calls == [("pinv", 4), ("B V", 4), ("F", 4)], calls
+calls.clear()
+got = train.in_mesh(jax.jit(grad), mesh)(put(q), put(k), put(v))
+assert calls == [("pinv", 2), ("B V", 2), ("F", 2)], calls
+for a, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+  a, w = np.asarray(a, np.float32), np.asarray(w, np.float32)
+  np.testing.assert_allclose(a, w, rtol=2e-2, atol=2e-2 * np.abs(w).max())
+print("ok")
+"""
+
+
+def test_nystrom_kernels_run_once_per_device_on_their_shard():
+  """The Nystromformer's Pallas kernels (B V, F (.), the fused pseudo-inverse; the interpreter
+  here) under the trainer's mesh: each gets its device's half of the batch, with the values
+  and gradients of one call on the whole batch (the pseudo-inverse's initial scale stays a
+  maximum over the whole batch). 2 CPU devices."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  result = subprocess.run([sys.executable, "-c", _NYSTROM_SCRIPT], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
 _GRAM_SCRIPT = r"""
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P

@@ -19,7 +19,8 @@ sequence is padded at the end with masked tokens (the official code requires div
 exact softmax there); a bf16 / fp16 model multiplies in half precision with float32
 accumulation (the official code runs its attention in float32 under AMP; the softmaxes and the
 pseudo-inverse stay float32 here too), on a GPU as flash attentions (Pallas kernels: F (.)
-holds all m landmark keys in one tile, B V runs the m landmark queries over spans of keys).
+holds all m landmark keys in one tile, B V runs the m landmark queries over spans of keys)
+with the pseudo-inverse in one Pallas program per matrix.
 The conv skip is block-banded matrix products (a Pallas kernel on a GPU, which also adds the
 skip to the attention output).
 
@@ -93,8 +94,9 @@ def iterative_pinv(matrix, iters: int = 6, *, fused: bool = False):
   z = jnp.swapaxes(matrix, -1, -2) / (max_col_sum * max_row_sum)
   if fused:
     from lra_sparse.kernels import pinv_pallas  # pylint: disable=import-outside-toplevel
-    if pinv_pallas.supports(matrix):
-      return pinv_pallas.iterate(matrix, z, iters, interpret=jax.default_backend() != "gpu")
+    if pinv_pallas.supports(matrix):   # (Z_0's maxima stay over the whole batch)
+      return common.per_data_shard(functools.partial(
+          pinv_pallas.iterate, iters=iters, interpret=jax.default_backend() != "gpu"), matrix, z)
   for _ in range(iters):
     az = matrix @ z
     z = 0.25 * z @ (13 * identity - az @ (15 * identity - az @ (7 * identity - az)))
