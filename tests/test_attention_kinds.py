@@ -719,12 +719,34 @@ def test_nystrom_core_with_conv_matches_numpy_and_trains():
   np.testing.assert_allclose(np.asarray(out), want, rtol=_fp32_tol(1e-4), atol=_fp32_tol(1e-4))
   # Training path (dropout on F and B); one pinv iteration keeps the compile small.
   train_core = build_attention(_config("nystrom", num_landmarks=8, conv_kernel=5, pinv_iters=1,
-                                       nm="1:2"), _dims(dropout=0.1))
+                                       nm="1:2", attention_dropout=True), _dims(dropout=0.1))
   grads = jax.jit(jax.grad(lambda p, q: jnp.sum(train_core.apply(
       {"params": p}, q, k, v, mask=mask, deterministic=False,
       rngs={"dropout": jax.random.PRNGKey(1)}) ** 2), argnums=(0, 1)))(params, q)
   assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
   assert np.abs(np.asarray(grads[0]["conv_kernel"])).sum() > 0
+
+
+def test_nystrom_has_no_attention_dropout_unless_asked(caplog):
+  """The official Nystromformer has no attention dropout: with the model's attention dropout
+  at 0.1 the core trains without it (said once in the log), and drops F and B only with
+  config.attention.nystrom.attention_dropout=True."""
+  q, k, v = _qkv(13)
+  mask = jnp.asarray(_mask())
+  outputs = {}
+  for asked in (False, True):
+    with caplog.at_level("WARNING"):
+      core = build_attention(_config("nystrom", num_landmarks=8, conv_kernel=0,
+                                     attention_dropout=asked), _dims(dropout=0.1))
+    variables = _init(core, q, k, v, mask=mask)
+    outputs[asked] = [np.asarray(_apply(core, variables, q, k, v, mask=mask,
+                                        deterministic=deterministic,
+                                        rngs={"dropout": jax.random.PRNGKey(2)}))
+                      for deterministic in (True, False)]
+  np.testing.assert_array_equal(outputs[False][0], outputs[False][1])
+  assert not np.allclose(outputs[True][0], outputs[True][1])
+  said = [r.getMessage() for r in caplog.records if "no attention dropout" in r.getMessage()]
+  assert len(said) == 1 and "attention_dropout=True" in said[0], said
 
 
 def test_nystrom_bad_inputs_and_config_errors():

@@ -56,6 +56,10 @@ class NystromConfig(KindConfig):
   pinv_iters: int = 6              # iterations of the Moore-Penrose pseudo-inverse
   conv_kernel: int = 35            # depthwise conv skip on V over the length axis; 0 = none
   nm: str = ""                     # "" (plain Nystromformer) or "n:m": DFSS on F and B
+  # The official Nystromformer has no attention dropout (its LRA code drops attention only in
+  # softmax attention), so config.model.attention_dropout_rate does not act here unless this is
+  # True: then it drops F and B, on the XLA formulation (the flash kernels have no dropout).
+  attention_dropout: bool = False
   # auto: on a GPU in half precision without attention dropout, F (.) and B V as flash
   # attentions (the Pallas kernels, plain or N:M; cuDNN for a plain part they cannot take),
   # else XLA | xla | pallas (both on the Pallas kernels) | cudnn (both on cuDNN; plain only)
@@ -67,6 +71,7 @@ class NystromConfig(KindConfig):
   def __post_init__(self):
     self.check_choice("implementation", IMPLEMENTATIONS)
     self.check_bool("mask_holes")
+    self.check_bool("attention_dropout")
     self.check_int("num_landmarks", 1)
     self.check_int("pinv_iters", 1)
     self.check_int("conv_kernel", 0)
@@ -379,7 +384,7 @@ class NystromAttention(nn.Module):
   def __call__(self, q, k, v, *, mask, inputs=None, deterministic=True):
     del inputs
     config = self.config
-    use_dropout = self.dims.dropout_rate > 0.0 and not deterministic
+    use_dropout = config.attention_dropout and self.dims.dropout_rate > 0.0 and not deterministic
     out = nystrom_attention(q, k, v, num_landmarks=config.num_landmarks,
                             pinv_iters=config.pinv_iters, nm=config.n_m, mask=mask,
                             dropout_rate=self.dims.dropout_rate if use_dropout else 0.0,
@@ -402,4 +407,9 @@ def _build_nystrom(config: NystromConfig, dims: AttentionDims) -> nn.Module:
   """Checks config.attention.nystrom against the model's sizes."""
   if config.num_landmarks > dims.length:
     raise config.error("num_landmarks", f"must be <= the sequence length {dims.length}")
+  if dims.dropout_rate > 0.0 and not config.attention_dropout:
+    common.warn_once(f"Nystromformer: no attention dropout, as in the official code "
+                     f"(config.model.attention_dropout_rate={dims.dropout_rate} acts on the other "
+                     f"kinds); config.attention.nystrom.attention_dropout=True applies it to F "
+                     f"and B")
   return NystromAttention(dims=dims, config=config)
