@@ -315,8 +315,8 @@ def test_dense_with_attention_dropout_never_ignores_an_explicit_cudnn():
 
 
 def test_nystrom_auto_says_once_that_dropout_trains_on_xla(monkeypatch):
-  """On a GPU in bf16, 'auto' runs the core on cuDNN; with attention dropout it runs the XLA
-  formulation instead and logs that once (no silent switch)."""
+  """On a GPU in bf16, 'auto' runs the core on the flash kernels; with attention dropout it runs
+  the XLA formulation instead and logs that once (no silent switch)."""
   from lra_sparse.attention import common as common_lib  # pylint: disable=import-outside-toplevel
   from lra_sparse.attention import nystrom as nystrom_lib  # pylint: disable=import-outside-toplevel
   said = []
@@ -727,17 +727,19 @@ def test_nystrom_core_with_conv_matches_numpy_and_trains():
   assert np.abs(np.asarray(grads[0]["conv_kernel"])).sum() > 0
 
 
-def test_nystrom_has_no_attention_dropout_unless_asked(caplog):
+def test_nystrom_has_no_attention_dropout_unless_asked(monkeypatch):
   """The official Nystromformer has no attention dropout: with the model's attention dropout
-  at 0.1 the core trains without it (said once in the log), and drops F and B only with
-  config.attention.nystrom.attention_dropout=True."""
+  at 0.1 the core trains without it (said in the log, once per process: ``warn_once``), and
+  drops F and B only with config.attention.nystrom.attention_dropout=True."""
+  from lra_sparse.attention import common as common_lib  # pylint: disable=import-outside-toplevel
+  said = []
+  monkeypatch.setattr(common_lib, "warn_once", said.append)
   q, k, v = _qkv(13)
   mask = jnp.asarray(_mask())
   outputs = {}
   for asked in (False, True):
-    with caplog.at_level("WARNING"):
-      core = build_attention(_config("nystrom", num_landmarks=8, conv_kernel=0,
-                                     attention_dropout=asked), _dims(dropout=0.1))
+    core = build_attention(_config("nystrom", num_landmarks=8, conv_kernel=0,
+                                   attention_dropout=asked), _dims(dropout=0.1))
     variables = _init(core, q, k, v, mask=mask)
     outputs[asked] = [np.asarray(_apply(core, variables, q, k, v, mask=mask,
                                         deterministic=deterministic,
@@ -745,8 +747,8 @@ def test_nystrom_has_no_attention_dropout_unless_asked(caplog):
                       for deterministic in (True, False)]
   np.testing.assert_array_equal(outputs[False][0], outputs[False][1])
   assert not np.allclose(outputs[True][0], outputs[True][1])
-  said = [r.getMessage() for r in caplog.records if "no attention dropout" in r.getMessage()]
-  assert len(said) == 1 and "attention_dropout=True" in said[0], said
+  assert len(said) == 1 and "no attention dropout" in said[0], said
+  assert "attention_dropout=True" in said[0], said
 
 
 def test_nystrom_bad_inputs_and_config_errors():
@@ -1145,15 +1147,16 @@ def _check_kernel_against_float64(fn, q, k, v, want, vjp, rng):
     (300, 32, 16, "bfloat16", None), (128, 64, 64, "bfloat16", None),
     (1, 16, 32, "float16", None), (1100, 64, 16, "float16", None),
     (300, 64, 16, "bfloat16", (2, 4)), (130, 32, 32, "float16", (1, 2)),
-    (70, 64, 16, "bfloat16", (3, 4))])
+    (70, 64, 16, "bfloat16", (3, 4)), (100, 64, 4, "bfloat16", (2, 4)),
+    (65, 32, 24, "float16", None)])
 def test_few_keys_attention_kernel_matches_float64(length, keys, dim, dtype, nm):
   """F (.)'s kernel (all keys in one tile; query rows past the length masked), plain and N:M
   along the keys: output and the gradients of q, k, v against float64 numpy; lengths with a
   partial last row block, a single row, and more row blocks than one backward program takes
   (1100 = 18 blocks of 64: two programs of 16 blocks, the second with 14 past the end). Pallas'
   interpreter fills outputs with NaN before the kernels run, so a row they fail to write, or
-  a read of the log-sum-exp blocks past the end, shows on the CPU. Interpreter on the CPU,
-  the kernels on a GPU."""
+  a read of the log-sum-exp blocks past the end, shows on the CPU; head dims 4 and 24 run
+  zero-padded to 16 and 32. Interpreter on the CPU, the kernels on a GPU."""
   from lra_sparse.kernels import landmark_attention_pallas as la  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(length + keys + dim)
   q, k, v = (jnp.asarray(rng.normal(size=(3, n, 2, dim)), dtype)
@@ -1166,13 +1169,14 @@ def test_few_keys_attention_kernel_matches_float64(length, keys, dim, dtype, nm)
 @pytest.mark.parametrize("keys,queries,dim,dtype,nm", [
     (530, 16, 16, "bfloat16", None), (530, 64, 32, "bfloat16", (2, 4)),
     (1030, 32, 16, "float16", (1, 2)), (131, 16, 64, "bfloat16", (2, 8)),
-    (200, 16, 16, "float16", (3, 4))])
+    (200, 16, 16, "float16", (3, 4)), (300, 16, 8, "bfloat16", (2, 4))])
 def test_few_queries_attention_kernel_matches_float64(keys, queries, dim, dtype, nm):
   """B V's kernel (the m landmark queries over all keys), plain and N:M along the keys: output
   and gradients against float64 numpy, with a key mask that has holes, an example with no
   real key (zeros, no NaN, zero gradients), lengths that are not a multiple of M (the last
-  group's missing members count as masked) and more than one span of keys (530 and 1030:
-  the spans' partial softmaxes combined). Interpreter on the CPU, the kernels on a GPU."""
+  group's missing members count as masked), more than one span of keys (530 and 1030: the
+  spans' partial softmaxes combined) and head dim 8 (zero-padded to 16). Interpreter on the
+  CPU, the kernels on a GPU."""
   from lra_sparse.kernels import landmark_attention_pallas as la  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(keys + queries + dim)
   q, k, v = (jnp.asarray(rng.normal(size=(3, n, 2, dim)), dtype)
@@ -1195,11 +1199,13 @@ def test_landmark_attention_kernels_reject_bad_input():
   from lra_sparse.kernels import landmark_attention_pallas as la  # pylint: disable=import-outside-toplevel
   q = jnp.ones((2, 40, 2, 16), jnp.bfloat16)
   k = jnp.ones((2, 16, 2, 16), jnp.bfloat16)
+  wide_q = jnp.ones((2, 40, 2, 160), jnp.bfloat16)     # head dim over 128
+  wide_k = jnp.ones((2, 16, 2, 160), jnp.bfloat16)
   for args, kwargs, match in [
       ((q, k[:, :, :1], k[:, :, :1]), {}, r"k, v of one shape with q's batch, heads"),
       ((q, k, k[:, :8]), {}, "k, v of one shape"),
       ((q, k[:, :12], k[:, :12]), {}, "12 keys"),
-      ((q[..., :8], k[..., :8], k[..., :8]), {}, "head dim 8"),
+      ((wide_q, wide_k, wide_k), {}, "head dim 160"),
       ((q.astype(jnp.float32), k.astype(jnp.float32), k.astype(jnp.float32)), {}, "float32"),
       ((q, k.astype(jnp.float16), k), {}, "one dtype"),
       ((q, k, k), {"nm": (2, 4)}, r"16 keys, nm=\(2, 4\)"),
@@ -1210,6 +1216,7 @@ def test_landmark_attention_kernels_reject_bad_input():
       ((k, q, q[:, :, :1]), {}, "k, v of one shape"),
       ((k[:, :12], q, q), {}, "12 queries"),
       ((k, q, q), {"nm": (2, 3)}, r"nm=\(2, 3\)"),
+      ((wide_k, wide_q, wide_q), {}, "head dim 160"),
       ((k, q, q), {"mask": jnp.ones((2, 39), bool)}, r"mask must be bool \[b, L\]"),
       ((k.astype(jnp.float32),) + (q.astype(jnp.float32),) * 2, {}, "float32")]:
     with pytest.raises(ValueError, match=match):
@@ -1256,8 +1263,9 @@ def test_nystrom_pallas_formulation_equals_explicit(length, landmarks, nm):
 
 def test_nystrom_auto_plan_on_a_gpu(monkeypatch):
   """Where 'auto' runs F (.) and B V on a GPU (the backend stood in for): both on the Pallas
-  kernels where they apply, plain or N:M; cuDNN for a plain part they cannot take (head dim
-  8, or 12 landmarks); the XLA formulation for N:M they cannot take, float32 or dropout."""
+  kernels where they apply, plain or N:M (head dim 4 too, zero-padded); cuDNN for a plain
+  part they cannot take (head dim 160, or 12 landmarks); the XLA formulation for N:M they
+  cannot take, float32 or dropout."""
   from lra_sparse.attention import nystrom as nystrom_lib  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(nystrom_lib.jax, "default_backend", lambda: "gpu")
   plan = functools.partial(nystrom_lib._flash_plan, "auto")  # pylint: disable=protected-access
@@ -1265,9 +1273,10 @@ def test_nystrom_auto_plan_on_a_gpu(monkeypatch):
   assert plan(bf16, 64, 64, None, False) == ("pallas", "pallas")
   assert plan(bf16, 64, 64, (2, 4), False) == ("pallas", "pallas")
   assert plan(jnp.float16, 32, 16, (1, 2), False) is None        # 8 landmarks per member
-  assert plan(bf16, 8, 64, None, False) == ("cudnn", "cudnn")
+  assert plan(bf16, 4, 64, (2, 4), False) == ("pallas", "pallas")  # head dim 4 widened
+  assert plan(bf16, 160, 64, None, False) == ("cudnn", "cudnn")
   assert plan(bf16, 64, 12, None, False) == ("cudnn", "cudnn")
-  assert plan(bf16, 8, 64, (2, 4), False) is None
+  assert plan(bf16, 160, 64, (2, 4), False) is None
   assert plan(jnp.float32, 64, 64, None, False) is None
   assert plan(bf16, 64, 64, None, True) is None
 

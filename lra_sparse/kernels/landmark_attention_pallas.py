@@ -46,6 +46,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from lra_sparse.attention.nm import check_nm, nm_mask
+from lra_sparse.kernels.dfss_launch import zero_pad_head_dim
 
 # Tiles: the fastest at the ListOps shape (benchmarks/tune_landmark_attention.py; F (.): of
 # ROWS 64 / 128 x warps 4 / 8 x BWD_BLOCKS 2 / 4 / 8 on an H200, experiments/
@@ -426,6 +427,20 @@ def _pow2(x: int) -> bool:
   return x >= 16 and x & (x - 1) == 0
 
 
+def _kernel_head_dim(head_dim: int) -> int:
+  """The head dim the kernels run: the next power of two from 16 (zero-padded: exact)."""
+  return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def _widened(scale, head_dim: int, *arrays):
+  """(scale, arrays zero-padded to the kernels' head dim): the scale stays the true head dim's
+  (``dfss_launch.zero_pad_head_dim``: zero columns add nothing to q k^T, and the output's
+  padded columns are zero, sliced off by the caller)."""
+  scale = float(head_dim ** -0.5 if scale is None else scale)
+  width = _kernel_head_dim(head_dim)
+  return scale, [zero_pad_head_dim(x, width) if width != head_dim else x for x in arrays]
+
+
 def _nm_pair(nm, who: str) -> tuple[int, int]:
   if nm is None:
     return 1, 1
@@ -435,21 +450,22 @@ def _nm_pair(nm, who: str) -> tuple[int, int]:
 
 
 def supports(dtype, head_dim: int, keys: int, *, nm: NM = None) -> bool:
-  """Whether F (.)'s kernels take these shapes: half precision, head dim and key count powers
-  of two from 16 (the tensor-core products' sizes), and with N:M at least 16 keys per member
-  tile (keys / M a power of two >= 16)."""
+  """Whether F (.)'s kernels take these shapes: half precision, head dim up to 128 (run at the
+  next power of two from 16, zero-padded), a key count that is a power of two from 16 (the
+  tensor-core products' sizes), and with N:M at least 16 keys per member tile (keys / M a
+  power of two >= 16)."""
   m = 1 if nm is None else nm[1]
-  return (dtype in HALF_DTYPES and _pow2(head_dim) and _pow2(keys) and keys % m == 0
+  return (dtype in HALF_DTYPES and 0 < head_dim <= 128 and _pow2(keys) and keys % m == 0
           and _pow2(keys // m))
 
 
 def supports_few_queries(dtype, head_dim: int, queries: int, *, nm: NM = None) -> bool:
-  """Whether B V's kernels take these shapes: half precision, head dim and query count powers
-  of two from 16 to 128, and M a power of two up to SPAN / 16 (member tiles of a power of two
-  keys)."""
+  """Whether B V's kernels take these shapes: half precision, head dim up to 128 (as F (.)'s),
+  a query count that is a power of two from 16 to 128, and M a power of two up to SPAN / 16
+  (member tiles of a power of two keys)."""
   m = 1 if nm is None else nm[1]
-  return (dtype in HALF_DTYPES and _pow2(head_dim) and head_dim <= 128 and _pow2(queries)
-          and queries <= 128 and m & (m - 1) == 0 and SPAN % _key_block(m) == 0)
+  return (dtype in HALF_DTYPES and 0 < head_dim <= 128 and _pow2(queries) and queries <= 128
+          and m & (m - 1) == 0 and SPAN % _key_block(m) == 0)
 
 
 def _check(q, k, v, who: str, keys_axis_name: str):
@@ -463,24 +479,25 @@ def _check(q, k, v, who: str, keys_axis_name: str):
 
 def few_keys_attention(q, k, v, *, nm: NM = None, scale=None, interpret: bool = False):
   """F (.): softmax(q k^T * scale) v in q's dtype; q [b, L, h, d], k and v [b, m, h, d], all
-  of q's half-precision dtype, d and m powers of two >= 16 (``supports``); ``nm``: an (n, M)
-  pair for N:M pruning along the m keys (m / M a power of two >= 16). ``scale`` defaults to
-  d^-1/2."""
+  of q's half-precision dtype, d <= 128, m a power of two >= 16 (``supports``); ``nm``: an
+  (n, M) pair for N:M pruning along the m keys (m / M a power of two >= 16). ``scale``
+  defaults to d^-1/2."""
   _check(q, k, v, "few_keys_attention", "L, h, d]; k, v [b, m, h, d")
   n, m = _nm_pair(nm, "few_keys_attention: nm")
   if not supports(q.dtype, q.shape[-1], k.shape[1], nm=nm):
-    raise ValueError(f"few_keys_attention: needs bf16 / fp16 q, k, v, a head dim and key count "
-                     f"that are powers of two >= 16, and with N:M a power of two >= 16 keys "
-                     f"per member; got {q.dtype}, head dim {q.shape[-1]}, {k.shape[1]} keys, "
-                     f"nm={nm}")
-  scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-  return _few_keys(q, k, v, scale, (n, m), interpret)
+    raise ValueError(f"few_keys_attention: needs bf16 / fp16 q, k, v, a head dim up to 128, a "
+                     f"key count that is a power of two >= 16, and with N:M a power of two "
+                     f">= 16 keys per member; got {q.dtype}, head dim {q.shape[-1]}, "
+                     f"{k.shape[1]} keys, nm={nm}")
+  head_dim = q.shape[-1]
+  scale, (q, k, v) = _widened(scale, head_dim, q, k, v)
+  return _few_keys(q, k, v, scale, (n, m), interpret)[..., :head_dim]
 
 
 def few_queries_attention(q, k, v, mask=None, *, nm: NM = None, scale=None,
                           interpret: bool = False):
   """B V: softmax(q k^T * scale) v in q's dtype; q [b, m, h, d] (m a power of two from 16 to
-  128), k and v [b, L, h, d], all of q's half-precision dtype, d a power of two from 16 to 128
+  128), k and v [b, L, h, d], all of q's half-precision dtype, d <= 128
   (``supports_few_queries``); mask: bool [b, L] real keys (any pattern); ``nm``: an (n, M)
   pair for N:M pruning along the L keys (M a power of two; groups of M keys from key 0, keys
   past L count as masked). A row with no real key gives zeros. ``scale`` defaults to
@@ -488,12 +505,14 @@ def few_queries_attention(q, k, v, mask=None, *, nm: NM = None, scale=None,
   _check(q, k, v, "few_queries_attention", "m, h, d]; k, v [b, L, h, d")
   n, m = _nm_pair(nm, "few_queries_attention: nm")
   if not supports_few_queries(q.dtype, q.shape[-1], q.shape[1], nm=nm):
-    raise ValueError(f"few_queries_attention: needs bf16 / fp16 q, k, v, a head dim and query "
-                     f"count that are powers of two from 16 to 128, and M a power of two; got "
-                     f"{q.dtype}, head dim {q.shape[-1]}, {q.shape[1]} queries, nm={nm}")
+    raise ValueError(f"few_queries_attention: needs bf16 / fp16 q, k, v, a head dim up to 128, "
+                     f"a query count that is a power of two from 16 to 128, and M a power of "
+                     f"two; got {q.dtype}, head dim {q.shape[-1]}, {q.shape[1]} queries, "
+                     f"nm={nm}")
   if mask is not None and mask.shape != k.shape[:2]:
     raise ValueError(f"few_queries_attention: mask must be bool [b, L] = {k.shape[:2]}, got "
                      f"{mask.shape}")
-  scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+  head_dim = q.shape[-1]
+  scale, (q, k, v) = _widened(scale, head_dim, q, k, v)
   # (autodiff carries dk, dv of the grouped view back through the reshape and any padding)
-  return _few_queries(q, *_grouped(k, v, mask, m), scale, n, interpret)
+  return _few_queries(q, *_grouped(k, v, mask, m), scale, n, interpret)[..., :head_dim]
