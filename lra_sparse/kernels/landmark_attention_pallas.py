@@ -31,8 +31,11 @@ its keys' dk, dv and one partial dq. The key mask is an additive bias (0 or -inf
 the keys, so a mask may have holes; keys past the length are masked loads. A row with no
 real key gives zeros (and zero gradients), as the XLA formulation does.
 
-Products take bf16 / fp16 operands with float32 accumulation, the probabilities rounded to the
-operand dtype before P V, as flash attention (cuDNN's included) multiplies them. The pure-JAX
+Head dims up to 128 run at the next power of two from 16, zero-padded (exact: the scale stays
+the true head dim's and the padded output columns are sliced off), so Pathfinder's heads of 4
+run here too. Products take bf16 / fp16 operands with float32 accumulation, the probabilities
+rounded to the operand dtype before P V, as flash attention (cuDNN's included) multiplies
+them. The pure-JAX
 reference is ``landmark_attention_reference``; ``interpret=True`` runs the kernels on the CPU
 (the tests use that).
 """
