@@ -19,8 +19,9 @@ F (.): all m keys fit one tile, so a program owns a block of query rows and need
 maximum: one [rows x m] score tile, its softmax, one product with v. The backward recomputes
 the probabilities from the saved log-sum-exp (as flash attention does), takes flash
 attention's delta = rowsum(dO o) as rowsum(P dP) from the tiles at hand (so o is neither kept
-nor read: measured faster), and writes dq per row block; dk and dv are sums over all query rows: each program sums them over its BWD_BLOCKS row
-blocks in registers and writes one partial sum, added up outside (deterministic, no atomics).
+nor read: measured faster), and writes dq per row block; dk and dv are sums over all query
+rows: each program sums them over its BWD_BLOCKS row blocks in registers and writes one
+partial sum, added up outside (deterministic, no atomics).
 Query rows past the length are masked in every load and store, so nothing is padded in
 memory. No key mask: every landmark is a key (the official code keeps empty segments too).
 
@@ -49,7 +50,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from lra_sparse.attention.nm import check_nm, nm_mask
-from lra_sparse.kernels.dfss_launch import zero_pad_head_dim
+from lra_sparse.kernels.dfss_launch import kernel_head_dim, zero_pad_head_dim
 
 # Tiles: the fastest at the ListOps shape (benchmarks/tune_landmark_attention.py; F (.): of
 # ROWS 64 / 128 x warps 4 / 8 x BWD_BLOCKS 2 / 4 / 8 on an H200, experiments/
@@ -69,6 +70,7 @@ SPAN = 512
 SPAN_WARPS = 4
 SPAN_STAGES = 1
 HALF_DTYPES = (jnp.bfloat16, jnp.float16)
+HEAD_DIMS = (16, 32, 64, 128)   # the head dims the kernels run; narrower ones zero-padded
 NM = Optional[tuple[int, int]]
 
 
@@ -430,17 +432,12 @@ def _pow2(x: int) -> bool:
   return x >= 16 and x & (x - 1) == 0
 
 
-def _kernel_head_dim(head_dim: int) -> int:
-  """The head dim the kernels run: the next power of two from 16 (zero-padded: exact)."""
-  return max(16, 1 << (head_dim - 1).bit_length())
-
-
 def _widened(scale, head_dim: int, *arrays):
   """(scale, arrays zero-padded to the kernels' head dim): the scale stays the true head dim's
   (``dfss_launch.zero_pad_head_dim``: zero columns add nothing to q k^T, and the output's
   padded columns are zero, sliced off by the caller)."""
   scale = float(head_dim ** -0.5 if scale is None else scale)
-  width = _kernel_head_dim(head_dim)
+  width = kernel_head_dim(head_dim, HEAD_DIMS)
   return scale, [zero_pad_head_dim(x, width) if width != head_dim else x for x in arrays]
 
 
@@ -458,8 +455,8 @@ def supports(dtype, head_dim: int, keys: int, *, nm: NM = None) -> bool:
   tensor-core products' sizes), and with N:M at least 16 keys per member tile (keys / M a
   power of two >= 16)."""
   m = 1 if nm is None else nm[1]
-  return (dtype in HALF_DTYPES and 0 < head_dim <= 128 and _pow2(keys) and keys % m == 0
-          and _pow2(keys // m))
+  return (dtype in HALF_DTYPES and 0 < head_dim <= HEAD_DIMS[-1] and _pow2(keys)
+          and keys % m == 0 and _pow2(keys // m))
 
 
 def supports_few_queries(dtype, head_dim: int, queries: int, *, nm: NM = None) -> bool:
@@ -467,8 +464,8 @@ def supports_few_queries(dtype, head_dim: int, queries: int, *, nm: NM = None) -
   a query count that is a power of two from 16 to 128, and M a power of two up to SPAN / 16
   (member tiles of a power of two keys)."""
   m = 1 if nm is None else nm[1]
-  return (dtype in HALF_DTYPES and 0 < head_dim <= 128 and _pow2(queries) and queries <= 128
-          and m & (m - 1) == 0 and SPAN % _key_block(m) == 0)
+  return (dtype in HALF_DTYPES and 0 < head_dim <= HEAD_DIMS[-1] and _pow2(queries)
+          and queries <= 128 and m & (m - 1) == 0 and SPAN % _key_block(m) == 0)
 
 
 def _check(q, k, v, who: str, keys_axis_name: str):
