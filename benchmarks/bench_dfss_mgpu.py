@@ -116,7 +116,7 @@ def define_flags() -> None:
   flags.DEFINE_integer("rounds", 7, "Timed rounds (median).")
   flags.DEFINE_bool("check", True, "Run the correctness pass first.")
   flags.DEFINE_list("variants", ["default"], "Tile variants to time (default, nosched, "
-                    "stages3, bkv64); the check runs the first two.")
+                    "stages3, bkv64, pairs); the check runs the first two.")
   flags.DEFINE_bool("masked", False, "Give every method a key padding mask (real lengths "
                     "uniform in [L/4, L], one row full) and a cotangent that is 0 on padded "
                     "rows, as a padded LRA batch and a masked model give.")
@@ -128,6 +128,7 @@ VARIANTS = {
     "nosched": dfss_mgpu.Tiles(schedule_barrier=False),
     "stages3": dfss_mgpu.Tiles(stages=3, bwd_stages=3),
     "bkv64": dfss_mgpu.Tiles(block_kv=64),
+    "pairs": dfss_mgpu.Tiles(selection="pairs"),
 }
 
 

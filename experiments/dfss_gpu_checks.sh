@@ -5,7 +5,7 @@
 # (the device returns at most 8 files a call).
 #   bash experiments/dfss_gpu_checks.sh tests      # Mosaic GPU dropout tests (wide products too)
 #   bash experiments/dfss_gpu_checks.sh dropout    # dropout cost, with the wide-vs-limbs bits
-#   bash experiments/dfss_gpu_checks.sh forward    # attention table against XLA and cuDNN
+#   bash experiments/dfss_gpu_checks.sh forward    # attention table against XLA and cuDNN (selections A/B)
 #   bash experiments/dfss_gpu_checks.sh steps      # ListOps (padded) and Pathfinder-32 steps
 # Several parts in one call: bash experiments/dfss_gpu_checks.sh tests dropout
 # Each part's logs and tables go to ${WORK:-/tmp/dfss_gpu_checks}/<part>/ and come back as
@@ -25,7 +25,7 @@ part_commands() {
       --out="$out/bench_dfss_dropout.md"
     ;;
   forward)
-    step bench_dfss_mgpu $py -m benchmarks.bench_dfss_mgpu --variants=default \
+    step bench_dfss_mgpu $py -m benchmarks.bench_dfss_mgpu --variants=default,pairs \
       --check=false --steps=20 --rounds=7 --out="$out/bench_dfss_mgpu.md"
     ;;
   steps)

@@ -767,12 +767,16 @@ def test_interpreted_dropout_kernels(monkeypatch, case, deterministic):
 # and capability predicate (its register-array helpers run as plain jnp); GPU tests (Hopper)
 # against the reference.
 
-@pytest.mark.parametrize("n,m", [(1, 2), (2, 4), (1, 4), (3, 4), (1, 8), (2, 8), (4, 8), (7, 8)])
+@pytest.mark.parametrize("n,m,selection", [
+    (1, 2, "pairs"), (2, 4, "pairs"), (2, 4, "tournament"), (1, 4, "pairs"), (1, 4, "tournament"),
+    (3, 4, "pairs"), (3, 4, "tournament"), (1, 8, "pairs"), (2, 8, "pairs"), (4, 8, "pairs"),
+    (7, 8, "pairs"), (2, 8, "tournament")])
 @pytest.mark.parametrize("ints", [False, True])
-def test_mosaic_nm_prune_matches_bruteforce(n, m, ints):
-  """nm_prune on the permuted layout keeps exactly np_keep's entries (ties to the lower index,
-  padded keys at the kernels' finite MASKED bias never beat real ones) and leaves them as they
-  are; everything else is -inf."""
+def test_mosaic_nm_prune_matches_bruteforce(n, m, selection, ints):
+  """prune_with_max on the permuted layout keeps exactly np_keep's entries (ties to the lower
+  index, padded keys at the kernels' finite MASKED bias never beat real ones) and leaves them
+  as they are; everything else is -inf; its row maxima are the rows' maxima. Small integer
+  scores make ties between every pair of members common."""
   from lra_sparse.kernels import dfss_mgpu
   rng = np.random.default_rng(n * 10 + m + 100 * ints)
   s = (rng.integers(-2, 3, (64, 192)) if ints else rng.standard_normal((64, 192)))
@@ -781,7 +785,9 @@ def test_mosaic_nm_prune_matches_bruteforce(n, m, ints):
   s[6, :] = dfss_mgpu.MASKED                          # a row without a real key
   keep = np_keep(s, n, m)
   permuted = np.asarray(dfss_mgpu.permute_keys(jnp.asarray(s)[..., None], m))[..., 0]
-  pruned = np.asarray(dfss_mgpu.nm_prune(jnp.asarray(permuted), n, m))
+  pruned, row_max = dfss_mgpu.prune_with_max(jnp.asarray(permuted), n, m, selection)
+  pruned = np.asarray(pruned)
+  np.testing.assert_array_equal(np.asarray(row_max), s.max(axis=1))
   assert np.all((pruned == permuted) | (pruned == -np.inf))
   kept = np.asarray(dfss_mgpu.unpermute_keys(jnp.asarray(pruned > -np.inf)[..., None], m))[..., 0]
   np.testing.assert_array_equal(kept, keep)

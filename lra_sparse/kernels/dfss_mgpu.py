@@ -95,6 +95,8 @@ class Tiles:
   # same bits (GPU test), and on an H100 the dropout's extra cost falls from 2.2-2.6x to
   # 1.6-1.8x of the kernel without dropout (``bench_dfss_dropout``'s A/B columns).
   wide_products: bool = True
+  # N:M selection in the score tiles (``prune_with_max``): "tournament" (N:4) or "pairs"
+  selection: str = "tournament"
 
 
 DEFAULT_TILES = Tiles()
@@ -172,40 +174,99 @@ def _total(terms):
   return functools.reduce(lambda a, b: a + b, terms)
 
 
-def nm_prune(s, n: int, m: int):
-  """The [rows, cols] score tile ``s`` (cols a multiple of 64, keys permuted by
-  ``permute_keys``) with every entry the N:M rule prunes set to -inf.
+def _member_slices(s, m: int, block: int):
+  """The M member slices (each [rows, 64/M]) of 64-key block ``block`` of the tile ``s``."""
+  width = PERM_BLOCK // m
+  start = block * PERM_BLOCK
+  return [s[:, start + j * width: start + (j + 1) * width] for j in range(m)]
+
+
+def _keep_by_pairs(x, n: int, m: int):
+  """Keep masks of the members ``x`` (M slices): each pair compared once, counted in floats."""
+  one, zero = jnp.ones((), jnp.float32), jnp.zeros((), jnp.float32)
+  f = {(i, j): jnp.where(x[i] >= x[j], one, zero) for i in range(m) for j in range(i + 1, m)}
+  keep = []
+  for i in range(m):
+    later = [f[(i, j)] for j in range(i + 1, m)]
+    earlier = [f[(j, i)] for j in range(i)]
+    if not later:                       # the last member: no negation needed
+      keep.append(_total(earlier) <= i - (m - n))
+    else:
+      net = _total(later)
+      for term in earlier:
+        net = net - term
+      keep.append(net >= m - n - i)
+  return keep, None
+
+
+def _keep_n_of_4(x, n: int):
+  """Keep masks of the members a, b, c, d of N:4 groups by a tournament, and the groups'
+  maxima. Pair (a, b) has winner w1 = max(a, b) and loser l1, pair (c, d) w2 and l2. A member
+  beats the other pair's members it is not below (a and b win ties against c and d: >=) or
+  above (c and d: >), so it is kept when it beats the other pair's
+
+  * 1:4: stronger member if it won its own pair (a loser is never kept);
+  * 2:4: weaker member if it won its own pair, stronger one if it lost;
+  * 3:4: weaker member if it lost its own pair (a winner is always kept).
+
+  Per group: two pair compares, four min/max, and per member one select and one compare of
+  its threshold; ``_keep_by_pairs`` needs six compares and eight float adds before the
+  members' compares. The group maximum max(w1, w2) comes free for the row maximum."""
+  a, b, c, d = x
+  ab, cd = a >= b, c >= d
+  w1, l1 = jnp.maximum(a, b), jnp.minimum(a, b)
+  w2, l2 = jnp.maximum(c, d), jnp.minimum(c, d)
+  inf = jnp.float32(jnp.inf)
+  # (threshold for a pair's winner, for its loser), against the other pair's (w, l)
+  thresholds = {1: lambda w, l: (w, inf), 2: lambda w, l: (l, w), 3: lambda w, l: (-inf, l)}[n]
+  win2, lose2 = thresholds(w2, l2)
+  win1, lose1 = thresholds(w1, l1)
+  keep = [a >= jnp.where(ab, win2, lose2), b >= jnp.where(ab, lose2, win2),
+          c > jnp.where(cd, win1, lose1), d > jnp.where(cd, lose1, win1)]
+  return keep, jnp.maximum(w1, w2)
+
+
+SELECTIONS = ("pairs", "tournament")
+
+
+def prune_with_max(s, n: int, m: int, selection: str = "pairs"):
+  """(the [rows, cols] score tile ``s`` with every entry the N:M rule prunes set to -inf, the
+  row maxima f32 [rows]); cols a multiple of 64, keys permuted by ``permute_keys``.
 
   Member j of a group lies in column slice j of its 64-key block. Member i beats member j when
-  s_i > s_j, or s_i == s_j with i < j (ties to the lower index); an entry is kept when it beats
-  at least m - n of the other members (fewer than n beat it). With f_ij = [s_i >= s_j] for
-  i < j (each pair compared once, as float 0/1), member i's wins are
-  sum_{j>i} f_ij + sum_{j<i} (1 - f_ji), so it is kept when
+  s_i > s_j, or s_i == s_j with i < j (ties to the lower index); an entry is kept when fewer
+  than n members beat it. Two exact formulations (``selection``):
 
-      sum_{j>i} f_ij - sum_{j<i} f_ji >= m - n - i.
+  * "pairs", any N:M: with f_ij = [s_i >= s_j] for i < j (each pair compared once, as float
+    0/1), member i's wins are sum_{j>i} f_ij + sum_{j<i} (1 - f_ji), so it is kept when
+    sum_{j>i} f_ij - sum_{j<i} f_ji >= m - n - i. Float selects and adds only: Mosaic GPU
+    cannot lower boolean ``~`` on register arrays, and on an H100 this form was the fastest of
+    four A/B'd in one process (int32 counts, and/or logic of the "beats" predicates, every
+    ordered pair compared: 0-25% slower forward).
+  * "tournament", N:4 (``_keep_n_of_4``); other N:M use "pairs". On an H100 it made the
+    forward kernel 8-13% faster than "pairs" at 2:4 (``bench_dfss_mgpu``'s variants), as fast
+    as an inexact bound that keeps every member at or above the group's second largest.
 
-  Float selects and adds only: Mosaic GPU cannot lower boolean ``~`` on register arrays, and
-  on an H100 this form was the fastest of four A/B'd in one process (int32 counts, and/or
-  logic of the "beats" predicates, every ordered pair compared: 0-25% slower forward)."""
-  width = PERM_BLOCK // m
-  one, zero = jnp.ones((), jnp.float32), jnp.zeros((), jnp.float32)
-  pieces = []
+  The row maximum of the pruned tile is that of ``s`` (a group's largest member is kept)."""
+  if selection not in SELECTIONS:
+    raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
+  tournament = selection == "tournament" and m == 4 and n in (1, 2, 3)
+  pieces, maxima = [], []
   for block in range(s.shape[1] // PERM_BLOCK):
-    x = [s[:, block * PERM_BLOCK + j * width: block * PERM_BLOCK + (j + 1) * width]
-         for j in range(m)]
-    f = {(i, j): jnp.where(x[i] >= x[j], one, zero) for i in range(m) for j in range(i + 1, m)}
-    for i in range(m):
-      later = [f[(i, j)] for j in range(i + 1, m)]
-      earlier = [f[(j, i)] for j in range(i)]
-      if not later:                     # the last member: no negation needed
-        keep = _total(earlier) <= i - (m - n)
-      else:
-        net = _total(later)
-        for term in earlier:
-          net = net - term
-        keep = net >= m - n - i
-      pieces.append(jnp.where(keep, x[i], -jnp.inf))
-  return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
+    x = _member_slices(s, m, block)
+    keep, group_max = _keep_n_of_4(x, n) if tournament else _keep_by_pairs(x, n, m)
+    pieces.extend(jnp.where(k, xi, -jnp.inf) for k, xi in zip(keep, x))
+    if group_max is not None:
+      maxima.append(group_max)
+  pruned = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
+  if not maxima:
+    return pruned, pruned.max(axis=1)
+  return pruned, functools.reduce(jnp.maximum, maxima).max(axis=1)
+
+
+def nm_prune(s, n: int, m: int, selection: str = "pairs"):
+  """The pruned tile of ``prune_with_max``."""
+  return prune_with_max(s, n, m, selection)[0]
 
 
 # ----------------------------------------------------------------------------- dropout
@@ -430,8 +491,8 @@ def _forward(q, k, v, bias, steps, seed, *, n: int, m: int, scale: float, tiles:
         key_bias = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
         plgpu.barrier_arrive(bias_done)
         s = _add_key_bias(s, key_bias, exact_ties=bool(t))
-      s = nm_prune(s, n, m)
-      m_new = jnp.maximum(m_i, s.max(axis=1) * c)
+      s, row_max = prune_with_max(s, n, m, tiles.selection)
+      m_new = jnp.maximum(m_i, row_max * c)
       alpha = jnp.exp2(m_i - m_new)
       p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
       acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
@@ -543,7 +604,7 @@ def _backward_dq(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, til
         key_bias = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
         plgpu.barrier_arrive(bias_done)
         s = _add_key_bias(s, key_bias, exact_ties=bool(t))
-      s = nm_prune(s, n, m)
+      s = nm_prune(s, n, m, tiles.selection)
       p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))
 
       def dp_product(acc_ref):
@@ -665,7 +726,7 @@ def _backward_dkv(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, ti
       s = pl.run_scoped(qk_product, plgpu.ACC((block_q, block_kv), jnp.float32))
       if has_bias:
         s = _add_key_bias(s, key_bias, exact_ties=bool(t))
-      s = nm_prune(s, n, m)
+      s = nm_prune(s, n, m, tiles.selection)
       lse = plgpu.load(lse_smem, layout=plgpu.Layout.WGMMA.reduce(1))
       plgpu.barrier_arrive(lse_done)
       p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))
