@@ -60,3 +60,35 @@ def nm_mask(scores: jax.Array, n: int, m: int) -> jax.Array:
     beats = (challenger > groups) | ((challenger == groups) & (i < position))
     rank = rank + beats.astype(jnp.int32)
   return (rank < n).reshape(scores.shape)
+
+
+TOURNAMENT_N = (1, 2)   # the N of the N:4 rules ``keep_n_of_4`` computes
+
+
+def keep_n_of_4(members, n: int):
+  """The N:4 rule (n in ``TOURNAMENT_N``) on groups held as four arrays, ``members[j]``
+  member j of every group (the layout the fused kernels hold score tiles in): (keep masks, one
+  per member, the groups' maxima).
+
+  A tournament: pair (a, b) has winner w1 = max(a, b) and loser l1, pair (c, d) w2 and l2.
+  A member beats the other pair's members it is not below (a and b win ties against c and d:
+  >=) or above (c and d: >), so at 2:4 it is kept when it beats the other pair's weaker member
+  if it won its own pair and the stronger one if it lost; at 1:4 only a winner can be kept,
+  when it beats the other pair's winner. Exact as ``nm_mask``, ties and -inf included. Per
+  group: two pair compares and four min/max, then per member one select and one compare,
+  where counting ranks takes three compares per member."""
+  if n not in TOURNAMENT_N or len(members) != 4:
+    raise ValueError(f"keep_n_of_4 takes four members and n in {TOURNAMENT_N}, got "
+                     f"{len(members)} members and n={n}")
+  a, b, c, d = members
+  ab, cd = a >= b, c >= d
+  w1, l1 = jnp.maximum(a, b), jnp.minimum(a, b)
+  w2, l2 = jnp.maximum(c, d), jnp.minimum(c, d)
+  if n == 2:     # (threshold of a pair's winner, of its loser), from the other pair's members
+    win1, lose1, win2, lose2 = l1, w1, l2, w2
+  else:          # a loser is never kept: no member reaches +inf
+    win1, lose1, win2, lose2 = w1, jnp.inf, w2, jnp.inf
+  keep = [a >= jnp.where(ab, win2, lose2), b >= jnp.where(ab, lose2, win2),
+          c > jnp.where(cd, win1, lose1), d > jnp.where(cd, lose1, win1)]
+  return keep, jnp.maximum(w1, w2)
+

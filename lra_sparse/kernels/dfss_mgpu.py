@@ -65,6 +65,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from lra_sparse.attention import nm as nm_rule
 from lra_sparse.attention.nm import check_nm
 from lra_sparse.kernels import dfss_dropout
 from lra_sparse.kernels import dfss_launch
@@ -95,7 +96,7 @@ class Tiles:
   # same bits (GPU test), and on an H100 the dropout's extra cost falls from 2.2-2.6x to
   # 1.6-1.8x of the kernel without dropout (``bench_dfss_dropout``'s A/B columns).
   wide_products: bool = True
-  # N:M selection in the score tiles (``prune_with_max``): "tournament" (N:4) or "pairs"
+  # N:M selection in the score tiles (``prune_with_max``): "tournament" (1:4, 2:4) or "pairs"
   selection: str = "tournament"
 
 
@@ -199,33 +200,6 @@ def _keep_by_pairs(x, n: int, m: int):
   return keep, None
 
 
-def _keep_n_of_4(x, n: int):
-  """Keep masks of the members a, b, c, d of N:4 groups by a tournament, and the groups'
-  maxima. Pair (a, b) has winner w1 = max(a, b) and loser l1, pair (c, d) w2 and l2. A member
-  beats the other pair's members it is not below (a and b win ties against c and d: >=) or
-  above (c and d: >), so it is kept when it beats the other pair's
-
-  * 1:4: stronger member if it won its own pair (a loser is never kept);
-  * 2:4: weaker member if it won its own pair, stronger one if it lost;
-  * 3:4: weaker member if it lost its own pair (a winner is always kept).
-
-  Per group: two pair compares, four min/max, and per member one select and one compare of
-  its threshold; ``_keep_by_pairs`` needs six compares and eight float adds before the
-  members' compares. The group maximum max(w1, w2) comes free for the row maximum."""
-  a, b, c, d = x
-  ab, cd = a >= b, c >= d
-  w1, l1 = jnp.maximum(a, b), jnp.minimum(a, b)
-  w2, l2 = jnp.maximum(c, d), jnp.minimum(c, d)
-  inf = jnp.float32(jnp.inf)
-  # (threshold for a pair's winner, for its loser), against the other pair's (w, l)
-  thresholds = {1: lambda w, l: (w, inf), 2: lambda w, l: (l, w), 3: lambda w, l: (-inf, l)}[n]
-  win2, lose2 = thresholds(w2, l2)
-  win1, lose1 = thresholds(w1, l1)
-  keep = [a >= jnp.where(ab, win2, lose2), b >= jnp.where(ab, lose2, win2),
-          c > jnp.where(cd, win1, lose1), d > jnp.where(cd, lose1, win1)]
-  return keep, jnp.maximum(w1, w2)
-
-
 SELECTIONS = ("pairs", "tournament")
 
 
@@ -243,18 +217,19 @@ def prune_with_max(s, n: int, m: int, selection: str = "pairs"):
     cannot lower boolean ``~`` on register arrays, and on an H100 this form was the fastest of
     four A/B'd in one process (int32 counts, and/or logic of the "beats" predicates, every
     ordered pair compared: 0-25% slower forward).
-  * "tournament", N:4 (``_keep_n_of_4``); other N:M use "pairs". On an H100 it made the
-    forward kernel 8-13% faster than "pairs" at 2:4 (``bench_dfss_mgpu``'s variants), as fast
-    as an inexact bound that keeps every member at or above the group's second largest.
+  * "tournament", 1:4 and 2:4 (``nm.keep_n_of_4``); other N:M use "pairs". On an H100 it
+    made the forward kernel 8-13% faster than "pairs" at 2:4 (``bench_dfss_mgpu``'s
+    variants), as fast as an inexact bound that keeps every member at or above the group's
+    second largest.
 
   The row maximum of the pruned tile is that of ``s`` (a group's largest member is kept)."""
   if selection not in SELECTIONS:
     raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
-  tournament = selection == "tournament" and m == 4 and n in (1, 2, 3)
+  tournament = selection == "tournament" and m == 4 and n in nm_rule.TOURNAMENT_N
   pieces, maxima = [], []
   for block in range(s.shape[1] // PERM_BLOCK):
     x = _member_slices(s, m, block)
-    keep, group_max = _keep_n_of_4(x, n) if tournament else _keep_by_pairs(x, n, m)
+    keep, group_max = nm_rule.keep_n_of_4(x, n) if tournament else _keep_by_pairs(x, n, m)
     pieces.extend(jnp.where(k, xi, -jnp.inf) for k, xi in zip(keep, x))
     if group_max is not None:
       maxima.append(group_max)
