@@ -91,4 +91,3 @@ def keep_n_of_4(members, n: int):
   keep = [a >= jnp.where(ab, win2, lose2), b >= jnp.where(ab, lose2, win2),
           c > jnp.where(cd, win1, lose1), d > jnp.where(cd, lose1, win1)]
   return keep, jnp.maximum(w1, w2)
-
