@@ -197,13 +197,13 @@ def _keep_by_pairs(x, n: int, m: int):
       for term in earlier:
         net = net - term
       keep.append(net >= m - n - i)
-  return keep, None
+  return keep
 
 
 SELECTIONS = ("pairs", "tournament")
 
 
-def prune_with_max(s, n: int, m: int, selection: str = "pairs"):
+def prune_with_max(s, n: int, m: int, selection: str = DEFAULT_TILES.selection):
   """(the [rows, cols] score tile ``s`` with every entry the N:M rule prunes set to -inf, the
   row maxima f32 [rows]); cols a multiple of 64, keys permuted by ``permute_keys``.
 
@@ -229,17 +229,19 @@ def prune_with_max(s, n: int, m: int, selection: str = "pairs"):
   pieces, maxima = [], []
   for block in range(s.shape[1] // PERM_BLOCK):
     x = _member_slices(s, m, block)
-    keep, group_max = nm_rule.keep_n_of_4(x, n) if tournament else _keep_by_pairs(x, n, m)
-    pieces.extend(jnp.where(k, xi, -jnp.inf) for k, xi in zip(keep, x))
-    if group_max is not None:
+    if tournament:
+      keep, group_max = nm_rule.keep_n_of_4(x, n)
       maxima.append(group_max)
+    else:
+      keep = _keep_by_pairs(x, n, m)
+    pieces.extend(jnp.where(k, xi, -jnp.inf) for k, xi in zip(keep, x))
   pruned = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
   if not maxima:
     return pruned, pruned.max(axis=1)
   return pruned, functools.reduce(jnp.maximum, maxima).max(axis=1)
 
 
-def nm_prune(s, n: int, m: int, selection: str = "pairs"):
+def nm_prune(s, n: int, m: int, selection: str = DEFAULT_TILES.selection):
   """The pruned tile of ``prune_with_max``."""
   return prune_with_max(s, n, m, selection)[0]
 
