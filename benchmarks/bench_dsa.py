@@ -4,7 +4,11 @@ Rows per shape (bf16, every method on the same random inputs, in one process):
   XLA dense, cuDNN dense (jax.nn.dot_product_attention), DFSS 2:4 Triton (fused), and DSA-s
   (s = sparsity) with vector V and predictor rank k = round(sigma * heads * head_dim):
   * "DSA pure-JAX": the reference path (int scores, top-k, masked softmax; [L, L] arrays);
-  * "DSA Triton": selection kernel (bits) + attention kernels.
+  * "DSA Triton": selection kernel (bits) + attention kernels, "Triton gather" with the
+    gathered forward (key lists per 64 query rows, then those keys only; --forwards).
+A setting SPARSITY%:VECTOR:SIGMA:t selects by threshold instead of top-k ("DSA-t99"): the
+threshold is the SPARSITY quantile of the predicted group scores of the shape's first input
+set, and the row names the share of entries the selection then keeps on it.
 "fwd" is the attention output (DSA: the selection from Q~, K~ and the attention over it);
 "fwd+bwd" adds the gradient of sum(out * ct) + L_MSE(S, S~) w.r.t. q, k, v, Q~, K~ and the
 predictor weights (the MSE from Gram matrices of the factors (XP) W~, as in training).
@@ -13,8 +17,9 @@ median of --rounds; ms per call.  "temp MiB" is XLA's compiled
 temp-buffer size of one fwd+bwd call (memory_analysis).
 
   python -m benchmarks.bench_dsa [--shapes=32x1024,16x2048,8x4096] [--heads=4] [--dim=64]
-      [--settings=90:1:0.25,95:1:0.25,99:1:0.25,95:8:0.1,99:8:0.1] [--steps=20] [--rounds=7]
-      [--skip_reference] [--select_only] [--dropout=0.1] [--out=FILE]
+      [--settings=90:1:0.25,95:1:0.25,99:1:0.25,95:8:0.1,99:8:0.1,99:8:0.1:t] [--steps=20]
+      [--rounds=7] [--forwards=tiles,gather] [--skip_reference] [--select_only]
+      [--dropout=0.1] [--out=FILE]
 
 --dropout=RATE adds, per shape, XLA dense with attention dropout (what a dense model trains
 on then: cuDNN has none through JAX) and each DSA Triton setting with dropout in its kernels;
@@ -42,8 +47,12 @@ def define_flags() -> None:
   flags.DEFINE_string("shapes", "32x1024,16x2048,8x4096", "Comma-separated BATCHxLENGTH.")
   flags.DEFINE_integer("heads", 4, "Attention heads.")
   flags.DEFINE_integer("dim", 64, "Head dimension.")
-  flags.DEFINE_string("settings", "90:1:0.25,95:1:0.25,99:1:0.25,90:8:0.25,95:8:0.1,99:8:0.1",
-                      "DSA settings SPARSITY%:VECTOR:SIGMA, comma-separated.")
+  flags.DEFINE_string("settings",
+                      "90:1:0.25,95:1:0.25,99:1:0.25,90:8:0.25,95:8:0.1,99:8:0.1,99:8:0.1:t",
+                      "DSA settings SPARSITY%:VECTOR:SIGMA[:t], comma-separated (t: threshold "
+                      "selection at that quantile).")
+  flags.DEFINE_list("forwards", ["tiles", "gather"], "DSA Triton forwards to time "
+                    "(dsa_triton.FORWARDS; gather only for vector >= 4).")
   flags.DEFINE_integer("steps", 20, "Calls chained in one jit (lax.scan).")
   flags.DEFINE_integer("rounds", 7, "Timed rounds (median).")
   flags.DEFINE_bool("skip_reference", False, "Skip the DSA pure-JAX rows.")
@@ -60,15 +69,21 @@ def define_flags() -> None:
 _SEED = jnp.array([12345, -6789], jnp.int32)   # dropout rows: one fixed Philox key
 
 
-def dsa_fns(sparsity, vector, triton: bool, rate: float = 0.0):
+def dsa_fns(sparsity, vector, triton: bool, rate: float = 0.0, threshold=None,
+            forward: str = "tiles"):
+  """threshold None: top-k at ``sparsity``; else threshold selection at this value."""
+  select = (dict(sparsity=sparsity) if threshold is None else
+            dict(selection="threshold", threshold=threshold))
+
   def attend(q, k, v, qp, kp):
     ops = dsa_reference.selection_operands(qp, kp, None, vector=vector,
                                            scale=q.shape[-1] ** -0.5)
     if triton:
-      bits = dsa_triton.select_bits(ops, sparsity=sparsity)
+      bits = dsa_triton.select_bits(ops, **select)
       return dsa_triton.dsa_attention_triton(q, k, v, bits, vector=vector, dropout_rate=rate,
-                                             dropout_seed=_SEED if rate else None)
-    keep = dsa_reference.reference_select(ops, sparsity=sparsity)
+                                             dropout_seed=_SEED if rate else None,
+                                             forward=forward)
+    keep = dsa_reference.reference_select(ops, **select)
     return dsa_reference.attention_under_keep(q, k, v,
                                               dsa_reference.expand_groups(keep, vector))
 
@@ -89,15 +104,32 @@ def dsa_fns(sparsity, vector, triton: bool, rate: float = 0.0):
   return fwd, fwd_bwd
 
 
-def select_fns(sparsity, vector):
+def select_fns(sparsity, vector, threshold=None):
   """The selection alone (predictor scores and bits): what the forward spends before the
   attention kernel; no backward (None: the row's fwd+bwd is not timed)."""
+  select = (dict(sparsity=sparsity) if threshold is None else
+            dict(selection="threshold", threshold=threshold))
+
   def fwd(q, k, v, qp, kp, ct):
     del k, v, ct
     ops = dsa_reference.selection_operands(qp, kp, None, vector=vector,
                                            scale=q.shape[-1] ** -0.5)
-    return dsa_triton.select_bits(ops, sparsity=sparsity)
+    return dsa_triton.select_bits(ops, **select)
   return fwd, None
+
+
+def calibrated_threshold(qp, kp, vector, sparsity, head_dim):
+  """(threshold, kept share): the ``sparsity`` quantile of the float group scores that the
+  threshold rule compares (int8 scores times their factor), on the first example, and the
+  share of all entries of (qp, kp) the threshold selection keeps."""
+  ops = dsa_reference.selection_operands(qp, kp, None, vector=vector, scale=head_dim ** -0.5)
+  first = jax.tree_util.tree_map(lambda x: x[:1], ops)
+  scores = (dsa_reference.integer_scores(first).astype(jnp.float32)
+            * first.factor[..., None])
+  threshold = float(jnp.quantile(scores.ravel(), sparsity))
+  keep = dsa_reference.unpack_bits(
+      dsa_triton.select_bits(ops, selection="threshold", threshold=threshold), qp.shape[1])
+  return threshold, float(jnp.mean(keep))
 
 
 def dense_fns(f):
@@ -134,8 +166,10 @@ def main(argv: Sequence[str]) -> None:
   print(header, flush=True)
   settings = []
   for s in FLAGS.settings.split(","):
-    sp, vec, sigma = s.split(":")
-    settings.append((int(sp) / 100, int(vec), float(sigma)))
+    sp, vec, sigma, *rule = s.split(":")
+    if rule not in ([], ["t"]):
+      raise app.UsageError(f"--settings entry {s!r}: SPARSITY%:VECTOR:SIGMA[:t]")
+    settings.append((int(sp) / 100, int(vec), float(sigma), rule == ["t"]))
   drop = f" drop {FLAGS.dropout:g}"   # the name suffix of a row with attention dropout
   rows = []
   for shape in FLAGS.shapes.split(","):
@@ -154,28 +188,41 @@ def main(argv: Sequence[str]) -> None:
     elif triton_ok:
       methods["DFSS 2:4 Triton"] = dense_fns(
           lambda q, k, v: dfss_triton.dfss_attention_triton(q, k, v, n=2, m=4))
-    ranks = {}
-    for sparsity, vec, sigma in settings:
-      rank = max(1, round(sigma * h * d))
-      ranks[rank] = None
-      tag = f"DSA-{round(sparsity * 100)} V={vec} k={rank}"
-      if triton_ok:
-        methods[f"{tag} Triton"] = dsa_fns(sparsity, vec, True) + (rank,)
-        if FLAGS.dropout:
-          methods[f"{tag} Triton{drop}"] = dsa_fns(sparsity, vec, True, FLAGS.dropout) + (rank,)
-        if FLAGS.select_only:
-          methods[f"{tag} selection alone"] = select_fns(sparsity, vec) + (rank,)
-      if not FLAGS.skip_reference:
-        methods[f"{tag} pure-JAX"] = dsa_fns(sparsity, vec, False) + (rank,)
     key = jax.random.PRNGKey(b * l)
     base = [tuple(jax.random.normal(kk, (b, l, h, d), jnp.bfloat16)
                   for kk in jax.random.split(jax.random.fold_in(key, i), 4)) for i in range(3)]
-    preds = {r: [tuple(jax.random.normal(kk, (b, l, h, r), jnp.float32)
-                       for kk in jax.random.split(jax.random.fold_in(key, 10 + i), 2))
-                 for i in range(3)] for r in ranks}
+    preds = {}
+    for sparsity, vec, sigma, by_threshold in settings:
+      rank = max(1, round(sigma * h * d))
+      if rank not in preds:
+        preds[rank] = [tuple(jax.random.normal(kk, (b, l, h, rank), jnp.float32)
+                             for kk in jax.random.split(jax.random.fold_in(key, 10 + i), 2))
+                       for i in range(3)]
+      threshold = None
+      tag = f"DSA-{round(sparsity * 100)} V={vec} k={rank}"
+      if by_threshold:
+        if not triton_ok:
+          continue
+        threshold, kept = calibrated_threshold(*preds[rank][0], vec, sparsity, d)
+        tag = (f"DSA-t{round(sparsity * 100)} V={vec} k={rank} (threshold {threshold:.3g}, "
+               f"kept {100 * kept:.2f}%)")
+      if triton_ok:
+        for forward in FLAGS.forwards:
+          if forward == "gather" and vec < 4:
+            continue
+          name = f"{tag} Triton" + ("" if forward == "tiles" else f" {forward}")
+          methods[name] = dsa_fns(sparsity, vec, True, threshold=threshold,
+                                  forward=forward) + (rank,)
+          if FLAGS.dropout:
+            methods[f"{name}{drop}"] = dsa_fns(sparsity, vec, True, FLAGS.dropout, threshold,
+                                               forward) + (rank,)
+        if FLAGS.select_only:
+          methods[f"{tag} selection alone"] = select_fns(sparsity, vec, threshold) + (rank,)
+      if not FLAGS.skip_reference:
+        methods[f"{tag} pure-JAX"] = dsa_fns(sparsity, vec, False, threshold=threshold) + (rank,)
     for name, fns in methods.items():
       fwd, fwd_bwd = fns[:2]
-      rank = fns[2] if len(fns) > 2 else next(iter(ranks))
+      rank = fns[2] if len(fns) > 2 else next(iter(preds))
       sets = [base[i][:3] + preds[rank][i] + (base[i][3],) for i in range(3)]
       xs = tuple(jnp.stack([sets[i % 3][j] for i in range(FLAGS.steps)]) for j in range(6))
       res = {}

@@ -21,7 +21,8 @@ from benchmarks.compare_kernel_ptx import compile_one, cubin_stats
 from lra_sparse.kernels import dfss_dropout, dsa_triton
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("kernels", ["dsa_fwd", "dsa_bwd_onepass", "dsa_bwd_dkdv", "dsa_bwd_dq"],
+flags.DEFINE_list("kernels", ["dsa_fwd", "dsa_fwd_gather", "dsa_bwd_onepass", "dsa_bwd_dkdv",
+                               "dsa_bwd_dq"],
                   "Kernels of lra_sparse/kernels/dsa_attention_kernels.py.")
 flags.DEFINE_enum("dtype", "bf16", ["bf16", "fp16", "fp32"], "Operand dtype.")
 flags.DEFINE_integer("head_dim", 64, "Head dimension (16, 32, 64 or 128).")
@@ -29,7 +30,7 @@ flags.DEFINE_integer("vector", 8, "Column-vector size (1, 4, 8).")
 flags.DEFINE_list("dropout", ["0", "0.1"], "Attention dropout rates.")
 flags.DEFINE_list("tiles", [], "BM:BN:WARPS:STAGES per row; empty: the runtime's tiles.")
 
-_TILE_KIND = {"dsa_fwd": "fwd", "dsa_bwd_onepass": "onepass", "dsa_bwd_dkdv": "dkdv",
+_TILE_KIND = {"dsa_fwd": "fwd", "dsa_fwd_gather": "gather", "dsa_bwd_onepass": "onepass", "dsa_bwd_dkdv": "dkdv",
               "dsa_bwd_dq": "dq"}
 
 
@@ -39,6 +40,9 @@ def signature(kernel: str, dtype: str) -> dict:
   if kernel == "dsa_fwd":
     names = "Q K V BITS EXT SEED sm_scale L LP H G W O LSE".split()
     types = [p, p, p, "*i32", "*i32", "*i32", "fp32"] + ["i32"] * 5 + [p, "*fp32"]
+  elif kernel == "dsa_fwd_gather":
+    names = "Q K V SLOTS COUNT SEED sm_scale L LP H T O LSE".split()
+    types = [p, p, p, "*i32", "*i32", "*i32", "fp32"] + ["i32"] * 4 + [p, "*fp32"]
   else:
     names = "Q K V BITS DO LSE DELTA EXT ROWS SEED sm_scale L LP H G W".split()
     types = [p, p, p, "*i32", p, "*fp32", "*fp32", "*i32", "*i32", "*i32", "fp32"] + ["i32"] * 5
@@ -61,8 +65,9 @@ def kernel_stats(kernel: str, dtype: str, head_dim: int, vector: int, rate: floa
   kernel at ``tile`` (BM, BN, warps, stages; default the runtime's)."""
   from lra_sparse.kernels import dsa_attention_kernels  # pylint: disable=import-outside-toplevel
   bm, bn, warps, stages = tile or runtime_tile(kernel, dtype, rate)
-  constexprs = dict(D=head_dim, VEC=vector, BM=bm, BN=bn, SKIP=False,
-                    DROP_T=dfss_dropout.threshold(rate))
+  constexprs = dict(D=head_dim, VEC=vector, BM=bm, BN=bn, DROP_T=dfss_dropout.threshold(rate))
+  if kernel != "dsa_fwd_gather":
+    constexprs["SKIP"] = False
   compiled = compile_one(getattr(dsa_attention_kernels, kernel), signature(kernel, dtype),
                          constexprs, warps, stages)
   return cubin_stats(compiled.asm["cubin"])

@@ -314,6 +314,19 @@ def test_bad_inputs_give_one_clear_error():
     ref.selection_operands(jnp.ones((1, 16, 1, 0)), jnp.ones((1, 16, 1, 0)))
   with pytest.raises(ValueError, match="length 18 is not a multiple of the column-vector size 8"):
     ref.selection_operands(jnp.ones((1, 18, 1, 4)), jnp.ones((1, 18, 1, 4)), vector=8)
+  with pytest.raises(ValueError, match=r"vector 1 gives 64 \(use vector 4 or 8"):
+    dsa_triton.dsa_attention_triton(q, q, q, bits, forward="gather")
+  with pytest.raises(ValueError, match="DSA forward 'sparse' not in"):
+    dsa_triton.dsa_attention_triton(q, q, q, bits, forward="sparse")
+  long = jax.ShapeDtypeStruct((1, 32768, 1, 64), jnp.bfloat16)
+  assert "length 32768 > 32767" in dsa_triton.unsupported_reason(long, long, vector=8,
+                                                                 forward="gather")
+  assert dsa_triton.unsupported_reason(long, long, vector=8) is None
+  from lra_sparse.attention import DSAConfig   # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match=r"dsa.forward='gather' needs vector 4 or 8"):
+    DSAConfig(forward="gather")
+  with pytest.raises(ValueError, match=r"dsa.forward='sparse' is not one of"):
+    DSAConfig(forward="sparse", vector=8)
 
 
 def test_backend_triton_without_a_gpu_is_one_clear_error():
@@ -452,10 +465,44 @@ def test_kernels_match_reference(case, ints):
   _check_kernels_against_reference(case, ints)
 
 
-def _check_kernels_against_reference(case, ints, rate=0.0):
+def np_key_lists(keep_groups, vector, block):
+  """Each block of ``block`` query rows' kept keys, by numpy: {(bh, block index): [(key,
+  mask of the block's groups that keep it), ...] in key order}; keep_groups bool [batch,
+  heads, groups, L]."""
+  keep = np.asarray(keep_groups)
+  b, h, g, l = keep.shape
+  per = block // vector
+  lists = {}
+  for bh in range(b * h):
+    rows = keep[bh // h, bh % h]
+    for t in range(-(-l // block)):
+      part = rows[t * per:(t + 1) * per]
+      masks = (part.astype(np.int64) << np.arange(len(part))[:, None]).sum(0)
+      lists[bh, t] = [(j, int(masks[j])) for j in np.flatnonzero(masks)]
+  return lists
+
+
+def _check_key_lists(bits, want, ext, vector):
+  """``key_lists`` (poisoned) gives numpy's lists of the reference's kept set; no slot past a
+  block's count is written."""
+  dt = _kernels()
+  block = dt._tiles("gather", jnp.float32)[0]  # pylint: disable=protected-access
+  slots, count = jax.jit(lambda bits, ext: dt.key_lists(bits, ext, vector=vector, block=block,
+                                                        poison=True))(bits, ext)
+  slots, count = np.asarray(slots), np.asarray(count)
+  for (bh, t), pairs in np_key_lists(want, vector, block).items():
+    n = count[bh, t]
+    assert n == len(pairs), (bh, t, n, len(pairs))
+    got = [(int(x) >> 16, int(x) & 0xFFFF) for x in slots[bh, t, :n]]
+    assert got == pairs, (bh, t)
+    assert (slots[bh, t, n:] == -1).all(), (bh, t)   # nothing written past the list
+
+
+def _check_kernels_against_reference(case, ints, rate=0.0, forward="tiles"):
   """Selection bits exactly the reference's; out, dq, dk, dv against full-precision fp32 on
   those bits (outputs poisoned); a fully padded example gives zeros.  rate > 0: attention
-  dropout, the reference multiplied by ``dfss_dropout.key_multiplier`` of the same seed."""
+  dropout, the reference multiplied by ``dfss_dropout.key_multiplier`` of the same seed.
+  forward "gather": the key lists checked against numpy too, then the gathered forward."""
   dt = _kernels()
   dtype, b, l, h, d, vector, sparsity, rank, selection = case
   seed = zlib.crc32(f"{_case_id(case)}-{ints}".encode()) % (2 ** 31)
@@ -475,11 +522,13 @@ def _check_kernels_against_reference(case, ints, rate=0.0):
     mult = dfss_dropout.key_multiplier(drop["dropout_seed"], b, h, l, l, rate)
     assert 0 < float(jnp.mean(mult == 0)) < 2 * rate
   f_ref = _attention_reference(ref.expand_groups(want, vector), mult)
+  if forward == "gather":
+    _check_key_lists(bits, want, dt._key_extent(mask, b, l), vector)  # pylint: disable=protected-access
 
   # The tie-heavy cases run the deterministic (two-kernel) backward, the others the one-pass.
   f_tri = jax.jit(lambda q, k, v: dt.dsa_attention_triton(q, k, v, bits, vector=vector,
                                                           deterministic=ints, poison=True,
-                                                          **drop))
+                                                          forward=forward, **drop))
   out, vjp = jax.vjp(f_tri, q, k, v)
   want_out, vjp_ref = jax.vjp(f_ref, q, k, v)
   pairs = [("out", out, want_out)] + list(zip(("dq", "dk", "dv"), vjp(ct),
@@ -490,7 +539,7 @@ def _check_kernels_against_reference(case, ints, rate=0.0):
   if rate:   # the same seed gives the same output; another seed another one
     np.testing.assert_array_equal(np.asarray(f_tri(q, k, v)), np.asarray(out))
     other = dict(drop, dropout_seed=drop["dropout_seed"] + 1)
-    again = dt.dsa_attention_triton(q, k, v, bits, vector=vector, **other)
+    again = dt.dsa_attention_triton(q, k, v, bits, vector=vector, forward=forward, **other)
     assert np.any(np.asarray(again) != np.asarray(out))
 
 
@@ -508,6 +557,23 @@ DROPOUT_CASES = [
 @pytest.mark.parametrize("case", DROPOUT_CASES, ids=lambda c: f"{_case_id(c[:-1])}-p{c[-1]}")
 def test_kernels_with_dropout_match_reference_with_the_same_mask(case, deterministic):
   _check_kernels_against_reference(case[:-1], deterministic, rate=case[-1])
+
+
+GATHER_CASES = [c for c in GPU_CASES if c[5] >= 4] + [
+    (jnp.bfloat16, 2, 136, 2, 48, 8, 0.9, 26, "topk"),
+    (jnp.float16, 2, 260, 2, 64, 4, 0.5, 130, "topk"),
+]
+GATHER_DROPOUT_CASES = [c for c in DROPOUT_CASES if c[5] >= 4]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GATHER_CASES + GATHER_DROPOUT_CASES,
+                         ids=lambda c: _case_id(c[:9]) + (f"-p{c[9]}" if len(c) > 9 else ""))
+def test_gather_forward_matches_reference(case):
+  """The gathered forward (key lists, then the union's keys only) under the same checks, the
+  backward kernels on its log-sum-exp; the deterministic backward on the tie-heavy cases."""
+  _check_kernels_against_reference(case[:9], case[6] >= 0.95,
+                                   rate=case[9] if len(case) > 9 else 0.0, forward="gather")
 
 
 PAD_CASES = [
@@ -615,8 +681,9 @@ def test_module_paths_agree_on_a_gpu(dropout):
   x = jax.random.normal(keys[3], (b, l, model), jnp.bfloat16)
   mask = jnp.asarray(_mask(b, l, [256, 150]))
   results = {}
-  for backend in ("triton", "reference"):
-    core = build_attention(DSAConfig(backend=backend, vector=4, sparsity=0.9), dims)
+  for backend, forward in (("triton", "gather"), ("triton", "tiles"), ("reference", "tiles")):
+    core = build_attention(DSAConfig(backend=backend, vector=4, sparsity=0.9, forward=forward),
+                           dims)
     params = core.init(keys[4], q, k, v, mask=mask, inputs=x)["params"]
 
     def loss(params, q, k, v, core=core):
@@ -627,8 +694,12 @@ def test_module_paths_agree_on_a_gpu(dropout):
 
     (_, (out, state)), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3),
                                                           has_aux=True))(params, q, k, v)
-    results[backend] = (out, state, grads)
-  (o1, s1, g1), (o2, s2, g2) = results["triton"], results["reference"]
+    results[backend, forward] = (out, state, grads)
+  (o1, s1, g1), (o2, s2, g2) = results["triton", "tiles"], results["reference", "tiles"]
+  o3, s3, g3 = results["triton", "gather"]
+  assert rel_err(o3.astype(jnp.float32), o1.astype(jnp.float32)) < 1e-2
+  for a, r in zip(jax.tree.leaves(g3), jax.tree.leaves(g1)):
+    assert rel_err(a.astype(jnp.float32), r.astype(jnp.float32)) < 1e-2
   assert rel_err(o1.astype(jnp.float32), o2.astype(jnp.float32)) < 2e-2
   if dropout:   # the hit rate is an evaluation metric: not computed while training
     for a, r in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
@@ -685,7 +756,8 @@ def test_kernel_source_on_the_cpu_matches_reference():
   """The selection and attention kernels' Triton source, run by Triton's interpreter on the
   CPU (in a subprocess: ``triton_cpu``), through the same checks as the GPU test at small
   shapes (``test_interpreted_kernels``)."""
-  run_interpreted(__file__, "test_interpreted_kernels or test_interpreted_dropout_kernels")
+  run_interpreted(__file__, "test_interpreted_kernels or test_interpreted_dropout_kernels or "
+                  "test_interpreted_gather")
 
 
 @pytest.mark.parametrize("ints", [False, True])
@@ -709,6 +781,18 @@ def test_interpreted_dropout_kernels(monkeypatch, case, deterministic):
   _check_kernels_against_reference(case[:-1], deterministic, rate=case[-1])
 
 
+@pytest.mark.parametrize("case", [c for c in INTERPRETED_CASES if c[5] >= 4] +
+                         [c for c in INTERPRETED_DROPOUT_CASES if c[5] >= 4],
+                         ids=lambda c: _case_id(c[:9]) + (f"-p{c[9]}" if len(c) > 9 else ""))
+def test_interpreted_gather(monkeypatch, case):
+  if not interpreting():
+    pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
+  from lra_sparse.kernels import dsa_triton   # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
+  _check_kernels_against_reference(case[:9], False, rate=case[9] if len(case) > 9 else 0.0,
+                                   forward="gather")
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_runtime_tiles_compile_for_hopper_without_spills(dtype):
   """Every DSA attention kernel at the tile ``dsa_triton`` launches it with, with and without
@@ -716,7 +800,7 @@ def test_runtime_tiles_compile_for_hopper_without_spills(dtype):
   128x64 forward with dropout spilled, hence its own "fwd_drop" tile)."""
   pytest.importorskip("triton")
   from benchmarks import dsa_kernel_registers as regs  # pylint: disable=import-outside-toplevel
-  for kernel in ("dsa_fwd", "dsa_bwd_onepass", "dsa_bwd_dkdv", "dsa_bwd_dq"):
+  for kernel in ("dsa_fwd", "dsa_fwd_gather", "dsa_bwd_onepass", "dsa_bwd_dkdv", "dsa_bwd_dq"):
     for rate in (0.0, 0.1):
       st = regs.kernel_stats(kernel, dtype, 64, 8, rate)
       assert (st["stl"], st["ldl"], st["stack"]) == (0, 0, 0), (kernel, rate, st)

@@ -43,7 +43,8 @@ Choices (the papers leave these open):
 - Column-vector granularity V in {1, 4, 8}: V consecutive query rows share the kept columns,
   chosen from the mean of Q~ (hence of S~) over the real rows of the group.
 - Backends (``backend``): "triton" runs ``kernels/dsa_triton.py`` (selection as bits, then a
-  flash-style softmax over the kept keys, forward and backward; no [L, L] float array);
+  flash-style softmax over the kept keys, forward and backward; no [L, L] float array;
+  ``forward="gather"`` computes only each 64-row block's union of kept keys in the forward);
   "reference" the pure-JAX path; "auto" the kernels on a GPU when they can run the call
   (head_dim <= 128, the int8 selection rule), else the pure-JAX path, logged once.
 - Attention dropout (training, rate > 0) acts on the kept probabilities, A <- A * Z / (1 -
@@ -81,6 +82,7 @@ QUANT_BITS = (0, 2, 4, 8)
 VECTORS = (1, 4, 8)
 TOPK_ALGORITHMS = dsa_reference.TOPK_ALGORITHMS
 BACKENDS = ("auto", "triton", "reference")
+FORWARDS = ("tiles", "gather")   # dsa_triton.FORWARDS (not imported: it would import triton)
 SELECTION_RULES = ("int8", "float")
 MSE_NORMALIZATIONS = ("eq6", "scaled_mean")
 PROJECTION_SEED = 20220601  # fixed: P must be reproducible without being stored
@@ -111,6 +113,11 @@ class DSAConfig(KindConfig):
   # Triton backward: False = one pass with fp32 atomics for dQ (fastest; the last bits of dQ
   # vary run to run); True = separate dK/dV and dQ kernels (bit-reproducible).
   deterministic_kernels: bool = False
+  # Triton forward: "tiles" = every key tile below the key extent, masked by the bits (the
+  # work of dense attention at any sparsity) | "gather" = each 64-row block's kept keys listed
+  # first, then those keys only (the work of the block's union of kept keys; vector 4 or 8;
+  # pays when the union is small, e.g. DSA-99 V=8). Same outputs and backward.
+  forward: str = "tiles"
   # L_MSE on the Gram kernels (kernels/dsa_gram.py: padding skipped) when the attention runs
   # on the kernels | False: the same Gram form in XLA (runs recorded before the kernels).
   mse_kernels: bool = True
@@ -127,6 +134,10 @@ class DSAConfig(KindConfig):
     self.check_choice("topk_algorithm", TOPK_ALGORITHMS)
     self.check_choice("backend", BACKENDS)
     self.check_bool("deterministic_kernels")
+    self.check_choice("forward", FORWARDS)
+    if self.forward == "gather" and self.vector < 4:
+      raise self.error("forward", f"needs vector 4 or 8 (the kept keys of 64 query rows are "
+                       f"listed together; vector={self.vector})")
     self.check_bool("mse_kernels")
     self.check_choice("selection_rule", SELECTION_RULES)
 
@@ -216,7 +227,7 @@ def _kernels(config: DSAConfig, q, k, v):
     reason = f"selection_rule={config.selection_rule!r} (the kernels rank int8 operands)"
   kernel = common.kernel_module("dsa_triton", "DSA", required)
   if kernel is not None and reason is None:
-    reason = kernel.unsupported_reason(q, v, k=k, vector=config.vector)
+    reason = kernel.unsupported_reason(q, v, k=k, vector=config.vector, forward=config.forward)
   if reason is None:
     return kernel
   if required:
@@ -295,6 +306,7 @@ class DSAAttention(nn.Module):
       def attend(q, k, v, bits, mask, seed):
         return kernel.dsa_attention_triton(q, k, v, bits, mask=mask, vector=config.vector,
                                            deterministic=config.deterministic_kernels,
+                                           forward=config.forward,
                                            dropout_rate=rate,
                                            dropout_seed=common.shard_dropout_seed(seed))
       return common.per_data_shard(attend, q, k, v, bits, mask, seed, replicated=(5,))

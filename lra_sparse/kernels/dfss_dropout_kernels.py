@@ -107,3 +107,16 @@ def key_draws(k0, k1, bh, rows, start, BN: tl.constexpr, TRANSPOSE: tl.constexpr
   else:
     out = tl.reshape(draws, [rows.shape[0], BN])
   return out
+
+
+@triton.jit
+def gathered_key_draws(k0, k1, bh, rows, keys):
+  """``key_draws`` at arbitrary keys (int32 [BN], the gathered forward): [BM, BN], the draw of
+  each (row, key) that its contiguous key block gets.  One Philox call per entry instead of
+  one per eight keys: word (key % 8) // 2 of (key // 8, row, bh, 0), half key % 2."""
+  zero = tl.zeros([rows.shape[0], keys.shape[0]], tl.uint32)
+  o = tl.philox_impl((keys // 8).to(tl.uint32)[None, :] + zero, rows.to(tl.uint32)[:, None] + zero,
+                     zero + bh.to(tl.uint32), zero, k0, k1, ROUNDS)
+  which = ((keys % 8) // 2)[None, :]
+  word = tl.where(which == 0, o[0], tl.where(which == 1, o[1], tl.where(which == 2, o[2], o[3])))
+  return (word >> ((keys % 2) * 16).to(tl.uint32)[None, :]) & 0xFFFF

@@ -10,6 +10,10 @@ log-sum-exp; the backward recomputes the tile.  A key-tile whose bits are all ze
 whole query block is skipped when SKIP (no products, no exponentials), so the work falls as
 the kept set thins out in blocks.
 
+``dsa_fwd_gather`` is the forward over compact key lists instead (``dsa_compact``): per block of
+query rows it loads only the keys its row groups keep (K and V rows by index), so its work is
+the union of those keys, and it writes the same O and log-sum-exp for the same backward.
+
 Padding costs no work, exactly: EXT int32 [batch] is one past each example's last real key
 (L without a mask) and no bit is set past it, so the forward and dQ key loops stop there and a
 dK/dV key block past it does no step (its P is 0) and writes zeros.  ROWS int32 [batch] is one
@@ -112,26 +116,82 @@ def dsa_fwd(Q, K, V, BITS, EXT, SEED, sm_scale, L, LP, H, G, W, O, LSE, D: tl.co
       kin = offs_n < L
       kt = tl.load(K + base + offs_n[None, :] * RS + offs_d[:, None], mask=kin[None, :],
                    other=0.0)
-      s = tl.where(keep, tl.dot(q, kt), NEG_INF)
-      m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-      m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
-      alpha = tl.math.exp2(m_i - m_safe)
-      p = tl.math.exp2(s * qk_scale - m_safe[:, None])
-      l_i = l_i * alpha + tl.sum(p, 1)
+      p, alpha, m_i, l_i = _online_softmax(tl.where(keep, tl.dot(q, kt), NEG_INF), m_i, l_i,
+                                           qk_scale)
       if DROP_T > 0:
         p = tl.where(dropout.key_draws(k0, k1, bh, offs_m, start, BN, False) >= DROP_T, p, 0.0)
       v = tl.load(V + base + offs_n[:, None] * RS + offs_d[None, :], mask=kin[:, None],
                   other=0.0)
       acc = tl.dot(p.to(V.dtype.element_ty), v, acc * alpha[:, None])
-      m_i = m_new
+  _store_out(O, LSE, base, bh * LP, offs_m, rin, offs_d, RS, acc, m_i, l_i, DROP_T)
+
+
+@triton.jit
+def _online_softmax(s, m_i, l_i, qk_scale):
+  """One key tile of the online softmax: s [BM, BN] (-inf where not kept) -> (the tile's
+  unnormalised probabilities, the rescale of the earlier sums, the new row maxima and sums),
+  base 2.  A row with nothing kept so far keeps m = -inf and l = 0."""
+  m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+  m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
+  alpha = tl.math.exp2(m_i - m_safe)
+  p = tl.math.exp2(s * qk_scale - m_safe[:, None])
+  return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _store_out(O, LSE, base, lbase, offs_m, rin, offs_d, RS, acc, m_i, l_i,
+               DROP_T: tl.constexpr):
+  """O = acc / l (0 for a row that kept nothing; times 1 / (1 - rate) with dropout) and the
+  row's log-sum-exp (+inf for a row that kept nothing)."""
   l_safe = tl.where(l_i == 0.0, 1.0, l_i)
   out = acc / l_safe[:, None]
   if DROP_T > 0:
     out = out * dropout.kept_scale(DROP_T)
   tl.store(O + base + offs_m[:, None] * RS + offs_d[None, :], out.to(O.dtype.element_ty),
            mask=rin[:, None])
-  lse = tl.where(l_i == 0.0, POS_INF, m_i + tl.math.log2(l_safe))
-  tl.store(LSE + bh * LP + offs_m, lse)
+  tl.store(LSE + lbase + offs_m, tl.where(l_i == 0.0, POS_INF, m_i + tl.math.log2(l_safe)))
+
+
+@triton.jit
+def dsa_fwd_gather(Q, K, V, SLOTS, COUNT, SEED, sm_scale, L, LP, H, T, O, LSE,
+                   D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   DROP_T: tl.constexpr):
+  """Forward over compact key lists: one program per BM query rows (the block of
+  ``dsa_compact``, same BM), online softmax over the union of its row groups' kept keys only,
+  BN list slots per step.  Each slot gives the key (K and V rows loaded by index) and which of
+  the block's groups keep it; the other rows treat it as -inf.  Same O and log-sum-exp as
+  ``dsa_fwd`` (up to the order of the fp32 sums), so the backward kernels serve both; the work
+  is that of the union, not of every key tile.  Dropout draws each (row, key) as ``dsa_fwd``
+  does (``dropout.gathered_key_draws``)."""
+  pid_m, bh, b, base, _ = _program(L, H, 0, 0, D)
+  RS = H * D
+  offs_m = pid_m * BM + tl.arange(0, BM)
+  offs_d = tl.arange(0, D)
+  rin = offs_m < L
+  group = tl.arange(0, BM) // VEC
+  q = tl.load(Q + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None], other=0.0)
+  qk_scale = sm_scale * LOG2E
+  m_i = tl.full([BM], NEG_INF, tl.float32)
+  l_i = tl.zeros([BM], tl.float32)
+  acc = tl.zeros([BM, D], tl.float32)
+  if DROP_T > 0:
+    k0, k1 = dropout.seed_key(SEED)
+  sbase = (bh * T + pid_m).to(tl.int64) * L
+  count = tl.load(COUNT + bh * T + pid_m)
+  for start in range(0, count, BN):
+    offs_s = start + tl.arange(0, BN)
+    sin = offs_s < count
+    slot = tl.load(SLOTS + sbase + offs_s, mask=sin, other=0)
+    key = slot >> 16
+    keep = ((slot[None, :] >> group[:, None]) & 1) != 0
+    kt = tl.load(K + base + key[None, :] * RS + offs_d[:, None], mask=sin[None, :], other=0.0)
+    p, alpha, m_i, l_i = _online_softmax(tl.where(keep, tl.dot(q, kt), NEG_INF), m_i, l_i,
+                                         qk_scale)
+    if DROP_T > 0:
+      p = tl.where(dropout.gathered_key_draws(k0, k1, bh, offs_m, key) >= DROP_T, p, 0.0)
+    v = tl.load(V + base + key[:, None] * RS + offs_d[None, :], mask=sin[:, None], other=0.0)
+    acc = tl.dot(p.to(V.dtype.element_ty), v, acc * alpha[:, None])
+  _store_out(O, LSE, base, bh * LP, offs_m, rin, offs_d, RS, acc, m_i, l_i, DROP_T)
 
 
 @triton.jit

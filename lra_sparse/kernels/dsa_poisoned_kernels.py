@@ -55,3 +55,17 @@ def dsa_bwd_onepass_poisoned(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_
                              SKIP: tl.constexpr, DROP_T: tl.constexpr):
   ak.dsa_bwd_onepass(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H, G, W,
                      DK, DV, DQ, D, VEC, BM, BN, SKIP, DROP_T)
+
+
+@triton.jit
+def dsa_compact_poisoned(BITS, EXT, L, G, W, H, T, SLOTS_NAN, COUNT_NAN, SLOTS, COUNT,
+                         VEC: tl.constexpr, BM: tl.constexpr, CW: tl.constexpr):
+  sk.dsa_compact(BITS, EXT, L, G, W, H, T, SLOTS, COUNT, VEC, BM, CW)
+
+
+@triton.jit
+def dsa_fwd_gather_poisoned(Q, K, V, SLOTS, COUNT, SEED, sm_scale, L, LP, H, T, O_NAN, LSE_NAN,
+                            O, LSE, D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr,
+                            BN: tl.constexpr, DROP_T: tl.constexpr):
+  ak.dsa_fwd_gather(Q, K, V, SLOTS, COUNT, SEED, sm_scale, L, LP, H, T, O, LSE, D, VEC, BM, BN,
+                    DROP_T)

@@ -21,6 +21,10 @@ size L x L is ever written but the bits.  top-k runs four passes over the row's 
      and the number of ties to keep (lowest key index first);
   4. the bits: code > t, or code == t and fewer than ``ties`` equal codes before this key.
 
+``dsa_compact`` turns the bits into one key list per block of query rows (the union of the
+block's row groups' kept keys, each with the groups that keep it), which the gathered forward
+(``dsa_attention_kernels.dsa_fwd_gather``) reads instead of every key tile.
+
 This module imports triton: the launchers in ``dsa_triton`` import it on first use.
 """
 
@@ -169,3 +173,38 @@ def dsa_select(Q8, K8, KM, EXT, NEED, FACTOR, threshold, L, G, W, H, BITS, KP: t
       keep = valid[None, :] & (s.to(tl.float32) * factor[:, None] >= threshold)
       _store_bits(BITS, bh, G, W, offs_r, rin, start, keep, R, BN)
     _store_zeros(BITS, bh, G, W, offs_r, rin, ext, L, R, BN)
+
+
+@triton.jit
+def dsa_compact(BITS, EXT, L, G, W, H, T, SLOTS, COUNT, VEC: tl.constexpr, BM: tl.constexpr,
+                CW: tl.constexpr):
+  """The kept keys of each block of BM query rows as one list (for ``dsa_fwd_gather``): one
+  program per block of one (example, head); grid (T, batch*heads), T = cdiv(L, BM).
+
+  The block's BM // VEC row groups (at most 16) keep the union of their keys.  Each key of
+  that union, in increasing order, is one int32 slot: key << 16 | (bit i set when the block's
+  group i keeps the key), stored at SLOTS[bh, block, 0 .. COUNT[bh, block]); the rest of the
+  row is not written.  CW bit words (32 * CW keys) per step, up to the example's extent EXT."""
+  pid = tl.program_id(0)
+  bh = tl.program_id(1)
+  b = bh // H
+  GT: tl.constexpr = BM // VEC
+  offs_g = pid * GT + tl.arange(0, GT)
+  gin = offs_g < G
+  ext = tl.load(EXT + b)
+  sbase = (bh * T + pid).to(tl.int64) * L
+  wbase = bh.to(tl.int64) * G * W
+  n = tl.zeros([], tl.int32)
+  for start in range(0, ext, 32 * CW):
+    offs_w = start // 32 + tl.arange(0, CW)
+    words = tl.load(BITS + wbase + offs_g[:, None] * W + offs_w[None, :],
+                    mask=gin[:, None] & (offs_w[None, :] < W), other=0)          # [GT, CW]
+    bits = tl.reshape((words[:, :, None] >> tl.arange(0, 32)[None, None, :]) & 1,
+                      [GT, CW * 32])
+    groups = tl.sum(bits << tl.arange(0, GT)[:, None], 0)                      # [CW * 32]
+    hit = (groups != 0).to(tl.int32)
+    keys = start + tl.arange(0, CW * 32)
+    pos = n + tl.cumsum(hit, 0) - hit
+    tl.store(SLOTS + sbase + pos, (keys << 16) | groups, mask=hit != 0)
+    n += tl.sum(hit, 0)
+  tl.store(COUNT + bh * T + pid, n)

@@ -11,6 +11,9 @@ Two steps, each one launch over batch*heads:
   kernels), reading the bits, with attention dropout drawn inside the kernels (the per-key
   rule of ``dfss_dropout``; the backward draws the same mask again):
   ``dsa_attention_kernels``.  Memory: O and a per-row log-sum-exp.
+  With ``forward="gather"`` the forward first lists each 64-row block's kept keys
+  (``key_lists``: int32 slots, at most L per block, so L^2 / 16 bytes per example and head)
+  and then reads and multiplies those keys only.
 
 Padding costs no work, and skipping it is exact: with a key mask, every kernel stops at each
 example's key extent (one past its last real key; no key past it is valid, and no bit is set
@@ -40,11 +43,19 @@ from lra_sparse.kernels.dfss_launch import (cdiv, extent, kernel_head_dim, launc
 from lra_sparse.kernels.dfss_launch import key_extent as _key_extent
 from lra_sparse.kernels.dfss_triton import is_available  # noqa: F401  (same requirements)
 
-__all__ = ["is_available", "unsupported_reason", "select_bits", "dsa_attention_triton",
-           "set_tiles"]
+__all__ = ["is_available", "unsupported_reason", "select_bits", "key_lists",
+           "dsa_attention_triton", "set_tiles", "FORWARDS"]
 
 _HEAD_DIMS = (16, 32, 64, 128)
 _VECTORS = (1, 4, 8)
+# The forward: "tiles" computes every key tile below the extent, masked by the bits (the
+# work of dense attention at any sparsity); "gather" first lists each row block's kept keys
+# (``key_lists``) and computes those only (the work of their union: it shrinks with the
+# sparsity, V >= 4; see ``dsa_attention_triton``).
+FORWARDS = ("tiles", "gather")
+_MAX_GROUPS = 16        # row groups per gathered block: their keep bits share an int32 slot
+_MAX_GATHER_LENGTH = 2 ** 15 - 1   # keys fit the slot's upper 15 bits
+_COMPACT = (4, 4)       # dsa_compact: bit words per step, warps
 _SELECT = "dsa_select_kernels"
 _ATTEND = "dsa_attention_kernels"
 _POISONED = "dsa_poisoned_kernels"
@@ -62,6 +73,8 @@ _TILES = {
     ("fwd", "f32"): (64, 64, 4, 2, False),
     ("fwd_drop", "half"): (64, 64, 4, 3, False),
     ("fwd_drop", "f32"): (64, 64, 4, 2, False),
+    ("gather", "half"): (64, 64, 4, 3, False),
+    ("gather", "f32"): (64, 32, 4, 2, False),   # 64x64 spills at head_dim 128 (ptxas)
     ("dkdv", "half"): (64, 64, 4, 2, False),
     ("dkdv", "f32"): (32, 64, 4, 2, False),
     ("onepass", "half"): (64, 64, 4, 2, False),
@@ -73,7 +86,7 @@ _TILES = {
 
 def set_tiles(kernel: str, operands: str, tiles: Optional[tuple] = None):
   """Overrides (BM, BN, warps, stages, skip) of a kernel ("select", "fwd", "fwd_drop",
-  "onepass", "dkdv", "dq") for an operand class ("int8", "half", "f32"); BN must be a multiple
+  "gather", "onepass", "dkdv", "dq") for an operand class ("int8", "half", "f32"); BN must be a multiple
   of 32; skip: test each tile's bits and skip the empty ones (attention kernels).  None
   restores the default (tuning)."""
   key = (kernel, operands)
@@ -89,12 +102,15 @@ def _tiles(kernel: str, dtype) -> tuple:
   return _TILES[(kernel, "f32" if jnp.dtype(dtype) == jnp.float32 else "half")]
 
 
-def unsupported_reason(q, v, *, k=None, vector: int = 1) -> Optional[str]:
+def unsupported_reason(q, v, *, k=None, vector: int = 1,
+                       forward: str = "tiles") -> Optional[str]:
   """None when the attention kernels can run these operands; else a short reason.
 
   q, v (and k) [batch, length, heads, head_dim] of one shape and dtype (float32 / bfloat16 /
   float16), head_dim <= 128 (16, 32, 64, 128 natively, others zero-padded exactly), vector in
-  (1, 4, 8) dividing the length.  Only shapes and dtypes are read.
+  (1, 4, 8) dividing the length; forward "gather" also needs at most 16 row groups per
+  gathered block (vector 4 or 8 at the default 64 rows) and at most 32767 keys.  Only shapes
+  and dtypes are read.
   """
   reason = operand_reason(q, v, k, "the DSA kernels")
   if reason is not None:
@@ -103,6 +119,17 @@ def unsupported_reason(q, v, *, k=None, vector: int = 1) -> Optional[str]:
     return f"vector {vector} not in {_VECTORS}"
   if q.shape[1] % vector:
     return f"length {q.shape[1]} is not a multiple of the column-vector size {vector}"
+  if forward not in FORWARDS:
+    return f"DSA forward {forward!r} not in {FORWARDS}"
+  if forward == "gather":
+    bm = _tiles("gather", q.dtype)[0]
+    if bm % vector or bm // vector > _MAX_GROUPS:
+      return (f"the gathered forward lists keys per {bm} query rows, at most {_MAX_GROUPS} "
+              f"row groups: vector {vector} gives {bm // vector} (use vector 4 or 8, or "
+              f"forward='tiles')")
+    if q.shape[1] > _MAX_GATHER_LENGTH:
+      return (f"the gathered forward stores keys in 15 bits: length {q.shape[1]} > "
+              f"{_MAX_GATHER_LENGTH} (use forward='tiles')")
   return None
 
 
@@ -153,9 +180,37 @@ def select_bits(ops: dsa_reference.SelectionOperands, mask=None, *, sparsity: fl
   return bits.reshape(b, h, g, w)
 
 
+def key_lists(bits, ext, *, vector: int, block: int, poison: bool = False):
+  """Each block of ``block`` query rows' kept keys as one list (``dsa_compact``): (slots int32
+  [batch*heads, T, L], count int32 [batch*heads, T]), T = cdiv(L, block); slot i < count of a
+  block is key << 16 | (bit j set when the block's row group j keeps the key), keys
+  increasing; the slots past count are not written.  bits: ``select_bits``' [batch, heads,
+  L / vector, W]; ext: int32 [batch] key extents (no bit is set past them)."""
+  b, h, g, w = bits.shape
+  l = g * vector
+  t = cdiv(l, block)
+  words, warps = _COMPACT
+  return launch(
+      _SELECT, "dsa_compact", (bits.reshape(b * h, g, w), ext, l, g, w, h, t),
+      (jax.ShapeDtypeStruct((b * h, t, l), jnp.int32),
+       jax.ShapeDtypeStruct((b * h, t), jnp.int32)),
+      (t, b * h), num_warps=warps, num_stages=1, poison=poison, poisoned_module=_POISONED,
+      VEC=vector, BM=block, CW=words)
+
+
 # ----------------------------------------------------------------------------- attention
-def _fwd(q, k, v, bits, ext, seed, vector, scale, poison, drop_t):
+def _fwd(q, k, v, bits, ext, seed, vector, scale, poison, drop_t, forward):
   b, l, h, d = q.shape
+  if forward == "gather":
+    bm, bn, warps, stages, _ = _tiles("gather", q.dtype)
+    slots, count = key_lists(bits, ext, vector=vector, block=bm, poison=poison)
+    return launch(
+        _ATTEND, "dsa_fwd_gather",
+        (q, k, v, slots, count, seed, scale, l, padded_rows(l), h, count.shape[1]),
+        (jax.ShapeDtypeStruct(q.shape, q.dtype),
+         jax.ShapeDtypeStruct((b * h, padded_rows(l)), jnp.float32)),
+        (count.shape[1], b * h), num_warps=warps, num_stages=stages, poison=poison,
+        poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn, DROP_T=drop_t)
   bm, bn, warps, stages, skip = _tiles("fwd_drop" if drop_t else "fwd", q.dtype)
   lp = padded_rows(l)
   g, w = bits.shape[2], bits.shape[3]
@@ -198,18 +253,19 @@ def _bwd(q, k, v, bits, ext, seed, o, lse, do, vector, scale, poison, determinis
   return dq, dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
-def _attn(q, k, v, bits, ext, seed, vector, scale, poison, deterministic, drop_t):
-  return _fwd(q, k, v, bits, ext, seed, vector, scale, poison, drop_t)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11))
+def _attn(q, k, v, bits, ext, seed, vector, scale, poison, deterministic, drop_t, forward):
+  return _fwd(q, k, v, bits, ext, seed, vector, scale, poison, drop_t, forward)[0]
 
 
-def _attn_fwd(q, k, v, bits, ext, seed, vector, scale, poison, deterministic, drop_t):
+def _attn_fwd(q, k, v, bits, ext, seed, vector, scale, poison, deterministic, drop_t, forward):
   del deterministic  # backward only
-  o, lse = _fwd(q, k, v, bits, ext, seed, vector, scale, poison, drop_t)
+  o, lse = _fwd(q, k, v, bits, ext, seed, vector, scale, poison, drop_t, forward)
   return o, (q, k, v, bits, ext, seed, o, lse)
 
 
-def _attn_bwd(vector, scale, poison, deterministic, drop_t, res, do):
+def _attn_bwd(vector, scale, poison, deterministic, drop_t, forward, res, do):
+  del forward  # both forwards give the same O and log-sum-exp
   q, k, v, bits, ext, seed, o, lse = res
   dq, dk, dv = _bwd(q, k, v, bits, ext, seed, o, lse, do, vector, scale, poison, deterministic,
                     drop_t)
@@ -221,7 +277,7 @@ _attn.defvjp(_attn_fwd, _attn_bwd)
 
 def dsa_attention_triton(q, k, v, bits, *, mask=None, vector: int = 1,
                          deterministic: bool = False, dropout_rate: float = 0.0,
-                         dropout_seed=None, poison: bool = False):
+                         dropout_seed=None, forward: str = "tiles", poison: bool = False):
   """softmax(Q K^T / sqrt(d) over the kept keys) V.  q, k, v [batch, length, heads, head_dim]
   (fp32 / bf16 / fp16, head_dim <= 128); bits int32 [batch, heads, length / vector,
   ceil(length / 32)] from ``select_bits`` (padded keys already excluded there).  mask: bool
@@ -232,8 +288,11 @@ def dsa_attention_triton(q, k, v, bits, *, mask=None, vector: int = 1,
   (bit-reproducible dQ) instead of one pass with dQ by fp32 atomics.  dropout_rate > 0 with
   dropout_seed (int32 [2], ``dfss_dropout.seed_words``): attention dropout on the kept
   probabilities, drawn inside the kernels (``dfss_dropout.key_multiplier`` gives the same
-  mask in JAX).  poison=True (tests) pre-fills every kernel output with NaN."""
-  reason = unsupported_reason(q, v, k=k, vector=vector)
+  mask in JAX).  forward (``FORWARDS``): "tiles" computes every key tile up to the extent
+  under the bits; "gather" lists each 64-row block's kept keys first and computes only those
+  (vector 4 or 8; faster when the row groups of a block keep few keys in all; the same
+  backward).  poison=True (tests) pre-fills every kernel output with NaN."""
+  reason = unsupported_reason(q, v, k=k, vector=vector, forward=forward)
   if reason is not None:
     raise ValueError(reason)
   b, l, h, d = q.shape
@@ -245,7 +304,7 @@ def dsa_attention_triton(q, k, v, bits, *, mask=None, vector: int = 1,
   seed = dfss_dropout.seed_operand(seed)
   kernel_dim = kernel_head_dim(d, _HEAD_DIMS)
   scale = 1.0 / math.sqrt(d)
-  flags = (bool(poison), bool(deterministic), drop_t)
+  flags = (bool(poison), bool(deterministic), drop_t, forward)
   if kernel_dim == d:
     return _attn(q, k, v, bits, ext, seed, vector, scale, *flags)
   q, k, v = (zero_pad_head_dim(x, kernel_dim) for x in (q, k, v))
