@@ -97,7 +97,8 @@ def make_tiny_config(task: str = "synthetic", **overrides):
 def np_select(q_pred, k_pred, mask, *, vector: int, sparsity: float, selection: str = "topk",
               threshold: float = 0.0, scale: float = 1.0) -> np.ndarray:
   """DSA's selection rule (lra_sparse.kernels.dsa_reference) written again in float64 numpy
-  with explicit loops over rows: bool [batch, heads, groups, length]."""
+  with explicit loops over rows: bool [batch, heads, groups, length].  A group that starts at
+  or past the example's last real token keeps nothing."""
   q_pred = np.asarray(q_pred, np.float64)
   k_pred = np.asarray(k_pred, np.float64)
   b, l, h, _ = q_pred.shape
@@ -106,6 +107,7 @@ def np_select(q_pred, k_pred, mask, *, vector: int, sparsity: float, selection: 
   out = np.zeros((b, h, g, l), bool)
   for bi in range(b):
     real = np.flatnonzero(mask[bi])
+    end = real[-1] + 1 if len(real) else 0
     need = max(1, math.ceil((1 - sparsity) * len(real) - 1e-6))
     for hi in range(h):
       kk = k_pred[bi, :, hi]
@@ -118,7 +120,7 @@ def np_select(q_pred, k_pred, mask, *, vector: int, sparsity: float, selection: 
         qmax = np.max(np.abs(qg))
         q8 = np.clip(np.round(qg / (qmax if qmax > 0 else 1.0) * 127), -127, 127)
         s = (k8[real] @ q8).astype(np.int64)
-        if not len(real):
+        if not len(real) or gi * vector >= end:
           continue
         if selection == "threshold":
           factor = np.float32(np.float32(qmax) * np.float32(kmax) * np.float32(scale / 127**2))

@@ -62,10 +62,12 @@ def test_reference_select_matches_numpy(vector, sparsity, selection, ints):
   np.testing.assert_array_equal(got, want)
   assert not got[2].any()                             # no real key: nothing kept
   assert not got[1][..., 27:].any() and not got[0][..., 5].any()   # padded keys never
-  if selection == "topk":
-    for bi, n_real in ((0, 39), (1, 27)):
+  for bi, n_real, end in ((0, 39, 40), (1, 27, 27)):
+    live = np.arange(l // vector) * vector < end     # groups past the last real token: none
+    assert not got[bi][:, ~live].any() and live.all() == (bi == 0)
+    if selection == "topk":
       need = max(1, math.ceil((1 - sparsity) * n_real - 1e-6))
-      assert (got[bi].sum(-1) == need).all()
+      assert (got[bi].sum(-1)[:, live] == need).all()
 
 
 def test_ties_go_to_the_lower_key_index():
@@ -327,6 +329,9 @@ def test_bad_inputs_give_one_clear_error():
     DSAConfig(forward="gather")
   with pytest.raises(ValueError, match=r"dsa.forward='sparse' is not one of"):
     DSAConfig(forward="sparse", vector=8)
+  assert [DSAConfig(vector=v).kernel_forward() for v in (1, 4, 8)] == ["tiles", "gather",
+                                                                       "gather"]
+  assert DSAConfig(vector=8, forward="tiles").kernel_forward() == "tiles"
 
 
 def test_backend_triton_without_a_gpu_is_one_clear_error():
@@ -437,11 +442,11 @@ def _select_and_check(qp, kp, mask, vector, d, sparsity, selection, threshold=0.
                                             threshold=threshold, poison=True))(ops)
   want = ref.reference_select(ops, mask, sparsity=sparsity, selection=selection,
                               threshold=threshold)
-  _check_bits(bits, want, qp.shape[1], vector, selection)
+  _check_bits(bits, want, qp.shape[1], vector, selection, mask)
   return bits, want
 
 
-def _check_bits(bits, want, l, vector, selection):
+def _check_bits(bits, want, l, vector, selection, mask):
   """The kernel's bits (poisoned before the call) are the reference's chosen set, exactly."""
   b, h = want.shape[:2]
   w = -(-l // 32)
@@ -449,8 +454,9 @@ def _check_bits(bits, want, l, vector, selection):
   got = np.asarray(ref.unpack_bits(bits, 32 * w))
   np.testing.assert_array_equal(got[..., :l], np.asarray(want))   # the chosen set, exactly
   assert not got[..., l:].any()                                    # no bit past the keys
-  if selection == "topk":
-    assert 0 < np.asarray(want)[0].sum(-1).min()
+  if selection == "topk":   # every live row group keeps keys
+    live = np.asarray(ref.live_groups(mask, l // vector))[0]
+    assert 0 < np.asarray(want)[0][:, live].sum(-1).min()
 
 
 def _check_close(label, pairs, dtype):
@@ -523,7 +529,8 @@ def _check_kernels_against_reference(case, ints, rate=0.0, forward="tiles"):
     assert 0 < float(jnp.mean(mult == 0)) < 2 * rate
   f_ref = _attention_reference(ref.expand_groups(want, vector), mult)
   if forward == "gather":
-    _check_key_lists(bits, want, dt._key_extent(mask, b, l), vector)  # pylint: disable=protected-access
+    ext = dt._key_extent(mask, b, l)  # pylint: disable=protected-access
+    _check_key_lists(bits, want, ext, vector)
 
   # The tie-heavy cases run the deterministic (two-kernel) backward, the others the one-pass.
   f_tri = jax.jit(lambda q, k, v: dt.dsa_attention_triton(q, k, v, bits, vector=vector,

@@ -222,7 +222,7 @@ def test_cli_sets_a_kind_field_and_records_only_that_kind(tmp_path, listops_dir)
       "sigma": 0.25, "sparsity": 0.95, "quant_bits": 0, "mse_weight": 1.0,
       "mse_normalization": "eq6", "vector": 1, "selection": "topk", "threshold": 0.0,
       "topk_algorithm": "top_k", "backend": "auto", "deterministic_kernels": False,
-      "forward": "tiles",
+      "forward": "auto",
       "selection_rule": "int8", "mse_kernels": True}}
   assert "test accuracy" in proc.stdout
 

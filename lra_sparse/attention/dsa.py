@@ -35,16 +35,19 @@ Choices (the papers leave these open):
   kernel path the Grams and the gradients' length-sized products are Triton kernels with an
   explicit backward (``kernels/dsa_gram.py``), which read Q, K and XP once each way.
 - top-k keeps ceil((1 - sparsity) * n_real) keys of each row, where n_real is the number of real
-  keys of that example (sparsity 0 is dense). Padded keys are never selected. The ranking is
-  exact on integers: Q~ rounded to int8 per row, K~ per (example, head), their int32 dot
-  products mapped to an 8-bit code per row, ties to the lower key index (why, and the
-  threshold rule: ``lra_sparse.kernels.dsa_reference``). Kernel and pure-JAX paths choose the
+  keys of that example (sparsity 0 is dense). Padded keys are never selected, and query rows
+  past the example's last real token (trailing padding, whole row groups) keep no key: their
+  outputs are zero. They reach no loss, so the kernels skip their selection and attention.
+  The ranking is exact on integers: Q~ rounded to int8 per row, K~ per (example, head),
+  their int32 dot products mapped to an 8-bit code per row, ties to the lower key index (why,
+  and the threshold rule: ``lra_sparse.kernels.dsa_reference``). Kernel and pure-JAX paths choose the
   same keys bit for bit.
 - Column-vector granularity V in {1, 4, 8}: V consecutive query rows share the kept columns,
   chosen from the mean of Q~ (hence of S~) over the real rows of the group.
 - Backends (``backend``): "triton" runs ``kernels/dsa_triton.py`` (selection as bits, then a
   flash-style softmax over the kept keys, forward and backward; no [L, L] float array;
-  ``forward="gather"`` computes only each 64-row block's union of kept keys in the forward);
+  with vector 4 or 8 the forward computes only each 64-row block's union of kept keys,
+  ``forward``);
   "reference" the pure-JAX path; "auto" the kernels on a GPU when they can run the call
   (head_dim <= 128, the int8 selection rule), else the pure-JAX path, logged once.
 - Attention dropout (training, rate > 0) acts on the kept probabilities, A <- A * Z / (1 -
@@ -82,7 +85,7 @@ QUANT_BITS = (0, 2, 4, 8)
 VECTORS = (1, 4, 8)
 TOPK_ALGORITHMS = dsa_reference.TOPK_ALGORITHMS
 BACKENDS = ("auto", "triton", "reference")
-FORWARDS = ("tiles", "gather")   # dsa_triton.FORWARDS (not imported: it would import triton)
+FORWARDS = ("auto", "tiles", "gather")   # the kernels' (dsa_triton.FORWARDS), and "auto"
 SELECTION_RULES = ("int8", "float")
 MSE_NORMALIZATIONS = ("eq6", "scaled_mean")
 PROJECTION_SEED = 20220601  # fixed: P must be reproducible without being stored
@@ -115,9 +118,11 @@ class DSAConfig(KindConfig):
   deterministic_kernels: bool = False
   # Triton forward: "tiles" = every key tile below the key extent, masked by the bits (the
   # work of dense attention at any sparsity) | "gather" = each 64-row block's kept keys listed
-  # first, then those keys only (the work of the block's union of kept keys; vector 4 or 8;
-  # pays when the union is small, e.g. DSA-99 V=8). Same outputs and backward.
-  forward: str = "tiles"
+  # first, then those keys only (the work of the block's union of kept keys; vector 4 or 8) |
+  # "auto" = gather for vector 4 and 8, else tiles. Same outputs (up to fp32 summation order)
+  # and the same backward. H100, V=8 (experiments/dsa_kernels_h100.md): gather was as fast at
+  # DSA-90 and up to 1.6x faster at DSA-99 (8x4096), 2.3x with threshold selection at 1%.
+  forward: str = "auto"
   # L_MSE on the Gram kernels (kernels/dsa_gram.py: padding skipped) when the attention runs
   # on the kernels | False: the same Gram form in XLA (runs recorded before the kernels).
   mse_kernels: bool = True
@@ -135,11 +140,18 @@ class DSAConfig(KindConfig):
     self.check_choice("backend", BACKENDS)
     self.check_bool("deterministic_kernels")
     self.check_choice("forward", FORWARDS)
-    if self.forward == "gather" and self.vector < 4:
+    if self.forward == "gather" and self.vector < 4:   # "auto" picks tiles there
       raise self.error("forward", f"needs vector 4 or 8 (the kept keys of 64 query rows are "
                        f"listed together; vector={self.vector})")
     self.check_bool("mse_kernels")
     self.check_choice("selection_rule", SELECTION_RULES)
+
+
+  def kernel_forward(self) -> str:
+    """The Triton forward this config runs: ``forward``, with "auto" resolved."""
+    if self.forward != "auto":
+      return self.forward
+    return "gather" if self.vector >= 4 else "tiles"
 
 
 def predictor_rank(sigma: float, model_dim: int) -> int:
@@ -227,7 +239,8 @@ def _kernels(config: DSAConfig, q, k, v):
     reason = f"selection_rule={config.selection_rule!r} (the kernels rank int8 operands)"
   kernel = common.kernel_module("dsa_triton", "DSA", required)
   if kernel is not None and reason is None:
-    reason = kernel.unsupported_reason(q, v, k=k, vector=config.vector, forward=config.forward)
+    reason = kernel.unsupported_reason(q, v, k=k, vector=config.vector,
+                                       forward=config.kernel_forward())
   if reason is None:
     return kernel
   if required:
@@ -306,7 +319,7 @@ class DSAAttention(nn.Module):
       def attend(q, k, v, bits, mask, seed):
         return kernel.dsa_attention_triton(q, k, v, bits, mask=mask, vector=config.vector,
                                            deterministic=config.deterministic_kernels,
-                                           forward=config.forward,
+                                           forward=config.kernel_forward(),
                                            dropout_rate=rate,
                                            dropout_seed=common.shard_dropout_seed(seed))
       return common.per_data_shard(attend, q, k, v, bits, mask, seed, replicated=(5,))

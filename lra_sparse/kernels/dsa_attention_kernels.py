@@ -16,12 +16,13 @@ the union of those keys, and it writes the same O and log-sum-exp for the same b
 
 Padding costs no work, exactly: EXT int32 [batch] is one past each example's last real key
 (L without a mask) and no bit is set past it, so the forward and dQ key loops stop there and a
-dK/dV key block past it does no step (its P is 0) and writes zeros.  ROWS int32 [batch] is one
-past the example's last query row with a non-zero dO: a row with dO = 0 adds exactly 0 to dK,
-dV and dQ (dV += P^T dO, and dS = P (dP - rowsum(dO O)) vanishes), so the dK/dV query loops
-stop there and a dQ block past it does no step and writes zeros.  Padded rows' outputs reach
-no loss in a masked model, so the backward costs what the real lengths need; the forward
-still computes padded query rows, whose outputs the semantics define.
+dK/dV key block past it does no step (its P is 0) and writes zeros.  Row groups past EXT
+(trailing padding) keep nothing, so a forward block of rows past it does no step and writes
+O = 0.  ROWS int32 [batch] is one past the example's last query row with a non-zero dO: a row
+with dO = 0 adds exactly 0 to dK, dV and dQ (dV += P^T dO, and dS = P (dP - rowsum(dO O))
+vanishes), so the dK/dV query loops stop there and a dQ block past it does no step and writes
+zeros.  Padded rows' outputs reach no loss in a masked model, so forward and backward cost
+what the real lengths need.
 
 Attention dropout (DROP_T > 0, Philox key in SEED): the kept probabilities are multiplied by
 Z / (1 - rate), Z drawn per (batch*head, query row, key) by ``dfss_dropout``'s per-key rule
@@ -94,7 +95,8 @@ def dsa_fwd(Q, K, V, BITS, EXT, SEED, sm_scale, L, LP, H, G, W, O, LSE, D: tl.co
             VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SKIP: tl.constexpr,
             DROP_T: tl.constexpr):
   """Forward: one program per BM query rows, online softmax over the kept keys (the key
-  tiles below the example's extent EXT: no bit is set past it)."""
+  tiles below the example's extent EXT: no bit is set past it; none for a block of rows past
+  EXT, trailing padding, whose rows keep nothing: O = 0)."""
   pid_m, bh, b, base, bbase = _program(L, H, G, W, D)
   RS = H * D
   offs_m = pid_m * BM + tl.arange(0, BM)
@@ -108,6 +110,7 @@ def dsa_fwd(Q, K, V, BITS, EXT, SEED, sm_scale, L, LP, H, G, W, O, LSE, D: tl.co
   if DROP_T > 0:
     k0, k1 = dropout.seed_key(SEED)
   ext = tl.load(EXT + b)
+  ext = tl.where(pid_m * BM < ext, ext, 0)
   for start in range(0, ext, BN):
     words = _tile_words(BITS, bbase, offs_m, rin, start, W, VEC, BN)
     if _go(words, SKIP):

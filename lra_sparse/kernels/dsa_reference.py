@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from lra_sparse.kernels import dfss_dropout
+from lra_sparse.kernels.dfss_launch import extent
 
 QMAX = 127            # int8 range of the selection operands
 CODE_LEVELS = 256     # top-k ranks an 8-bit code of each row's scores
@@ -255,17 +256,30 @@ def topk_rows(values, counts, valid, *, algorithm: Optional[str] = None,
 def reference_select(ops: SelectionOperands, mask=None, *, sparsity: float = 0.9,
                      selection: str = "topk", threshold: float = 0.0,
                      topk_algorithm: Optional[str] = None):
-  """The kept keys of each row group: bool [batch, heads, groups, length]."""
+  """The kept keys of each row group: bool [batch, heads, groups, length].
+
+  Padded keys are never kept, and a row group that lies wholly past its example's last real
+  token (trailing padding) keeps nothing: its rows' outputs are zero.  Such rows reach no loss
+  (a padded token is masked out of every later softmax and never pooled), so the kernels skip
+  their work instead of ranking keys for them."""
   s = integer_scores(ops)
-  length = s.shape[-1]
+  groups, length = s.shape[-2:]
   valid = (jnp.ones(s.shape, bool) if mask is None
-           else jnp.broadcast_to(mask[:, None, None, :], s.shape))
+           else jnp.broadcast_to(mask[:, None, None, :], s.shape)
+           & live_groups(mask, groups)[:, None, :, None])
   if selection == "threshold":
     return valid & (s.astype(jnp.float32) * ops.factor[..., None] >= jnp.float32(threshold))
   if selection != "topk":
     raise ValueError(f"unknown DSA selection {selection!r}; choose 'topk' or 'threshold'")
   return topk_rows(row_codes(s, valid), keep_counts(mask, sparsity, length), valid,
                    algorithm=topk_algorithm, max_keep=static_keep(sparsity, length))
+
+
+def live_groups(mask, groups: int):
+  """bool [batch, groups]: the row groups (``groups`` of L / groups rows each) that start
+  before their example's last real token ends; the later ones are trailing padding."""
+  vector = mask.shape[1] // groups
+  return jnp.arange(groups)[None, :] * vector < extent(mask)[:, None]
 
 
 def expand_groups(keep_groups, vector: int):

@@ -9,7 +9,8 @@ j // 32 says whether the row group keeps key j.
 
 Every pass reads the key tiles below EXT only: the keys past it are padded, never valid, so
 the row's lo / hi, counts and bits are those of all L keys; the bits of the tiles past EXT are
-stored as zero words.
+stored as zero words.  Row groups that start at or past EXT are trailing padding and keep
+nothing (``dsa_reference.reference_select``): a program whose groups all are runs no pass.
 
 s is recomputed on the int8 tensor cores in every pass instead of being stored: nothing of
 size L x L is ever written but the bits.  top-k runs four passes over the row's keys:
@@ -115,13 +116,17 @@ def dsa_select(Q8, K8, KM, EXT, NEED, FACTOR, threshold, L, G, W, H, BITS, KP: t
                R: tl.constexpr, BN: tl.constexpr, TOPK: tl.constexpr,
                HAS_MASK: tl.constexpr):
   """One program per R row groups of one (example, head); grid (cdiv(G, R), batch*heads).
-  The key loops stop at the example's extent EXT (past it every key is padded)."""
+  The key loops stop at the example's extent EXT (past it every key is padded).  A group that
+  starts at or past EXT (trailing padding) keeps nothing, and a program whose groups all do
+  runs no key loop: it stores zero words."""
   pid = tl.program_id(0)
   bh = tl.program_id(1)
   b = bh // H
   ext = tl.load(EXT + b)
   offs_r = pid * R + tl.arange(0, R)
   rin = offs_r < G
+  live = (offs_r * (L // G) < ext)[:, None]
+  ext = tl.where(pid * R * (L // G) < ext, ext, 0)
   offs_k = tl.arange(0, KP)
   q8 = tl.load(Q8 + (bh * G + offs_r[:, None]).to(tl.int64) * KP + offs_k[None, :],
                mask=rin[:, None], other=0)
@@ -162,7 +167,7 @@ def dsa_select(Q8, K8, KM, EXT, NEED, FACTOR, threshold, L, G, W, H, BITS, KP: t
       code = _codes(s, valid, lo, shift)
       eq = (code == t[:, None]).to(tl.int32)
       rank = seen[:, None] + tl.cumsum(eq, 1) - eq
-      keep = (code > t[:, None]) | ((eq != 0) & (rank < ties[:, None]))
+      keep = live & ((code > t[:, None]) | ((eq != 0) & (rank < ties[:, None])))
       seen += tl.sum(eq, 1)
       _store_bits(BITS, bh, G, W, offs_r, rin, start, keep, R, BN)
     _store_zeros(BITS, bh, G, W, offs_r, rin, ext, L, R, BN)
@@ -170,7 +175,7 @@ def dsa_select(Q8, K8, KM, EXT, NEED, FACTOR, threshold, L, G, W, H, BITS, KP: t
     factor = tl.load(FACTOR + bh * G + offs_r, mask=rin, other=0.0)
     for start in range(0, ext, BN):
       s, valid = _row_scores(q8, K8, kbase, KM, b, start, L, KP, BN, HAS_MASK)
-      keep = valid[None, :] & (s.to(tl.float32) * factor[:, None] >= threshold)
+      keep = live & valid[None, :] & (s.to(tl.float32) * factor[:, None] >= threshold)
       _store_bits(BITS, bh, G, W, offs_r, rin, start, keep, R, BN)
     _store_zeros(BITS, bh, G, W, offs_r, rin, ext, L, R, BN)
 
@@ -192,6 +197,7 @@ def dsa_compact(BITS, EXT, L, G, W, H, T, SLOTS, COUNT, VEC: tl.constexpr, BM: t
   offs_g = pid * GT + tl.arange(0, GT)
   gin = offs_g < G
   ext = tl.load(EXT + b)
+  ext = tl.where(pid * BM < ext, ext, 0)   # a block past EXT: its groups keep nothing
   sbase = (bh * T + pid).to(tl.int64) * L
   wbase = bh.to(tl.int64) * G * W
   n = tl.zeros([], tl.int32)

@@ -86,9 +86,9 @@ _TILES = {
 
 def set_tiles(kernel: str, operands: str, tiles: Optional[tuple] = None):
   """Overrides (BM, BN, warps, stages, skip) of a kernel ("select", "fwd", "fwd_drop",
-  "gather", "onepass", "dkdv", "dq") for an operand class ("int8", "half", "f32"); BN must be a multiple
-  of 32; skip: test each tile's bits and skip the empty ones (attention kernels).  None
-  restores the default (tuning)."""
+  "gather", "onepass", "dkdv", "dq") for an operand class ("int8", "half", "f32"); BN must be
+  a multiple of 32; skip: test each tile's bits and skip the empty ones (attention kernels).
+  None restores the default (tuning)."""
   key = (kernel, operands)
   if key not in _DEFAULTS:
     raise ValueError(f"unknown DSA kernel tiles {key}; choose one of {sorted(_DEFAULTS)}")
