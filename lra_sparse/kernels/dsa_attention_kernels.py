@@ -98,15 +98,8 @@ def dsa_fwd(Q, K, V, BITS, EXT, SEED, sm_scale, L, LP, H, G, W, O, LSE, D: tl.co
   tiles below the example's extent EXT: no bit is set past it; none for a block of rows past
   EXT, trailing padding, whose rows keep nothing: O = 0)."""
   pid_m, bh, b, base, bbase = _program(L, H, G, W, D)
-  RS = H * D
-  offs_m = pid_m * BM + tl.arange(0, BM)
-  offs_d = tl.arange(0, D)
-  rin = offs_m < L
-  q = tl.load(Q + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None], other=0.0)
+  RS, offs_m, offs_d, rin, q, m_i, l_i, acc = _fwd_start(Q, base, pid_m, L, H, D, BM)
   qk_scale = sm_scale * LOG2E
-  m_i = tl.full([BM], NEG_INF, tl.float32)
-  l_i = tl.zeros([BM], tl.float32)
-  acc = tl.zeros([BM, D], tl.float32)
   if DROP_T > 0:
     k0, k1 = dropout.seed_key(SEED)
   ext = tl.load(EXT + b)
@@ -127,6 +120,19 @@ def dsa_fwd(Q, K, V, BITS, EXT, SEED, sm_scale, L, LP, H, G, W, O, LSE, D: tl.co
                   other=0.0)
       acc = tl.dot(p.to(V.dtype.element_ty), v, acc * alpha[:, None])
   _store_out(O, LSE, base, bh * LP, offs_m, rin, offs_d, RS, acc, m_i, l_i, DROP_T)
+
+
+@triton.jit
+def _fwd_start(Q, base, pid_m, L, H, D: tl.constexpr, BM: tl.constexpr):
+  """A forward program's row block: (row stride, rows, columns, rows in range, its Q tile, and
+  the online softmax's empty row maxima, sums and accumulator)."""
+  RS = H * D
+  offs_m = pid_m * BM + tl.arange(0, BM)
+  offs_d = tl.arange(0, D)
+  rin = offs_m < L
+  q = tl.load(Q + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None], other=0.0)
+  return (RS, offs_m, offs_d, rin, q, tl.full([BM], NEG_INF, tl.float32),
+          tl.zeros([BM], tl.float32), tl.zeros([BM, D], tl.float32))
 
 
 @triton.jit
@@ -167,16 +173,9 @@ def dsa_fwd_gather(Q, K, V, SLOTS, COUNT, SEED, sm_scale, L, LP, H, T, O, LSE,
   is that of the union, not of every key tile.  Dropout draws each (row, key) as ``dsa_fwd``
   does (``dropout.gathered_key_draws``)."""
   pid_m, bh, b, base, _ = _program(L, H, 0, 0, D)
-  RS = H * D
-  offs_m = pid_m * BM + tl.arange(0, BM)
-  offs_d = tl.arange(0, D)
-  rin = offs_m < L
-  group = tl.arange(0, BM) // VEC
-  q = tl.load(Q + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None], other=0.0)
+  RS, offs_m, offs_d, rin, q, m_i, l_i, acc = _fwd_start(Q, base, pid_m, L, H, D, BM)
   qk_scale = sm_scale * LOG2E
-  m_i = tl.full([BM], NEG_INF, tl.float32)
-  l_i = tl.zeros([BM], tl.float32)
-  acc = tl.zeros([BM, D], tl.float32)
+  group = tl.arange(0, BM) // VEC
   if DROP_T > 0:
     k0, k1 = dropout.seed_key(SEED)
   sbase = (bh * T + pid_m).to(tl.int64) * L
