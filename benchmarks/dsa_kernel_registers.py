@@ -30,8 +30,8 @@ flags.DEFINE_integer("vector", 8, "Column-vector size (1, 4, 8).")
 flags.DEFINE_list("dropout", ["0", "0.1"], "Attention dropout rates.")
 flags.DEFINE_list("tiles", [], "BM:BN:WARPS:STAGES per row; empty: the runtime's tiles.")
 
-_TILE_KIND = {"dsa_fwd": "fwd", "dsa_fwd_gather": "gather", "dsa_bwd_onepass": "onepass", "dsa_bwd_dkdv": "dkdv",
-              "dsa_bwd_dq": "dq"}
+_TILE_KIND = {"dsa_fwd": "fwd", "dsa_fwd_gather": "gather", "dsa_bwd_onepass": "onepass",
+              "dsa_bwd_dkdv": "dkdv", "dsa_bwd_dq": "dq"}
 
 
 def signature(kernel: str, dtype: str) -> dict:

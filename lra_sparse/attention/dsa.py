@@ -40,8 +40,8 @@ Choices (the papers leave these open):
   outputs are zero. They reach no loss, so the kernels skip their selection and attention.
   The ranking is exact on integers: Q~ rounded to int8 per row, K~ per (example, head),
   their int32 dot products mapped to an 8-bit code per row, ties to the lower key index (why,
-  and the threshold rule: ``lra_sparse.kernels.dsa_reference``). Kernel and pure-JAX paths choose the
-  same keys bit for bit.
+  and the threshold rule: ``lra_sparse.kernels.dsa_reference``). Kernel and pure-JAX paths
+  choose the same keys bit for bit.
 - Column-vector granularity V in {1, 4, 8}: V consecutive query rows share the kept columns,
   chosen from the mean of Q~ (hence of S~) over the real rows of the group.
 - Backends (``backend``): "triton" runs ``kernels/dsa_triton.py`` (selection as bits, then a
@@ -120,8 +120,8 @@ class DSAConfig(KindConfig):
   # work of dense attention at any sparsity) | "gather" = each 64-row block's kept keys listed
   # first, then those keys only (the work of the block's union of kept keys; vector 4 or 8) |
   # "auto" = gather for vector 4 and 8, else tiles. Same outputs (up to fp32 summation order)
-  # and the same backward. H100, V=8 (experiments/dsa_kernels_h100.md): gather was as fast at
-  # DSA-90 and up to 1.6x faster at DSA-99 (8x4096), 2.3x with threshold selection at 1%.
+  # and the same backward. H100, V=8 (experiments/dsa_kernels_h100.md): gather was within 2%
+  # at DSA-90 and up to 1.6x faster at DSA-99 (8x4096), 2.3x with threshold selection at 1%.
   forward: str = "auto"
   # L_MSE on the Gram kernels (kernels/dsa_gram.py: padding skipped) when the attention runs
   # on the kernels | False: the same Gram form in XLA (runs recorded before the kernels).
@@ -145,7 +145,6 @@ class DSAConfig(KindConfig):
                        f"listed together; vector={self.vector})")
     self.check_bool("mse_kernels")
     self.check_choice("selection_rule", SELECTION_RULES)
-
 
   def kernel_forward(self) -> str:
     """The Triton forward this config runs: ``forward``, with "auto" resolved."""
