@@ -111,7 +111,8 @@ class DSAConfig(KindConfig):
   topk_algorithm: str = "top_k"
   backend: str = "auto"            # auto | triton | reference (see the module docstring)
   # "int8": rank int8-rounded Q~, K~ (dsa_reference; kernels and pure JAX agree bit for bit) |
-  # "float": rank the float S~ (pure JAX only; the rule of runs made before the kernels).
+  # "float": rank the float S~ (pure JAX only; the rule of runs made before the kernels, which
+  # also ranks keys for the trailing padding's rows, as those runs did).
   selection_rule: str = "int8"
   # Triton backward: False = one pass with fp32 atomics for dQ (fastest; the last bits of dQ
   # vary run to run); True = separate dK/dV and dQ kernels (bit-reproducible).
