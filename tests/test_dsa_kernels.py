@@ -329,8 +329,12 @@ def test_bad_inputs_give_one_clear_error():
     DSAConfig(forward="gather")
   with pytest.raises(ValueError, match=r"dsa.forward='sparse' is not one of"):
     DSAConfig(forward="sparse", vector=8)
-  assert [DSAConfig(vector=v).kernel_forward() for v in (1, 4, 8)] == ["tiles", "gather",
-                                                                       "gather"]
+  auto = {(v, s): DSAConfig(vector=v, sparsity=s).kernel_forward()
+          for v in (1, 4, 8) for s in (0.5, 0.9, 0.95, 0.99)}
+  assert [k for k, f in auto.items() if f == "gather"] == [(4, 0.95), (4, 0.99), (8, 0.9),
+                                                           (8, 0.95), (8, 0.99)]
+  assert [DSAConfig(vector=v, selection="threshold").kernel_forward() for v in (1, 4, 8)] == [
+      "tiles", "tiles", "gather"]
   assert DSAConfig(vector=8, forward="tiles").kernel_forward() == "tiles"
 
 

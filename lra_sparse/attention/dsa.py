@@ -46,7 +46,7 @@ Choices (the papers leave these open):
   chosen from the mean of Q~ (hence of S~) over the real rows of the group.
 - Backends (``backend``): "triton" runs ``kernels/dsa_triton.py`` (selection as bits, then a
   flash-style softmax over the kept keys, forward and backward; no [L, L] float array;
-  with vector 4 or 8 the forward computes only each 64-row block's union of kept keys,
+  with vector 4 or 8 the forward can compute only each 64-row block's union of kept keys,
   ``forward``);
   "reference" the pure-JAX path; "auto" the kernels on a GPU when they can run the call
   (head_dim <= 128, the int8 selection rule), else the pure-JAX path, logged once.
@@ -86,6 +86,7 @@ VECTORS = (1, 4, 8)
 TOPK_ALGORITHMS = dsa_reference.TOPK_ALGORITHMS
 BACKENDS = ("auto", "triton", "reference")
 FORWARDS = ("auto", "tiles", "gather")   # the kernels' (dsa_triton.FORWARDS), and "auto"
+GATHER_UNION = 0.7   # forward="auto": gather below this expected share of keys per row block
 SELECTION_RULES = ("int8", "float")
 MSE_NORMALIZATIONS = ("eq6", "scaled_mean")
 PROJECTION_SEED = 20220601  # fixed: P must be reproducible without being stored
@@ -120,9 +121,8 @@ class DSAConfig(KindConfig):
   # Triton forward: "tiles" = every key tile below the key extent, masked by the bits (the
   # work of dense attention at any sparsity) | "gather" = each 64-row block's kept keys listed
   # first, then those keys only (the work of the block's union of kept keys; vector 4 or 8) |
-  # "auto" = gather for vector 4 and 8, else tiles. Same outputs (up to fp32 summation order)
-  # and the same backward. H100, V=8 (experiments/dsa_kernels_h100.md): gather was within 2%
-  # at DSA-90 and up to 1.6x faster at DSA-99 (8x4096), 2.3x with threshold selection at 1%.
+  # "auto" = gather where the union is expected small (``kernel_forward``), else tiles. Same
+  # outputs (up to fp32 summation order) and the same backward.
   forward: str = "auto"
   # L_MSE on the Gram kernels (kernels/dsa_gram.py: padding skipped) when the attention runs
   # on the kernels | False: the same Gram form in XLA (runs recorded before the kernels).
@@ -148,10 +148,22 @@ class DSAConfig(KindConfig):
     self.check_choice("selection_rule", SELECTION_RULES)
 
   def kernel_forward(self) -> str:
-    """The Triton forward this config runs: ``forward``, with "auto" resolved."""
+    """The Triton forward this config runs: ``forward``, with "auto" resolved.
+
+    "auto" gathers when a 64-row block's 64 / vector row groups, choosing independently, would
+    keep under GATHER_UNION of the keys between them: 1 - sparsity^(64 / vector) for top-k;
+    threshold selection (no fixed share) gathers at vector 8 only.  H100
+    (experiments/dsa_kernels_h100.md): the gathered forward was 8% slower than the tiles at
+    V=4 DSA-90 (union 81%), within 2% to 1.6x faster at V=8 DSA-90..99 (57-8%) and V=4 DSA-95
+    and DSA-99 (56%, 15%), 2.3x faster at V=8 with a threshold keeping 1%."""
     if self.forward != "auto":
       return self.forward
-    return "gather" if self.vector >= 4 else "tiles"
+    if self.vector < 4:
+      return "tiles"
+    if self.selection == "threshold":
+      return "gather" if self.vector == 8 else "tiles"
+    union = 1.0 - self.sparsity ** (64 // self.vector)
+    return "gather" if union < GATHER_UNION else "tiles"
 
 
 def predictor_rank(sigma: float, model_dim: int) -> int:
