@@ -69,11 +69,17 @@ def define_flags() -> None:
 _SEED = jnp.array([12345, -6789], jnp.int32)   # dropout rows: one fixed Philox key
 
 
+def _selection(sparsity, threshold):
+  """select_bits' selection arguments: top-k at ``sparsity`` (threshold None), else the
+  threshold rule at ``threshold``."""
+  if threshold is None:
+    return dict(sparsity=sparsity)
+  return dict(selection="threshold", threshold=threshold)
+
+
 def dsa_fns(sparsity, vector, triton: bool, rate: float = 0.0, threshold=None,
             forward: str = "tiles"):
-  """threshold None: top-k at ``sparsity``; else threshold selection at this value."""
-  select = (dict(sparsity=sparsity) if threshold is None else
-            dict(selection="threshold", threshold=threshold))
+  select = _selection(sparsity, threshold)
 
   def attend(q, k, v, qp, kp):
     ops = dsa_reference.selection_operands(qp, kp, None, vector=vector,
@@ -107,8 +113,7 @@ def dsa_fns(sparsity, vector, triton: bool, rate: float = 0.0, threshold=None,
 def select_fns(sparsity, vector, threshold=None):
   """The selection alone (predictor scores and bits): what the forward spends before the
   attention kernel; no backward (None: the row's fwd+bwd is not timed)."""
-  select = (dict(sparsity=sparsity) if threshold is None else
-            dict(selection="threshold", threshold=threshold))
+  select = _selection(sparsity, threshold)
 
   def fwd(q, k, v, qp, kp, ct):
     del k, v, ct
