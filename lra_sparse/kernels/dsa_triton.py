@@ -201,22 +201,20 @@ def key_lists(bits, ext, *, vector: int, block: int, poison: bool = False):
 # ----------------------------------------------------------------------------- attention
 def _fwd(q, k, v, bits, ext, seed, vector, scale, poison, drop_t, forward):
   b, l, h, d = q.shape
+  lp = padded_rows(l)
+  outs = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b * h, lp), jnp.float32))
   if forward == "gather":
     bm, bn, warps, stages, _ = _tiles("gather", q.dtype)
     slots, count = key_lists(bits, ext, vector=vector, block=bm, poison=poison)
+    t = count.shape[1]
     return launch(
-        _ATTEND, "dsa_fwd_gather",
-        (q, k, v, slots, count, seed, scale, l, padded_rows(l), h, count.shape[1]),
-        (jax.ShapeDtypeStruct(q.shape, q.dtype),
-         jax.ShapeDtypeStruct((b * h, padded_rows(l)), jnp.float32)),
-        (count.shape[1], b * h), num_warps=warps, num_stages=stages, poison=poison,
+        _ATTEND, "dsa_fwd_gather", (q, k, v, slots, count, seed, scale, l, lp, h, t), outs,
+        (t, b * h), num_warps=warps, num_stages=stages, poison=poison,
         poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn, DROP_T=drop_t)
   bm, bn, warps, stages, skip = _tiles("fwd_drop" if drop_t else "fwd", q.dtype)
-  lp = padded_rows(l)
   g, w = bits.shape[2], bits.shape[3]
   return launch(
-      _ATTEND, "dsa_fwd", (q, k, v, bits, ext, seed, scale, l, lp, h, g, w),
-      (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b * h, lp), jnp.float32)),
+      _ATTEND, "dsa_fwd", (q, k, v, bits, ext, seed, scale, l, lp, h, g, w), outs,
       (cdiv(l, bm), b * h), num_warps=warps, num_stages=stages, poison=poison,
       poisoned_module=_POISONED, D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip, DROP_T=drop_t)
 

@@ -36,9 +36,8 @@ Head dims up to 128 run at the next power of two from 16, zero-padded (exact: th
 the true head dim's and the padded output columns are sliced off), so Pathfinder's heads of 4
 run here too. Products take bf16 / fp16 operands with float32 accumulation, the probabilities
 rounded to the operand dtype before P V, as flash attention (cuDNN's included) multiplies
-them. The pure-JAX
-reference is ``landmark_attention_reference``; ``interpret=True`` runs the kernels on the CPU
-(the tests use that).
+them. The pure-JAX reference is ``landmark_attention_reference``; ``interpret=True`` runs the
+kernels on the CPU (the tests use that).
 """
 from __future__ import annotations
 
