@@ -20,6 +20,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from lra_sparse import sweep as sweep_lib
+from lra_sparse.sweep import state as sweep_state
 from lra_sparse import train
 from lra_sparse import workdir as workdir_lib
 from lra_sparse.errors import TrainingDiverged, WorkdirBusy
@@ -216,7 +217,7 @@ def test_sweep_counts_a_zombie_child_as_dead_and_shows_the_real_error(tmp_path):
   (workdir / "sweep_running.json").write_text(json.dumps(
       {"pid": child.pid, "host": os.uname().nodename, "slot": None}))
   os.kill(child.pid, 0)               # still "alive" to a plain kill 0
-  assert sweep_lib._read_running(str(workdir)) is None
+  assert sweep_state._read_running(str(workdir)) is None
   child.wait()
   (workdir / "sweep_error.txt").write_text(
       "return code 1\ntime: now\ncommand: x\n---- last 60 lines ----\n"

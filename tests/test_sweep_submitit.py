@@ -15,6 +15,7 @@ import pytest
 submitit = pytest.importorskip("submitit")
 
 from lra_sparse import sweep as sweep_lib  # noqa: E402
+from lra_sparse.sweep import slurm as sweep_slurm  # noqa: E402
 from lra_sparse import tables  # noqa: E402
 from test_sweep_tables import (EXPECTED_NAMES, REPO, TABLE_SPEC,  # noqa: E402
                                sweep_spec)  # noqa: F401  (a fixture)
@@ -203,7 +204,7 @@ def test_slurm_executor_gets_the_parameters(tmp_path, monkeypatch):
     def update_parameters(self, **params):
       calls["params"] = params
 
-  monkeypatch.setattr(sweep_lib.shutil, "which", lambda name: "/usr/bin/" + name)
+  monkeypatch.setattr(sweep_slurm.shutil, "which", lambda name: "/usr/bin/" + name)
   monkeypatch.setattr(submitit, "AutoExecutor", FakeAutoExecutor)
   sweep_lib.slurm_executor(str(tmp_path), partition="gpu", time_min=90, gpus_per_node=2,
                            cpus_per_task=8, mem_gb=64, array_parallelism=4,
@@ -227,7 +228,7 @@ def test_slurm_executor_gets_the_parameters(tmp_path, monkeypatch):
   monkeypatch.setattr(submitit, "SlurmJob", FakeSlurmJob)
   assert sweep_lib.slurm_job_states(str(tmp_path), {"a": "7_0", "b": "7_1"}) == {
       "a": "PENDING", "b": "CANCELLED"}
-  monkeypatch.setattr(sweep_lib.shutil, "which", lambda name: None)
+  monkeypatch.setattr(sweep_slurm.shutil, "which", lambda name: None)
   assert sweep_lib.slurm_job_states(str(tmp_path), {"a": "7_0"}) == {}
   with pytest.raises(ValueError, match=r"no sbatch or srun on PATH"):
     sweep_lib.slurm_executor(str(tmp_path))
