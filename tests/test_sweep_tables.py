@@ -1,7 +1,7 @@
 """Sweep runner and table builder on synthetic run directories (no trainer, no JAX).
 
 Standard deviations are SAMPLE standard deviations (numpy ddof=1), as documented in
-lra_sparse/tables.py and WORKSPACE.md.
+lra_sparse/tables/ and WORKSPACE.md.
 """
 import contextlib
 import csv

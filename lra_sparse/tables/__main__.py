@@ -1,0 +1,55 @@
+r"""The table builder's command line.
+
+Usage (from the repository root)::
+
+  python -m lra_sparse.tables --root=runs/dfss_table4 --spec=experiments/dfss_table4.py \
+      --format=markdown [--out=FILE] [--plot=FILE.png]
+
+The table spec is loaded by path (``lra_sparse.tables.spec``); the ``Table`` and ``Selector``
+classes it imports from ``lra_sparse.tables`` are the ones checked here, as this file is not
+the module that defines them. User errors are one line ``error: ...`` (``lra_sparse.cli``).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Sequence
+
+from absl import app
+from absl import flags
+
+from lra_sparse import cli
+from lra_sparse.tables.render import RENDERERS, make_table
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Defined only when run as a program, so importing this module (specs do) adds no flags."""
+  flags.DEFINE_string("root", None, "Directory searched recursively for run workdirs.")
+  flags.DEFINE_string("spec", None,
+                      "Table spec: experiments/<name>.py[:preset] with get_table().")
+  flags.DEFINE_enum("format", "markdown", list(RENDERERS), "Output format.")
+  flags.DEFINE_string("out", "", "Write the table here instead of stdout.")
+  flags.DEFINE_string("plot", "", "Also draw the spec's plot to this PNG file.")
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not FLAGS.root or not FLAGS.spec:
+    raise app.UsageError("--root and --spec are required")
+  text = make_table(FLAGS.root, FLAGS.spec, FLAGS.format, FLAGS.plot)
+  if FLAGS.out:
+    directory = os.path.dirname(FLAGS.out)
+    if directory:
+      os.makedirs(directory, exist_ok=True)
+    with open(FLAGS.out, "w") as f:
+      f.write(text)
+  else:
+    sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+  define_flags()
+  cli.run(main)

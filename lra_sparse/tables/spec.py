@@ -1,0 +1,64 @@
+"""A table spec: the table's rows and columns, and its plot.
+
+A table spec is a python file whose ``get_table(preset="")`` returns a :class:`Table`; rows and
+columns are :class:`Selector`\ s (a label and a matcher on a run's flattened config), and
+``Table.plot`` an optional :class:`Plot`. The spec is loaded by path (:func:`load_table`); it
+imports these classes from ``lra_sparse.tables``, the very ones checked here.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+from lra_sparse import config as config_lib
+
+
+@dataclasses.dataclass
+class Selector:
+  """A labelled matcher on flattened config keys (a table row/column or a plot series)."""
+  label: str
+  match: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Plot:
+  """Metric against ``x``: one error-bar line per series, dashed lines (± std band) for baselines.
+
+  ``x`` is a flattened config key (``"attention.dsa.sparsity"``) or a function of the flattened
+  config (e.g. the fraction of attention scores a kind drops); runs where it is missing/None are
+  left out of the series.
+  """
+  x: str | Callable[[Mapping[str, Any]], Any]
+  series: Sequence[Selector]
+  baselines: Sequence[Selector] = ()
+  xlabel: str = ""
+  ylabel: str = ""
+  title: str = ""
+  xscale: str = "linear"
+
+
+@dataclasses.dataclass
+class Table:
+  title: str
+  rows: Sequence[Selector]
+  columns: Sequence[Selector]
+  metric: str = "accuracy"
+  split: str = "test"
+  scale: float = 100.0
+  decimals: int = 2
+  row_header: str = "Model"
+  # An "Avg" column: mean of the column means; True = all columns, or a list of column labels.
+  average: bool | Sequence[str] = False
+  average_label: str = "Avg"
+  where: Mapping[str, Any] = dataclasses.field(default_factory=dict)   # filter on every run
+  plot: Plot | None = None
+
+
+def load_table(spec_arg: str) -> Table:
+  table = config_lib.call_spec_function(spec_arg, "get_table")
+  if not isinstance(table, Table):
+    raise ValueError(f"{spec_arg}: get_table() must return lra_sparse.tables.Table, "
+                     f"got {type(table).__name__}")
+  if not table.rows or not table.columns:
+    raise ValueError(f"{spec_arg}: a table needs at least one row and one column")
+  return table
