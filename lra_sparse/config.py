@@ -175,9 +175,25 @@ def split_spec_arg(spec_arg: str) -> tuple[str, str]:
   return spec_arg, ""
 
 
+def moved_spec_path(path: str) -> str | None:
+  """Where the spec file ``path`` went, for a missing ``.../experiments/<name>.py`` whose
+  ``.../experiments/specs/<name>.py`` exists (sweep and table specs moved there); else None."""
+  directory, name = os.path.split(path)
+  if os.path.exists(path) or os.path.basename(directory) != "experiments":
+    return None
+  moved = os.path.join(directory, "specs", name)
+  return moved if os.path.isfile(moved) else None
+
+
 def call_spec_function(spec_arg: str, function_name: str) -> Any:
-  """Loads ``path[:preset]`` and returns ``function_name(preset)`` (or ``function_name()``)."""
+  """Loads ``path[:preset]`` and returns ``function_name(preset)`` (or ``function_name()``).
+
+  A spec given by its path before the specs moved to ``experiments/specs/`` is one error that
+  names the new path."""
   path, preset = split_spec_arg(spec_arg)
+  moved = moved_spec_path(path)
+  if moved is not None:
+    raise FileNotFoundError(f"{path} does not exist: the spec moved to {moved}")
   module = load_python_file(path)
   function = getattr(module, function_name, None)
   if not callable(function):

@@ -640,6 +640,28 @@ def test_root_of_another_sweep_is_refused(sweep_spec, tmp_path):
     sweep_lib.run_sweep(f"{spec}:tiny", str(root), launcher=launcher, show_progress=False)
 
 
+@pytest.mark.parametrize("module, flag", [("lra_sparse.sweep", "--sweep"),
+                                          ("lra_sparse.tables", "--spec")])
+def test_spec_path_from_before_the_move_to_experiments_specs_names_the_new_path(
+    tmp_path, module, flag):
+  """A spec typed as experiments/<name>.py that now lives in experiments/specs/<name>.py is one
+  error line naming the new path, in both CLIs; a spec missing from both stays the usual
+  error."""
+  (tmp_path / "experiments" / "specs").mkdir(parents=True)
+  (tmp_path / "experiments" / "specs" / "x.py").write_text("raise AssertionError('loaded')\n")
+  env = dict(os.environ, PYTHONPATH=REPO)
+  proc = subprocess.run([sys.executable, "-m", module, f"{flag}=experiments/x.py:tiny",
+                         f"--root={tmp_path}"], cwd=tmp_path, env=env, capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 1, proc.stderr
+  assert proc.stderr.splitlines() == [
+      "error: experiments/x.py does not exist: the spec moved to experiments/specs/x.py"]
+  with pytest.raises(FileNotFoundError, match=r"moved to .*/experiments/specs/x\.py$"):
+    sweep_lib.load_sweep(str(tmp_path / "experiments" / "x.py"))
+  with pytest.raises(FileNotFoundError, match=r"y\.py' does not exist"):
+    tables.load_table(str(tmp_path / "experiments" / "y.py"))
+
+
 # ----------------------------------------------------------------------------- repo specs
 
 EXPERIMENTS = {  # spec -> (runs in full, runs in tiny)
