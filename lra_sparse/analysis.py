@@ -315,7 +315,7 @@ def analyse_run(workdir: str, out: str, *, json_path: str = "", split: str = "te
                 data_dir: str = "", num_examples: int = 4, example: int = 0, layer: int = 0,
                 head: int = 0) -> dict[str, Any]:
   """Rebuilds the model from ``workdir``'s config.json, loads the last checkpoint's parameters
-  (the trainer's ``load_params_from``), runs the first ``num_examples`` of ``split``, returns
+  (``checkpointing.load_params_from``), runs the first ``num_examples`` of ``split``, returns
   (and prints) the L^p ticket qualities of every attention layer and plots ``layer`` /
   ``head`` of ``example`` to ``out``.
   """
@@ -324,6 +324,7 @@ def analyse_run(workdir: str, out: str, *, json_path: str = "", split: str = "te
 
   import ml_collections  # pylint: disable=import-outside-toplevel
 
+  from lra_sparse import checkpointing  # pylint: disable=import-outside-toplevel
   from lra_sparse import train  # pylint: disable=import-outside-toplevel
   from lra_sparse.data import get_task  # pylint: disable=import-outside-toplevel
 
@@ -342,7 +343,8 @@ def analyse_run(workdir: str, out: str, *, json_path: str = "", split: str = "te
   batch = {name: jnp.asarray(arrays[name][:count]) for name in spec.input_names}
   variables = jax.jit(lambda rng: model.init(rng, batch, deterministic=True))(
       jax.random.key(0))
-  params, fresh, _ = train.load_params_from(workdir, variables["params"], what="--workdir")
+  params, fresh, _ = checkpointing.load_params_from(workdir, variables["params"],
+                                                   what="--workdir")
   if fresh:
     raise ValueError(f"checkpoint in {workdir} lacks parameters {fresh[:5]} of the model "
                      f"its config.json describes")
@@ -381,7 +383,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-  # Through the imported module, like lra_sparse.sweep and lra_sparse.tables.
+  # Through the imported module: ``python -m`` runs this file as __main__, a second copy of it.
   from lra_sparse import analysis as _analysis_module  # pylint: disable=g-import-not-at-top
   _analysis_module.define_flags()
   cli.run(_analysis_module.main)

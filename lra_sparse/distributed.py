@@ -13,6 +13,10 @@ processes are joined before any other use of JAX, in one of three ways:
 
 On CPU the processes' collectives go over gloo (JAX's default for CPU with a distributed
 client).
+
+Once joined, the processes of a run share the helpers below: which process writes and prints
+(process 0), barriers, and putting a global batch (the same numpy rows on every process) or
+replicated values on the mesh, each process transferring only what its devices hold.
 """
 from __future__ import annotations
 
@@ -20,6 +24,12 @@ import dataclasses
 import os
 import re
 from typing import Mapping, Optional
+
+import jax
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+import numpy as np
+from tqdm import tqdm
 
 # The variables jax's SLURM detection reads (jax._src.clusters.slurm_cluster); the step ones are
 # set by srun only, so a plain `python` in a batch script of an N-task job is one process.
@@ -96,7 +106,6 @@ def initialize(setup: Setup) -> None:
   kwargs = setup.initialize_kwargs()
   if kwargs is None:
     return
-  import jax  # pylint: disable=import-outside-toplevel
   where = (f"--coordinator_address={setup.coordinator_address} "
            f"--num_processes={setup.num_processes} --process_id={setup.process_id}"
            if setup.source == "flags" else
@@ -107,3 +116,57 @@ def initialize(setup: Setup) -> None:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     raise ValueError(f"jax.distributed.initialize failed for {where}: "
                      f"{type(error).__name__}: {lines[0] if lines else ''}"[:500]) from None
+
+
+# ----------------------------------------------------------------------------- processes
+def is_primary() -> bool:
+  """Whether this is the process that writes the run's files and prints (process 0)."""
+  return jax.process_index() == 0
+
+
+def say(message: str) -> None:
+  """A line for the user, printed by process 0 only (above a progress bar)."""
+  if is_primary():
+    tqdm.write(message)
+
+
+def sync_processes(name: str) -> None:
+  """A barrier of all processes (nothing with one process)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+def process_rows(sharding: NamedSharding, batch_size: int) -> slice:
+  """The rows of a global batch that live on this process's devices under ``sharding``
+  (contiguous: the mesh lists each process's devices together)."""
+  indices = sharding.addressable_devices_indices_map((batch_size,)).values()
+  rows = sorted({(index[0].start or 0, batch_size if index[0].stop is None else index[0].stop)
+                 for index in indices})
+  for (_, stop), (start, _) in zip(rows, rows[1:]):
+    if stop != start:
+      raise ValueError(f"this process's rows of the batch are not contiguous: {rows}")
+  return slice(rows[0][0], rows[-1][1])
+
+
+def put_global_batch(tree, sharding: NamedSharding):
+  """Numpy arrays of one global batch (the same on every process) as global arrays sharded by
+  ``sharding`` along their first axis: each process transfers only its own rows."""
+  if jax.process_count() == 1:
+    return jax.device_put(tree, sharding)
+  leaves = jax.tree.leaves(tree)
+  rows = process_rows(sharding, len(leaves[0]))
+  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
+      sharding, np.asarray(x[rows]), x.shape), tree)
+
+
+def replicate(tree, sharding: NamedSharding):
+  """``tree`` (the same values on every process) as global arrays replicated by ``sharding``."""
+  if jax.process_count() == 1:
+    return jax.device_put(tree, sharding)
+
+  def put(x):
+    if isinstance(x, jax.Array) and x.sharding == sharding:
+      return x
+    value = np.asarray(x)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+  return jax.tree.map(put, tree)

@@ -105,7 +105,7 @@ def main(argv):
   signal.signal(signal.SIGINT, signal.default_int_handler)
   result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   logging.info("result: %s", result)
-  if not train.is_primary():
+  if not distributed.is_primary():
     return
   print(f"test accuracy {result['test']['accuracy']:.4f} | majority-class accuracy "
         f"{result['majority_class_accuracy']:.4f} | test loss {result['test']['loss']:.4f} | "

@@ -11,16 +11,17 @@ every process's devices, each process puts only its rows of every global batch o
 (every process reads the same deterministic batch), all of them save and restore the orbax
 checkpoints together, and process 0 alone takes the workdir's lock and writes config.json,
 metrics.jsonl, TensorBoard, W&B, result.json and the progress bar.
+
+The workdir's lock, checkpoint saves that Ctrl-C waits for and restores that fall back past
+unusable checkpoints are ``lra_sparse.checkpointing``'s; the helpers of several processes
+(process 0, barriers, global batches) are ``lra_sparse.distributed``'s.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import re
-import signal
-import threading
 import time
 from typing import Any, Optional
 
@@ -33,7 +34,6 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from flax.training import train_state
-from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
@@ -42,10 +42,13 @@ from lra_sparse import metric_writers
 from lra_sparse import workdir as workdir_lib
 from lra_sparse.attention import AUX_LOSS, AUX_METRICS
 from lra_sparse.attention import common
+from lra_sparse.checkpointing import (all_finite, load_params_from, restore_newest_readable,
+                                      run_lock, save_on_interrupt, sigint_after, sigint_deferred)
 from lra_sparse.data import get_task
 from lra_sparse.data.pipeline import eval_batches, train_dataset
 from lra_sparse.data.registry import PAD_ID, SPLITS, TaskSpec, check_split_arrays
-from lra_sparse.errors import TrainingDiverged, TrainingInterrupted, WorkdirBusy
+from lra_sparse.distributed import is_primary, put_global_batch, replicate, say, sync_processes
+from lra_sparse.errors import TrainingDiverged, TrainingInterrupted, first_line
 from lra_sparse.models import build_model
 
 AUX_COLLECTIONS = (AUX_LOSS, AUX_METRICS)
@@ -55,7 +58,6 @@ AUX_COLLECTIONS = (AUX_LOSS, AUX_METRICS)
 RESUMABLE_FIELDS = ("num_train_steps", "eval_every_steps", "log_every_steps",
                     "checkpoint_every_steps", "num_eval_batches", "optim.grad_accum_steps",
                     "profile_steps", "wandb.project", "wandb.entity")
-CORRUPT_DIR = "corrupt_checkpoints"
 # result.json / metrics.jsonl: the test metrics at the periodic evaluation with the best
 # validation accuracy so far (the first such step on ties), next to the last step's "test".
 BEST_SPLIT = "test_at_best_val"
@@ -248,86 +250,6 @@ def evaluate(eval_step, params, model_state, arrays, batch_size, batch_sharding,
   return {key: value / count for key, value in totals.items()}
 
 
-# ----------------------------------------------------------------------------- processes
-def is_primary() -> bool:
-  """Whether this is the process that writes the run's files and prints (process 0)."""
-  return jax.process_index() == 0
-
-
-def say(message: str) -> None:
-  """A line for the user, printed by process 0 only (above a progress bar)."""
-  if is_primary():
-    tqdm.write(message)
-
-
-def sync_processes(name: str) -> None:
-  """A barrier of all processes (nothing with one process)."""
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(name)
-
-
-def process_rows(sharding: NamedSharding, batch_size: int) -> slice:
-  """The rows of a global batch that live on this process's devices under ``sharding``
-  (contiguous: the mesh lists each process's devices together)."""
-  indices = sharding.addressable_devices_indices_map((batch_size,)).values()
-  rows = sorted({(index[0].start or 0, batch_size if index[0].stop is None else index[0].stop)
-                 for index in indices})
-  for (_, stop), (start, _) in zip(rows, rows[1:]):
-    if stop != start:
-      raise ValueError(f"this process's rows of the batch are not contiguous: {rows}")
-  return slice(rows[0][0], rows[-1][1])
-
-
-def put_global_batch(tree, sharding: NamedSharding):
-  """Numpy arrays of one global batch (the same on every process) as global arrays sharded by
-  ``sharding`` along their first axis: each process transfers only its own rows."""
-  if jax.process_count() == 1:
-    return jax.device_put(tree, sharding)
-  leaves = jax.tree.leaves(tree)
-  rows = process_rows(sharding, len(leaves[0]))
-  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
-      sharding, np.asarray(x[rows]), x.shape), tree)
-
-
-def replicate(tree, sharding: NamedSharding):
-  """``tree`` (the same values on every process) as global arrays replicated by ``sharding``."""
-  if jax.process_count() == 1:
-    return jax.device_put(tree, sharding)
-
-  def put(x):
-    if isinstance(x, jax.Array) and x.sharding == sharding:
-      return x
-    value = np.asarray(x)
-    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
-  return jax.tree.map(put, tree)
-
-
-@contextlib.contextmanager
-def _run_lock(workdir: str):
-  """The workdir's lock (``workdir.locked``) for the run's body. With several processes only
-  process 0 takes it (every run has exactly one process 0, so a second run on the workdir is
-  refused there, whatever its number of processes) and tells the others, which then refuse
-  too, before any of them has written anything."""
-  if jax.process_count() == 1:
-    with workdir_lib.locked(workdir):
-      yield
-    return
-  with contextlib.ExitStack() as stack:
-    busy = None
-    if is_primary():
-      try:
-        stack.enter_context(workdir_lib.locked(workdir))
-      except WorkdirBusy as error:
-        busy = error
-    refused = int(multihost_utils.broadcast_one_to_all(np.int32(busy is not None)))
-    if busy is not None:
-      raise busy
-    if refused:
-      raise WorkdirBusy(f"workdir {workdir} is in use by another run (process 0 could not take "
-                        f"its {workdir_lib.LOCK_FILE}); wait for it or use another directory")
-    yield
-
-
 class _NoWriter:
   """``metric_writers.RunWriter``'s stand-in on processes other than 0: writes nothing."""
 
@@ -339,160 +261,6 @@ class _NoWriter:
 
   def __exit__(self, exc_type, exc, traceback) -> None:
     pass
-
-
-# ----------------------------------------------------------------------------- checkpoints
-@jax.jit
-def _all_finite(tree) -> jax.Array:
-  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-            if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
-  return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
-
-
-@contextlib.contextmanager
-def _sigint_deferred():
-  """SIGINT ignored inside (where the main thread can set handlers), so that the checkpoint an
-  interrupt asked for is written whole; the old handler is back afterwards."""
-  try:
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-  except ValueError:       # not the main thread: nothing to defer
-    yield
-    return
-  try:
-    yield
-  finally:
-    signal.signal(signal.SIGINT, previous)
-
-
-@contextlib.contextmanager
-def _sigint_after():
-  """A Ctrl-C inside interrupts only once the block is done (where the main thread can set
-  handlers): a checkpoint save is never cut in half. Cut inside orbax's ``save``, a save could
-  leave its background writes running into a temporary step directory that the interrupt's own
-  save of that step then failed to clear ("Directory not empty"), losing the steps since the
-  last checkpoint."""
-  if (threading.current_thread() is not threading.main_thread()   # can't set handlers there
-      or signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None)):  # Ctrl-C ignored anyway
-    yield
-    return
-  caught = []
-  previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
-  try:
-    yield
-  finally:
-    signal.signal(signal.SIGINT, previous)
-  if caught:
-    raise KeyboardInterrupt
-
-
-def _save_on_interrupt(manager, state, finite, last_saved) -> tuple[Optional[int], str]:
-  """Checkpoints the state reached when Ctrl-C stopped training, so that a resumed run loses
-  no steps; returns (the step reached, as the state counts it, or None where unknown; what the
-  workdir keeps, for the message).  Skipped (and said) when that
-  step is already saved, when something non-finite was seen since the last save, when the
-  interrupt came while a step was consuming its (donated) input state, and with several
-  processes (a save is collective there and the others may not have stopped)."""
-  kept = (f"checkpoints up to step {last_saved} are kept" if last_saved is not None
-          else "no checkpoint was written yet")
-  if jax.process_count() > 1:
-    return None, kept
-  leaves = jax.tree.leaves(state)
-  if any(getattr(x, "is_deleted", lambda: False)() for x in leaves):
-    return None, kept + " (the interrupt came mid-step)"
-  step = int(jax.device_get(state.step))
-  if step == last_saved or step in manager.all_steps():
-    return step, f"its checkpoint at step {step} is kept"
-  if not (bool(finite) and bool(_all_finite(state.params))):
-    return step, kept + " (nothing non-finite is saved)"
-  try:
-    manager.save(step, args=ocp.args.StandardSave(state))
-    manager.wait_until_finished()
-  except Exception as e:  # pylint: disable=broad-except  (the interrupt is what gets reported)
-    return step, kept + f" (saving step {step} failed: {_first_line(e)})"
-  return step, f"saved a checkpoint at step {step}"
-
-
-def _first_line(error: BaseException) -> str:
-  lines = [line for line in str(error).splitlines() if line.strip()]
-  return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
-
-
-def restore_newest_readable(manager: ocp.CheckpointManager, args_fn, where: str,
-                            quarantine: bool = False,
-                            fall_back: bool = True) -> tuple[Any, Optional[int]]:
-  """(restored, step) of the newest checkpoint that restores and holds finite parameters;
-  (None, None) when there is none at all. Each unusable newer step costs one warning line;
-  with ``quarantine`` it is moved to ``<workdir>/corrupt_checkpoints/`` so that the resumed
-  run can save that step again. No usable step at all is one error, and so is an unusable
-  newest step when ``fall_back`` is False (fine-tuning or analysing an older step than the
-  run's last would mislead)."""
-  steps = sorted(manager.all_steps(), reverse=True)
-  unusable = []
-  for step in steps:
-    try:
-      restored = manager.restore(step, args=args_fn())
-      params = restored.params if hasattr(restored, "params") else restored["params"]
-      if not bool(_all_finite(params)):
-        raise ValueError("its parameters are not finite")
-    except Exception as error:  # pylint: disable=broad-except  (orbax raises many kinds)
-      if not fall_back:
-        raise ValueError(f"the newest checkpoint (step {step}) in {where} is unusable "
-                         f"({_first_line(error)})") from None
-      say(f"warning: checkpoint step {step} in {where} is unusable "
-          f"({_first_line(error)}); trying an older one")
-      unusable.append(step)
-      continue
-    if quarantine and unusable:
-      if is_primary():
-        corrupt = os.path.join(os.path.dirname(str(manager.directory)), CORRUPT_DIR)
-        os.makedirs(corrupt, exist_ok=True)
-        for bad in unusable:
-          source = os.path.join(str(manager.directory), str(bad))
-          if os.path.exists(source):
-            os.replace(source, os.path.join(corrupt, f"{bad}.{int(time.time())}"))
-      sync_processes("lra_sparse: corrupt checkpoints moved")
-      manager.reload()
-    return restored, step
-  if steps:
-    raise ValueError(f"no usable checkpoint in {where}: steps {steps} are all unreadable or "
-                     "non-finite")
-  return None, None
-
-
-def _open_checkpoints(workdir: str, what: str) -> ocp.CheckpointManager:
-  ckpt_dir = os.path.join(os.path.abspath(workdir), workdir_lib.CHECKPOINT_DIR)
-  if not os.path.isdir(ckpt_dir):
-    raise FileNotFoundError(f"{what}={workdir!r}: no checkpoints/ directory there")
-  return ocp.CheckpointManager(ckpt_dir)
-
-
-def load_params_from(workdir: str, params, what: str = "config.init_from"
-                     ) -> tuple[Any, list[str], list[str]]:
-  """Copies every parameter of ``workdir``'s last checkpoint that this model also has.
-
-  Returns (params, new parameter paths kept at their fresh init, unused old paths). A shared
-  path with a different shape is an error.
-  """
-  manager = _open_checkpoints(workdir, what)
-  restored, step = restore_newest_readable(manager, ocp.args.StandardRestore,
-                                           f"{what}={workdir!r}", fall_back=False)
-  manager.close()
-  if step is None:
-    raise FileNotFoundError(f"{what}={workdir!r}: checkpoints/ holds no checkpoint")
-  old = flax.traverse_util.flatten_dict(restored["params"], sep="/")
-  new = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
-  merged, fresh = {}, []
-  for path, value in new.items():
-    if path in old:
-      if tuple(old[path].shape) != tuple(value.shape):
-        raise ValueError(f"{what}: parameter {path} has shape {old[path].shape} in "
-                         f"{workdir} but {value.shape} in this model")
-      merged[path] = jnp.asarray(old[path], value.dtype)
-    else:
-      merged[path] = value
-      fresh.append(path)
-  unused = sorted(set(old) - set(new))
-  return flax.traverse_util.unflatten_dict(merged, sep="/"), sorted(fresh), unused
 
 
 # ----------------------------------------------------------------------------- main entry
@@ -652,7 +420,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   validate_config(config)
   config = config_lib.run_config(config)
   workdir = os.path.abspath(workdir)
-  with _run_lock(workdir):
+  with run_lock(workdir):
     return _train_locked(config, workdir)
 
 
@@ -663,7 +431,7 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
       stored = workdir_lib.read_config(workdir)
     except (OSError, ValueError) as error:
       raise ValueError(f"workdir {workdir}: its {workdir_lib.CONFIG_FILE} is unreadable "
-                       f"({_first_line(error)}); use another --workdir") from None
+                       f"({first_line(error)}); use another --workdir") from None
     changes = check_resume_config(stored, config, workdir)
 
   task = get_task(config.task)
@@ -825,18 +593,18 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
           best = {"step": done, "val_accuracy": val["accuracy"], **run_eval("test", 0)}
           writer.write(done, BEST_SPLIT, {k: v for k, v in best.items() if k != "step"})
       if saves:
-        if not (bool(finite) and bool(_all_finite(state.params))):
+        if not (bool(finite) and bool(all_finite(state.params))):
           raise diverged((last_saved or 0) + 1, done)
-        with _sigint_after():
+        with sigint_after():
           manager.save(done, args=ocp.args.StandardSave(state))
           last_saved, finite = done, jnp.array(True)
       if evaluates or saves:
         window_started += time.perf_counter() - paused
   except KeyboardInterrupt:
-    with _sigint_deferred():           # a second Ctrl-C (a sweep forwards its own) waits
+    with sigint_deferred():           # a second Ctrl-C (a sweep forwards its own) waits
       progress.close()
       manager.wait_until_finished()    # a save in flight completes (or fails) first
-      reached, kept = _save_on_interrupt(manager, state, finite, last_saved)
+      reached, kept = save_on_interrupt(manager, state, finite, last_saved)
       manager.close()
     raise TrainingInterrupted(f"interrupted at step {reached or done}; {kept}; run the same "
                               "command to resume") from None

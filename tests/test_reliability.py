@@ -331,11 +331,11 @@ def test_sigint_saves_cleanly_exits_130_and_resumes(tmp_path, listops_dir):
 
 _SIGINT_DURING_SAVE = r"""
 import os, signal, sys
-from lra_sparse import train
+from lra_sparse import checkpointing
 signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal (a background
 steps = []                                                 # job starts with Ctrl-C ignored)
 try:
-  with train._sigint_after():
+  with checkpointing.sigint_after():
     steps.append("save started")
     os.kill(os.getpid(), signal.SIGINT)      # Ctrl-C in the middle of the save
     steps.append("save finished")
@@ -344,7 +344,7 @@ except KeyboardInterrupt:
 print(steps)
 assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 signal.signal(signal.SIGINT, signal.SIG_IGN)               # ignored: stays ignored
-with train._sigint_after():
+with checkpointing.sigint_after():
   os.kill(os.getpid(), signal.SIGINT)
 print("ignored")
 """
