@@ -1,8 +1,8 @@
 """A/B timing of two versions of the DFSS Triton kernels in ONE process on one GPU.
 
-OLD is a copy of ``lra_sparse/kernels/dfss_triton.py`` from another revision, loaded from a file
-path (e.g. the generated-source version, ``git show ce422c2:lra_sparse/kernels/dfss_triton.py``
-into the git-ignored ``.ab/``); NEW is ``lra_sparse.kernels.dfss_triton`` of this checkout.  Both
+OLD is a copy of ``lra_sparse/kernels/dfss/triton.py`` from another revision, loaded from a file
+path (e.g. the generated-source version, ``git show ce422c2:lra_sparse/kernels/dfss/triton.py``
+into the git-ignored ``.ab/``); NEW is ``lra_sparse.kernels.dfss.triton`` of this checkout.  Both
 run ``dfss_attention_triton`` on the same inputs: forward, and forward+backward (jax.grad of
 <out, cotangent> w.r.t. q, k, v).  Each timed call is one jit that chains ``--steps`` calls
 with lax.scan over stacked input sets (3 random sets, tiled), so launch overhead and host
@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.bench_dfss_kernels import gpu_state
-from lra_sparse.kernels import dfss_triton
+from lra_sparse.kernels.dfss import triton as dfss_triton
 
 FLAGS = flags.FLAGS
 
@@ -134,7 +134,7 @@ def main(argv: Sequence[str]) -> None:
   dev = jax.devices()[0]
   now = datetime.datetime.now(datetime.timezone.utc)
   header = (f"device: {getattr(dev, 'device_kind', dev.platform)}; jax {jax.__version__}; "
-            f"OLD {FLAGS.old}, NEW lra_sparse/kernels/dfss_triton.py; heads {FLAGS.heads}, "
+            f"OLD {FLAGS.old}, NEW lra_sparse/kernels/dfss/triton.py; heads {FLAGS.heads}, "
             f"head_dim {FLAGS.dim}; {FLAGS.steps} calls per jit (lax.scan), median of "
             f"{FLAGS.rounds} alternating rounds; {now:%Y-%m-%d %H:%M} UTC\n{gpu_state()}")
   print(header, flush=True)

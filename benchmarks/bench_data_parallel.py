@@ -8,7 +8,7 @@
 The trainer's layout (``lra_sparse.train``): parameters and optimizer state replicated over a
 one-axis ("data") mesh of the first n devices, each batch split along it, the step traced
 under that mesh so the attention kernels run per device on its shard
-(``attention.common.per_data_shard``).
+(``ops.sharding.per_data_shard``).
 
 - speed: the full train step (forward, backward, AdamW update) at a global batch of
   n x --per_device_batch on n devices, median wall time of --reps steps after --warmup; the

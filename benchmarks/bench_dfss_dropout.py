@@ -5,7 +5,7 @@ w.r.t. q, k, v) of
   * cuDNN dense (bf16; the dense model people run; jax.nn.dot_product_attention has no dropout)
   * XLA dense, and XLA dense with attention dropout (the explicit formulation ``dense`` trains
     with when attention_dropout_rate > 0)
-  * DFSS Triton fused, without and with attention dropout (``dfss_dropout``'s counter-based
+  * DFSS Triton fused, without and with attention dropout (``ops.dropout``'s counter-based
     mask drawn inside the kernels),
   * DFSS Mosaic GPU (Hopper, bf16/fp16), without and with attention dropout (the same mask;
     also with Philox's high halves from 16-bit limbs, ``Tiles(wide_products=False)``, the A/B
@@ -36,7 +36,9 @@ import numpy as np
 from benchmarks.ab_dfss_kernels import chained_ms, emit_table, input_sets
 from benchmarks.bench_dfss_kernels import gpu_state
 from lra_sparse.attention.dense import dense_attention_reference
-from lra_sparse.kernels import dfss_dropout, dfss_mgpu, dfss_triton
+from lra_sparse.ops import dropout as dfss_dropout
+from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
+from lra_sparse.kernels.dfss import triton as dfss_triton
 
 FLAGS = flags.FLAGS
 DTYPES = {"bf16": (jnp.bfloat16, 2, 4), "fp32": (jnp.float32, 1, 2)}  # paper defaults

@@ -1,7 +1,7 @@
-"""DFSS on Hopper: the Mosaic GPU kernels (``dfss_mgpu``) against cuDNN, XLA dense and the
+"""DFSS on Hopper: the Mosaic GPU kernels (``kernels.dfss.mosaic``) against cuDNN, XLA dense and the
 Triton DFSS kernels, in ONE process on one GPU.
 
-First a correctness pass (``--check``): outputs and q/k/v gradients of ``dfss_mgpu`` against the
+First a correctness pass (``--check``): outputs and q/k/v gradients of ``kernels.dfss.mosaic`` against the
 float32 reference on the same bf16 inputs, with and without a key padding mask, at lengths that
 need padding, for several N:M. Then the timing table: each timed call is one jit chaining
 ``--steps`` attention calls with lax.scan over stacked random inputs (no dispatch cost, every
@@ -26,8 +26,10 @@ import numpy as np
 
 from benchmarks.ab_dfss_kernels import chained_ms, emit_table, input_sets
 from lra_sparse.attention import dense
-from lra_sparse.attention.nm import parse_nm
-from lra_sparse.kernels import dfss_mgpu, dfss_reference, dfss_triton
+from lra_sparse.ops.nm import parse_nm
+from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
+from lra_sparse.kernels.dfss import reference as dfss_reference
+from lra_sparse.kernels.dfss import triton as dfss_triton
 
 FLAGS = flags.FLAGS
 

@@ -38,7 +38,9 @@ import jax.numpy as jnp
 from benchmarks.ab_dfss_kernels import chained_ms
 from benchmarks.bench_dfss_kernels import gpu_state, temp_mib
 from lra_sparse.attention.dense import dense_attention_reference
-from lra_sparse.kernels import dfss_triton, dsa_reference, dsa_triton
+from lra_sparse.kernels.dfss import triton as dfss_triton
+from lra_sparse.kernels.dsa import reference as dsa_reference
+from lra_sparse.kernels.dsa import triton as dsa_triton
 
 FLAGS = flags.FLAGS
 

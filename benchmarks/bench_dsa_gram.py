@@ -5,10 +5,10 @@ Per shape BATCHxLENGTH:HEADS:RANK (head_dim 64, Q and K in bf16, XP fp32, predic
 RANK / 8), each method is timed as ``--steps`` dependent calls chained in one jit (lax.scan over
 3 random input sets), median of ``--rounds`` after warm-up, methods interleaved round by round:
 
-  xla        ``dsa_reference.prediction_mse`` on the factored predictors (XLA's Gram form)
-  kernels    ``dsa_gram.prediction_mse`` of this checkout
-  old        the same function of an older copy (``--old=DIR`` holding its ``dsa_gram.py`` and
-             ``dsa_gram_kernels.py``, e.g. from ``git show REV:...`` into the git-ignored .ab/)
+  xla        ``kernels.dsa.reference.prediction_mse`` on the factored predictors (XLA's Gram form)
+  kernels    ``kernels.dsa.gram.prediction_mse`` of this checkout
+  old        the same function of an older copy (``--old=DIR`` holding its ``kernels.dsa.gram.py`` and
+             ``kernels.dsa.gram_kernels.py``, e.g. from ``git show REV:...`` into the git-ignored .ab/)
   tiles:...  this checkout with one kernel's tiles replaced (``--tiles``)
   small ...  this checkout with the k x k products (in XLA, fp32 HIGHEST) at another precision
              (``--small_precisions``: bf16x3 = three bf16 passes on the tensor cores, tf32)
@@ -37,7 +37,8 @@ import numpy as np
 from benchmarks.ab_dfss_kernels import chained, load_module
 from benchmarks.bench_dfss_kernels import gpu_state
 from lra_sparse import tables
-from lra_sparse.kernels import dsa_gram, dsa_reference
+from lra_sparse.kernels.dsa import gram as dsa_gram
+from lra_sparse.kernels.dsa import reference as dsa_reference
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("shapes", ["32x2000:8:128", "16x2048:4:64"], "BxL:heads:rank entries.")

@@ -30,8 +30,11 @@ import numpy as np
 
 from benchmarks import bench_train_step
 from benchmarks.bench_dfss_kernels import gpu_state, time_fn
-from lra_sparse.attention import dense, nystrom, registry
-from lra_sparse.kernels import landmark_attention_pallas, length_conv_pallas
+from lra_sparse.attention import dense
+from lra_sparse.attention import nystrom
+from lra_sparse.attention import registry
+from lra_sparse.kernels.nystrom import landmark as landmark_attention_pallas
+from lra_sparse.kernels.nystrom import length_conv as length_conv_pallas
 
 flags.DEFINE_list("parts", ["core", "conv", "step"], "What to time.")
 flags.DEFINE_string("old", "", "Path of an earlier nystrom.py to time in the same process.")

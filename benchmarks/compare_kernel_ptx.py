@@ -1,9 +1,9 @@
 """Compiles the OLD (generated) and NEW (source) DFSS Triton kernels to PTX for sm_90a and
 compares them; writes one markdown table.  Needs triton (3.6) only: no GPU, no jax.
 
-OLD is the f-string generator of ``lra_sparse/kernels/dfss_triton.py`` at ``--old_rev`` (its
+OLD is the f-string generator of ``lra_sparse/kernels/dfss/triton.py`` at ``--old_rev`` (its
 ``_gen_source`` and tile tables, read from git and run without jax; no poison parameters).  NEW
-is the kernel source of this checkout (``dfss_fused_kernels``, ``dfss_compressed_kernels``).
+is the kernel source of this checkout (``kernels.dfss.triton_kernels``, ``kernels.dfss.compressed_kernels``).
 Each case compiles both with the signature and specialisation jax-triton 0.3.1 gives the launch
 (pointers 16-byte aligned, runtime ints unspecialised, H == 1 a constant) and the tiles the
 runtime picks, with line info off (no .loc / debug sections), and compares the PTX text.
@@ -19,7 +19,7 @@ Cases (--tiers), each with the runtime's tiles for its kind / dtype / head_dim /
   only as NKEEP: the N == 1 branch, the M == 4 boolean branch, else a constant of the rank
   compare and of the compressed column count.  An M = 32 kernel takes ~50 s to compile.
 * 'misc': the compressed softmax's block sizes per output dtype, and H == 1.
-* 'poison': each NEW kernel against its test entry point in ``dfss_poisoned_kernels`` (2:4).
+* 'poison': each NEW kernel against its test entry point in ``tests/poisoned_kernels.py`` (2:4).
 
 The fused kernels gained attention dropout after this comparison was made: NEW compiles them
 with DROP_T = 0 (no dropout) and their unused SEED parameter is dropped from the PTX before the
@@ -75,7 +75,7 @@ _OLD: dict = {}  # generator namespace, and the compiled-module cache per (M, N)
 
 def old_generator(rev: str) -> dict:
   """The OLD generator and tile tables, executed from ``git show rev:...`` without jax."""
-  src = subprocess.check_output(["git", "show", f"{rev}:lra_sparse/kernels/dfss_triton.py"],
+  src = subprocess.check_output(["git", "show", f"{rev}:lra_sparse/kernels/dfss/triton.py"],
                                 cwd=REPO, text=True)
   tree = ast.parse(src)
   keep = []

@@ -18,12 +18,13 @@ from typing import Sequence
 from absl import app, flags
 
 from benchmarks.compare_kernel_ptx import compile_one, cubin_stats
-from lra_sparse.kernels import dfss_dropout, dsa_triton
+from lra_sparse.ops import dropout as dfss_dropout
+from lra_sparse.kernels.dsa import triton as dsa_triton
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("kernels", ["dsa_fwd", "dsa_fwd_gather", "dsa_bwd_onepass", "dsa_bwd_dkdv",
                                "dsa_bwd_dq"],
-                  "Kernels of lra_sparse/kernels/dsa_attention_kernels.py.")
+                  "Kernels of lra_sparse/kernels/dsa/attention_kernels.py.")
 flags.DEFINE_enum("dtype", "bf16", ["bf16", "fp16", "fp32"], "Operand dtype.")
 flags.DEFINE_integer("head_dim", 64, "Head dimension (16, 32, 64 or 128).")
 flags.DEFINE_integer("vector", 8, "Column-vector size (1, 4, 8).")
@@ -53,7 +54,7 @@ def signature(kernel: str, dtype: str) -> dict:
 
 
 def runtime_tile(kernel: str, dtype: str, rate: float) -> tuple:
-  """(BM, BN, warps, stages) that ``dsa_triton`` launches ``kernel`` with."""
+  """(BM, BN, warps, stages) that ``kernels.dsa.triton`` launches ``kernel`` with."""
   kind = _TILE_KIND[kernel] + ("_drop" if rate and kernel == "dsa_fwd" else "")
   operands = "f32" if dtype == "fp32" else "half"
   return dsa_triton._TILES[(kind, operands)][:4]  # pylint: disable=protected-access
@@ -63,7 +64,7 @@ def kernel_stats(kernel: str, dtype: str, head_dim: int, vector: int, rate: floa
                  tile=None) -> dict:
   """ptxas's registers, stack and spill instructions (``compare_kernel_ptx.cubin_stats``) of one
   kernel at ``tile`` (BM, BN, warps, stages; default the runtime's)."""
-  from lra_sparse.kernels import dsa_attention_kernels  # pylint: disable=import-outside-toplevel
+  from lra_sparse.kernels.dsa import attention_kernels as dsa_attention_kernels  # pylint: disable=import-outside-toplevel
   bm, bn, warps, stages = tile or runtime_tile(kernel, dtype, rate)
   constexprs = dict(D=head_dim, VEC=vector, BM=bm, BN=bn, DROP_T=dfss_dropout.threshold(rate))
   if kernel != "dsa_fwd_gather":

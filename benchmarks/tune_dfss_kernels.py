@@ -27,8 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.bench_dfss_kernels import fwd_bwd, gpu_state, time_fn
-from lra_sparse.attention.nm import parse_nm
-from lra_sparse.kernels import dfss_reference, dfss_tiles, dfss_triton
+from lra_sparse.ops.nm import parse_nm
+from lra_sparse.kernels.dfss import reference as dfss_reference
+from lra_sparse.kernels.dfss import tiles as dfss_tiles
+from lra_sparse.kernels.dfss import triton as dfss_triton
 
 FLAGS = flags.FLAGS
 

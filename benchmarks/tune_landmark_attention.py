@@ -1,4 +1,4 @@
-"""Tiles of the Nystromformer's flash kernels (kernels/landmark_attention_pallas.py) against cuDNN.
+"""Tiles of the Nystromformer's flash kernels (kernels/nystrom/landmark.py) against cuDNN.
 
   python -m benchmarks.tune_landmark_attention [--kernels=few_keys,few_queries] [--nm=,2:4]
       [--shape=32x2000x8x64 --landmarks=64] [--out=FILE]
@@ -22,8 +22,8 @@ from benchmarks.ab_dfss_kernels import emit_table
 from benchmarks.bench_dfss_kernels import time_fn
 from benchmarks.bench_nystrom import grad_of, random_sets
 from lra_sparse.attention import dense
-from lra_sparse.attention.nm import parse_nm
-from lra_sparse.kernels import landmark_attention_pallas as kernel
+from lra_sparse.ops.nm import parse_nm
+from lra_sparse.kernels.nystrom import landmark as kernel
 
 flags.DEFINE_list("kernels", ["few_keys", "few_queries"], "Which kernels to tune.")
 flags.DEFINE_list("nm", ["", "2:4"], "N:M settings ('' = plain).")

@@ -41,7 +41,7 @@ from lra_sparse import config as config_lib
 from lra_sparse import metric_writers
 from lra_sparse import workdir as workdir_lib
 from lra_sparse.attention import AUX_LOSS, AUX_METRICS
-from lra_sparse.attention import common
+from lra_sparse.ops import sharding
 from lra_sparse.data import get_task
 from lra_sparse.data.pipeline import eval_batches, train_dataset
 from lra_sparse.data.registry import PAD_ID, SPLITS, TaskSpec, check_split_arrays
@@ -212,7 +212,7 @@ def make_train_step(model: nn.Module, grad_accum_steps: int = 1):
 
 def in_mesh(step, mesh: Mesh):
   """``step`` called under ``jax.set_mesh(mesh)``: the kernels it traces see the data axis and
-  run once per device on its part of the batch (``attention.common.per_data_shard``)."""
+  run once per device on its part of the batch (``ops.sharding.per_data_shard``)."""
   def call(*args):
     with jax.set_mesh(mesh):
       return step(*args)
@@ -679,8 +679,8 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     raise ValueError(f"config.batch_size={config.batch_size} must be divisible by the "
                      f"{processes}{jax.local_device_count()} local devices x "
                      f"config.optim.grad_accum_steps={accum}")
-  mesh = Mesh(np.array(devices), (common.DATA_AXIS,))
-  batch_sharding = NamedSharding(mesh, PartitionSpec(common.DATA_AXIS))
+  mesh = Mesh(np.array(devices), (sharding.DATA_AXIS,))
+  batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.DATA_AXIS))
   replicated = NamedSharding(mesh, PartitionSpec())
 
   rng = jax.random.key(config.seed)

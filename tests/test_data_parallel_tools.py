@@ -170,7 +170,7 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from lra_sparse import train
 from lra_sparse.attention import dfss
-from lra_sparse.kernels import dfss_reference
+from lra_sparse.kernels.dfss import reference as dfss_reference
 
 seen = []
 class FakeTriton:   # the kernel's contract, the reference's math; records the batch it gets
@@ -222,7 +222,8 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from lra_sparse import train
 from lra_sparse.attention import nystrom
-from lra_sparse.kernels import landmark_attention_pallas as la, pinv_pallas
+from lra_sparse.kernels.nystrom import landmark as la
+from lra_sparse.kernels.nystrom import pinv as pinv_pallas
 
 calls = []
 def spy(name, fn):
@@ -272,7 +273,8 @@ _GRAM_SCRIPT = r"""
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from lra_sparse import train
-from lra_sparse.kernels import dsa_gram, dsa_reference as ref
+from lra_sparse.kernels.dsa import gram as dsa_gram
+from lra_sparse.kernels.dsa import reference as ref
 
 calls = []
 def stand_in(q, k, xp, w_q, w_k, km, ext, has_mask):   # the Gram kernels' sum, in XLA

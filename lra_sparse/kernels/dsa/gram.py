@@ -1,5 +1,5 @@
-"""DSA's L_MSE on the GPU: the Gram form of ``dsa_reference.prediction_mse`` for factored
-predictors, with its forward and backward as Triton kernels (``dsa_gram_kernels``).
+"""DSA's L_MSE on the GPU: the Gram form of ``kernels.dsa.reference.prediction_mse`` for factored
+predictors, with its forward and backward as Triton kernels (``kernels.dsa.gram_kernels``).
 
 Per example and head, with Q~ = (XP) W~q, K~ = (XP) W~k (XP [L, r] shared by the heads; only the
 real rows: padded ones are zero) and the Grams
@@ -27,7 +27,7 @@ else is k x k work in XLA at full fp32 precision.  H100, ListOps shape (32 x 200
 XLA form (the first kernels, which split fp32 tiles in registers and loaded bf16 rows without
 alignment, took 2.24 ms in the same process; ``experiments/dsa_gram_h100.md``).
 
-Nothing here imports triton at module import time (``dfss_launch.launch`` does).
+Nothing here imports triton at module import time (``kernels.shared.prologue.launch`` does).
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from lra_sparse.attention import common
-from lra_sparse.kernels import dsa_reference
-from lra_sparse.kernels.dfss_launch import cdiv, half_parts, key_extent, key_mask, launch
+from lra_sparse.kernels.dsa import reference as dsa_reference
+from lra_sparse.kernels.shared.launch import launch
+from lra_sparse.kernels.shared.prologue import cdiv, half_parts, key_extent, key_mask
+from lra_sparse.ops import sharding
 
 __all__ = ["MAX_RANK", "prediction_mse"]
 
-_MODULE = "dsa_gram_kernels"
 MAX_RANK = 256      # widest XP (predictor rank) the kernels take
 _HI = jax.lax.Precision.HIGHEST
 # (rows per step, warps, stages, column block) of the four kernels (forward Grams of Q / K and
@@ -91,18 +91,19 @@ def _dot(spec, *operands):
 def _grams(x, xp, km, ext, has_mask, exact):
   """(G [b, h, 2, d, d], C [b, h, 2, d, r], GX [b, r, r]) over the real rows (kernels); x the
   (hi, lo) parts of Q and K, xp of XP."""
+  from lra_sparse.kernels.dsa import gram_kernels as kernels  # imports triton
   (qh, ql), (kh, kl) = x
   b, l, h, d = qh.shape
   r = xp[0].shape[-1]
   dw, rw = _width(d), _width(r)
   bl, warps, stages, rb = _tiles("fwd", dw, rw, exact)
-  g, c = launch(_MODULE, "gram_fwd", (qh, ql, kh, kl, *xp, km, ext, l),
+  g, c = launch(kernels.gram_fwd, (qh, ql, kh, kl, *xp, km, ext, l),
                 (jax.ShapeDtypeStruct((b * h, 2, dw, dw), jnp.float32),
                  jax.ShapeDtypeStruct((b * h, 2, dw, rw), jnp.float32)),
                 (2, b * h, rw // rb), num_warps=warps, num_stages=stages, H=h, D0=d, R0=r, D=dw,
                 RP=rw, RB=rb, BL=bl, HAS_MASK=has_mask, X_EXACT=exact)
   bl, warps, stages, rb = _tiles("fwd_xp", dw, rw)
-  (gx,) = launch(_MODULE, "gram_fwd_xp", (*xp, km, ext, l),
+  (gx,) = launch(kernels.gram_fwd_xp, (*xp, km, ext, l),
                  (jax.ShapeDtypeStruct((b, rw, rw), jnp.float32),),
                  (b, rw // rb, rw // rb), num_warps=warps, num_stages=stages, R0=r, RP=rw,
                  RB=rb, BL=bl, HAS_MASK=has_mask)
@@ -139,6 +140,7 @@ def _mse_fwd(q, k, xp, w_q, w_k, km, ext, has_mask):
 
 
 def _mse_bwd(has_mask, res, ct):
+  from lra_sparse.kernels.dsa import gram_kernels as kernels  # imports triton
   x, xps, w_q, w_k, km, ext, g, c, gx, (cq, ck, pq, pk), like_q = res
   (qh, ql), (kh, kl) = x
   b, l, h, d = qh.shape
@@ -153,7 +155,7 @@ def _mse_bwd(has_mask, res, ct):
   m = -s2 * jnp.stack([_dot("hrk,bhdk->bhrd", w_q, ck), _dot("hrk,bhdk->bhrd", w_k, cq)],
                       axis=2)                                                # [b, h, 2, r, d]
   bl, warps, stages, rb = _tiles("bwd_qk", dw, rw, exact)
-  dq, dk = launch(_MODULE, "gram_bwd_qk",
+  dq, dk = launch(kernels.gram_bwd_qk,
                   (qh, ql, kh, kl, *xps, km, ext,
                    *_split(pad(a, dw, dw).reshape(b * h, 2, dw, dw)),
                    *_split(pad(m, rw, dw).reshape(b * h, 2, rw, dw)), l),
@@ -166,7 +168,7 @@ def _mse_bwd(has_mask, res, ct):
   p = -s2 * _dot("bhdk,hrk->bhdr", ck, w_q)                                  # [b, h, d, r]
   rr = -s2 * _dot("bhdk,hrk->bhdr", cq, w_k)
   bl, warps, stages, rb = _tiles("bwd_xp", dw, rw, exact)
-  (dxp,) = launch(_MODULE, "gram_bwd_xp",
+  (dxp,) = launch(kernels.gram_bwd_xp,
                   (qh, ql, kh, kl, *xps, km, ext, *_split(pad(n, rw, rw)),
                    *_split(pad(p, dw, rw).reshape(b * h, dw, rw)),
                    *_split(pad(rr, dw, rw).reshape(b * h, dw, rw)), l),
@@ -185,7 +187,7 @@ _mse.defvjp(_mse_fwd, _mse_bwd)
 
 
 def prediction_mse(q, k, xp, w_q, w_k, mask=None, *, normalization: str = "eq6"):
-  """``lra_sparse.kernels.dsa_reference.prediction_mse(q, k, LowRank(xp, w_q),
+  """``lra_sparse.kernels.dsa.reference.prediction_mse(q, k, LowRank(xp, w_q),
   LowRank(xp, w_k), mask, normalization=...)`` on the GPU kernels: q, k [batch, length,
   heads, head_dim] (float32 / bfloat16 / float16, head_dim <= 128), xp [batch, length, r]
   (float32; r <= 256), w_q, w_k [heads, r, k]; mask bool [batch, length] (None: every token
@@ -213,7 +215,7 @@ def prediction_mse(q, k, xp, w_q, w_k, mask=None, *, normalization: str = "eq6")
     return _mse(q, k, xp, w_q, w_k, km, key_extent(mask, q.shape[0], l), has_mask)[None]
 
   # Sums split over a data-parallel batch: once per device on its shard, then added.
-  total = jnp.sum(common.per_data_shard(shard_total, q, k, xp.astype(jnp.float32), mask,
+  total = jnp.sum(sharding.per_data_shard(shard_total, q, k, xp.astype(jnp.float32), mask,
                                         w_q.astype(jnp.float32), w_k.astype(jnp.float32),
                                         replicated=(4, 5)))
   return dsa_reference.normalize_mse(jnp.maximum(total, 0.0), mask, q.shape, normalization)

@@ -1,11 +1,11 @@
 """DFSS (dynamic N:M sparse attention) on the GPU: Triton kernels called from JAX (jax-triton).
 
 Nothing here imports triton or jax_triton at module import time (CPU installs import this
-module fine); ``dfss_launch.launch`` imports them and the kernel source on first use.
+module fine); ``kernels.shared.prologue.launch`` imports them and the kernel source on first use.
 
-Two implementations share one N:M selection (``dfss_select``):
+Two implementations share one N:M selection (``kernels.dfss.triton_select``):
 
-* ``impl="fused"`` (the default; kernels in ``dfss_fused_kernels``): a flash-style forward that
+* ``impl="fused"`` (the default; kernels in ``kernels.dfss.triton_kernels``): a flash-style forward that
   computes each QK^T tile on the tensor cores, prunes it N:M in registers and runs an online
   softmax over the kept entries only (S and A are never written; only O and a per-row
   log-sum-exp), and a flash-style backward that recomputes the tile, re-applies the same
@@ -14,7 +14,7 @@ Two implementations share one N:M selection (``dfss_select``):
   atomics: S, the pruning and the exponentials once per tile, five products);
   ``deterministic=True`` runs a dK/dV kernel and a separate dQ kernel instead (seven products,
   no atomics, bit-reproducible).
-* ``impl="compressed"``: the paper's 3-kernel pipeline (App. A.1), in ``dfss_compressed``:
+* ``impl="compressed"``: the paper's 3-kernel pipeline (App. A.1), in ``kernels.dfss.compressed``:
   compressed scores + one keep bit per key, a compressed softmax, SpMM; its backward works on
   the compressed form.
 
@@ -22,7 +22,7 @@ Lengths that are not a multiple of the tiles (or of M) are padded internally: ro
 not stored, keys past L are padded keys (-inf, never beat a real key).  A fully padded row gives
 zeros, never NaN.  Layout is jax.nn.dot_product_attention's [batch, length, heads, head_dim],
 read in place (no transposes); batch*heads run in one launch (grid axis 1).  Tile choices:
-``dfss_tiles``.
+``kernels.dfss.tiles``.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from lra_sparse.attention.nm import check_nm
-from lra_sparse.kernels import dfss_compressed
-from lra_sparse.kernels import dfss_dropout
-from lra_sparse.kernels import dfss_tiles
-from lra_sparse.kernels.dfss_compressed import compressed_softmax, sddmm_prune, spmm
-from lra_sparse.kernels.dfss_launch import (cdiv, kernel_head_dim, key_mask, launch,
-                                            operand_reason, padded_rows, row_delta,
-                                            zero_pad_head_dim)
+from lra_sparse.kernels.dfss import compressed as dfss_compressed
+from lra_sparse.kernels.dfss import tiles as dfss_tiles
+from lra_sparse.kernels.dfss.compressed import compressed_softmax, sddmm_prune, spmm
+from lra_sparse.kernels.shared.launch import is_available, launch
+from lra_sparse.kernels.shared.prologue import (cdiv, kernel_head_dim, key_mask, operand_reason,
+                                                padded_rows, row_delta, zero_pad_head_dim)
+from lra_sparse.ops import dropout
+from lra_sparse.ops.nm import check_nm
 
 __all__ = [
     "is_available",
@@ -51,25 +51,10 @@ __all__ = [
     "sddmm_prune",
     "compressed_softmax",
     "spmm",
-    "set_config",
 ]
 
 _SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 _MAX_M = 32  # one keep bit per key in int32 metadata words: a group never straddles two words
-_KERNELS = "dfss_fused_kernels"
-
-
-# ----------------------------------------------------------------------------- availability
-def is_available() -> bool:
-  """True when a GPU backend is present and jax_triton (and triton) import."""
-  try:
-    if not any(d.platform == "gpu" for d in jax.devices()):
-      return False
-    import triton  # noqa: F401
-    import jax_triton  # noqa: F401
-    return True
-  except Exception:  # pragma: no cover - any import / backend failure means "no"
-    return False
 
 
 def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
@@ -94,58 +79,57 @@ def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
   return operand_reason(q, v, k, "the Triton kernel")
 
 
-def set_config(kind: str, dtype, head_dim: int, tiles: Optional[dfss_tiles.Tiles] = None):
-  """Overrides the tiles of a kernel family ('fwd', 'bwd', 'dq', 'cmp') for every M (tuning);
-  tiles=None resets.  See ``dfss_tiles.Tiles``."""
-  dfss_tiles.set_config(kind, jnp.dtype(dtype).name, head_dim, tiles)
-
-
 # ----------------------------------------------------------------------------- fused path
-def _fused_fwd(q, k, v, mask, n, m, poison=False, scale=None, seed=None, drop_t=0):
+def _fused_fwd(q, k, v, mask, n, m, poison=False, scale=None, seed=None, drop_t=0, tiles=None):
   """(O, LSE): the fused forward; LSE is fp32 [batch*heads, LP] (base 2). ``scale``: the
   softmax scale, 1/sqrt(head_dim) unless the head dim was zero-padded (``_attention``).
-  drop_t > 0: attention dropout with threshold drop_t (``dfss_dropout``) and key ``seed``."""
+  drop_t > 0: attention dropout with threshold drop_t (``ops.dropout``) and key ``seed``.
+  tiles: a ``kernels.dfss.tiles.Tiles`` instead of the table's (tuning)."""
+  from lra_sparse.kernels.dfss import triton_kernels as kernels  # imports triton
   b, l, h, d = q.shape
   scale = 1.0 / math.sqrt(d) if scale is None else scale
-  t = dfss_tiles.tiles("fwd", jnp.dtype(q.dtype).name, d, m)
+  t = dfss_tiles.tiles("fwd", jnp.dtype(q.dtype).name, d, m, tiles)
   lp = padded_rows(l)
   km, has_mask = key_mask(mask, b)
   return launch(
-      _KERNELS, "dfss_fwd", (q, k, v, km, dfss_dropout.seed_operand(seed), scale, l, lp, h),
+      kernels.dfss_fwd, (q, k, v, km, dropout.seed_operand(seed), scale, l, lp, h),
       (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b * h, lp), jnp.float32)),
       (cdiv(l, t.bm), b * h), num_warps=t.num_warps, num_stages=t.num_stages, poison=poison,
       D=d, M=m, NKEEP=n, HAS_MASK=has_mask, DROP_T=drop_t, BM=t.bm, BN=t.bn)
 
 
 def _fused_bwd(q, k, v, mask, o, lse, do, n, m, deterministic=False, poison=False,
-               scale=None, seed=None, drop_t=0):
-  """(dQ, dK, dV) of the fused path: one pass (dQ by atomics) unless deterministic."""
+               scale=None, seed=None, drop_t=0, tiles=None, dq_tiles=None):
+  """(dQ, dK, dV) of the fused path: one pass (dQ by atomics) unless deterministic. tiles /
+  dq_tiles: ``kernels.dfss.tiles.Tiles`` of the key-block ("bwd") and dQ kernels instead of
+  the table's (tuning)."""
+  from lra_sparse.kernels.dfss import triton_kernels as kernels  # imports triton
   b, l, h, d = q.shape
   dtype_name = jnp.dtype(q.dtype).name
-  t = dfss_tiles.tiles("bwd", dtype_name, d, m)
+  t = dfss_tiles.tiles("bwd", dtype_name, d, m, tiles)
   km, has_mask = key_mask(mask, b)
   do = do.astype(q.dtype)
   scale = 1.0 / math.sqrt(d) if scale is None else scale
-  args = (q, k, v, km, dfss_dropout.seed_operand(seed), do, lse, row_delta(o, do), scale, l,
+  args = (q, k, v, km, dropout.seed_operand(seed), do, lse, row_delta(o, do), scale, l,
           padded_rows(l), h)
   meta = dict(D=d, M=m, NKEEP=n, HAS_MASK=has_mask, DROP_T=drop_t)
   grid = (cdiv(l, t.bn), b * h)
   if t.onepass and not deterministic:
     dk, dv, dq = launch(
-        _KERNELS, "dfss_bwd_onepass", args,
+        kernels.dfss_bwd_onepass, args,
         (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
          jax.ShapeDtypeStruct(q.shape, jnp.float32)),
         grid, num_warps=t.num_warps, num_stages=t.num_stages, zeroed=(2,), poison=poison,
         BM=t.bm, BN=t.bn, **meta)
     return (dq * scale).astype(q.dtype), dk, dv
   dk, dv = launch(
-      _KERNELS, "dfss_bwd_dkdv", args,
+      kernels.dfss_bwd_dkdv, args,
       (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
       grid, num_warps=t.num_warps, num_stages=t.num_stages, poison=poison,
       BM=t.bm, BN=t.bn, **meta)
-  tq = dfss_tiles.tiles("dq", dtype_name, d, m)
+  tq = dfss_tiles.tiles("dq", dtype_name, d, m, dq_tiles)
   (dq,) = launch(
-      _KERNELS, "dfss_bwd_dq", args, (jax.ShapeDtypeStruct(q.shape, q.dtype),),
+      kernels.dfss_bwd_dq, args, (jax.ShapeDtypeStruct(q.shape, q.dtype),),
       (cdiv(l, tq.bm), b * h), num_warps=tq.num_warps, num_stages=tq.num_stages,
       poison=poison, BM=tq.bm, BN=tq.bn, **meta)
   return dq, dk, dv
@@ -189,13 +173,13 @@ def dfss_attention_triton(q, k, v, *, n: int, m: int, mask=None, impl: str = "fu
   fp16, head_dim <= 128: 16, 32, 64 and 128 run as they are, other head dims zero-padded to
   the next of those on the fused path, exactly; 0 < n < m, m a power of two <= 32), mask: bool
   [batch, length] key padding (True = real token).  Same semantics as
-  ``dfss_reference.dfss_attention_reference``.
+  ``kernels.dfss.reference.dfss_attention_reference``.
   impl: "fused" (flash-style, default) or "compressed" (SDDMM+prune / softmax / SpMM).
   deterministic: the fused backward accumulates dQ with fp32 atomics by default (one pass,
   fastest; the summation order, hence the last bits of dQ, can vary run to run); True uses
   the separate dK/dV and dQ kernels, bit-reproducible and slower.
-  dropout_rate > 0 with dropout_seed (int32 [2], ``dfss_dropout.seed_words``): attention
-  dropout on the kept probabilities, drawn inside the fused kernels (``dfss_dropout`` states
+  dropout_rate > 0 with dropout_seed (int32 [2], ``dropout.seed_words``): attention
+  dropout on the kept probabilities, drawn inside the fused kernels (``ops.dropout`` states
   the rule; its ``dropout_multiplier`` gives the same mask in JAX).
   Raises ValueError(``unsupported_reason(q, v, n, m, k=k)``) for operands the kernels do not
   handle."""
@@ -206,7 +190,7 @@ def dfss_attention_triton(q, k, v, *, n: int, m: int, mask=None, impl: str = "fu
 def _attention(q, k, v, *, n, m, mask=None, impl="fused", deterministic=False, poison=False,
                dropout_rate=0.0, dropout_seed=None):
   """dfss_attention_triton; poison=True (tests) pre-fills every kernel output with NaN so that
-  an element a kernel does not write shows up (``dfss_launch.launch``)."""
+  an element a kernel does not write shows up (``kernels.shared.prologue.launch``)."""
   reason = unsupported_reason(q, v, n, m, k=k)
   if reason is not None:
     raise ValueError(reason)
@@ -217,9 +201,9 @@ def _attention(q, k, v, *, n, m, mask=None, impl="fused", deterministic=False, p
     if mask.shape != q.shape[:2]:
       raise ValueError(f"mask must be [batch, length] = {q.shape[:2]}, got {mask.shape}")
     mask = mask.astype(bool)
-  if dfss_dropout.threshold(dropout_rate) and impl != "fused":
+  if dropout.threshold(dropout_rate) and impl != "fused":
     raise ValueError("attention dropout runs on impl='fused' only")
-  drop_t, seed = dfss_dropout.checked_seed(dropout_rate, dropout_seed)
+  drop_t, seed = dropout.checked_seed(dropout_rate, dropout_seed)
   head_dim = q.shape[-1]
   kernel_dim = kernel_head_dim(head_dim, _SUPPORTED_HEAD_DIMS)
   if kernel_dim == head_dim:

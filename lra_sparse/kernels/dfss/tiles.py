@@ -3,7 +3,7 @@
 Kernel families: "fwd" (fused forward), "bwd" (fused backward over key blocks: one pass with dQ
 by atomics, or the dK/dV kernel of the deterministic pair), "dq" (the deterministic dQ kernel)
 and "cmp" (every kernel of the compressed pipeline).  Chosen on the H100 / from ptxas register
-and spill reports for sm_90a (experiments/kernels_tuning_h100.md).
+and spill reports for sm_90a (the Triton kernels' tuning report).
 """
 
 from __future__ import annotations
@@ -81,31 +81,20 @@ _PER_M = {
     ("dq", "f32", 128, 8): Tiles(64, 128, 4, 1),
 }
 
-_OVERRIDE: dict = {}
-
-
 def dtype_class(dtype_name: str) -> str:
   """'f32' for float32, 'half' for bfloat16 / float16."""
   return "f32" if dtype_name == "float32" else "half"
 
 
-def set_config(kind: str, dtype_name: str, head_dim: int,
-               tiles: Optional[Tiles] = None) -> None:
-  """Overrides the tiles of a kernel family for all M (tuning); tiles=None resets."""
-  key = (kind, dtype_class(dtype_name), head_dim)
-  if tiles is None:
-    _OVERRIDE.pop(key, None)
-  else:
-    _OVERRIDE[key] = tiles
-
-
-def tiles(kind: str, dtype_name: str, head_dim: int, m: int) -> Tiles:
-  """The launch tiles of a kernel family for dtype / head_dim / M.
+def tiles(kind: str, dtype_name: str, head_dim: int, m: int,
+          override: Optional[Tiles] = None) -> Tiles:
+  """The launch tiles of a kernel family for dtype / head_dim / M: ``override`` when given
+  (tuning), else the tables above.
 
   BN is raised to at least 16*M (every sub-tile product has >= 16 keys) and, for the
   compressed kernels, to a whole metadata word (32 keys).
   """
   key = (kind, dtype_class(dtype_name), head_dim)
-  t = _OVERRIDE.get(key) or _PER_M.get(key + (m,)) or _DEFAULT.get(key) or _DEFAULT[
+  t = override or _PER_M.get(key + (m,)) or _DEFAULT.get(key) or _DEFAULT[
       (kind, key[1], 64)]
   return dataclasses.replace(t, bn=max(t.bn, 16 * m, META_BITS if kind == "cmp" else 0))

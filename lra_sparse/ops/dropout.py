@@ -5,7 +5,7 @@ Dropout acts on the kept probabilities after the softmax, A <- A * Z / (1 - rate
 Bernoulli(1 - rate) mask, as the pure-JAX path of every kind does.  The fused kernels never
 store A, so the forward and the backward must draw the same Z from scratch: Z is a function of
 (seed, batch*head, query row, key) only, never of tile sizes or launch order, and this module
-computes exactly the Z the kernels compute (``dfss_dropout_kernels`` for Triton; ``dfss_mgpu``
+computes exactly the Z the kernels compute (``kernels.shared.philox`` for Triton; ``kernels.dfss.mosaic``
 runs ``philox_rounds`` itself, in registers), so the pure-JAX path and the kernels drop the
 same entries for the same seed.
 
@@ -128,7 +128,7 @@ def philox_rounds(c0, c1, c2, c3, keys, mulhilo=mulhilo_limbs):
   """The rounds of Philox-4x32 on uint32 counter arrays of one shape, ``keys`` the schedule
   (``round_keys``); ``mulhilo(a, b)`` gives the (high, low) halves of a * b. The Mosaic GPU
   kernels call this in registers with the schedule computed outside the kernel (and, as an
-  option, the high halves as one 64-bit product each: ``dfss_mgpu._mulhilo_wide``)."""
+  option, the high halves as one 64-bit product each: ``kernels.dfss.mosaic._mulhilo_wide``)."""
   for k0, k1 in keys:
     hi_b, lo_b = mulhilo(_MUL_B, c2)
     hi_a, lo_a = mulhilo(_MUL_A, c0)

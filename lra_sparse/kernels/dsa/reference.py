@@ -1,4 +1,4 @@
-"""DSA selection and attention in pure JAX: the reference the Triton kernels (``dsa_triton``)
+"""DSA selection and attention in pure JAX: the reference the Triton kernels (``kernels.dsa.triton``)
 are tested against, and the path that runs everywhere else.
 
 The selection rule (one rule for both paths)
@@ -41,8 +41,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from lra_sparse.kernels import dfss_dropout
-from lra_sparse.kernels.dfss_launch import extent
+from lra_sparse.kernels.shared.prologue import extent
+from lra_sparse.ops import dropout, softmax
 
 QMAX = 127            # int8 range of the selection operands
 CODE_LEVELS = 256     # top-k ranks an 8-bit code of each row's scores
@@ -291,17 +291,16 @@ def attention_under_keep(q, k, v, keep, *, dropout_rate: float = 0.0, dropout_se
                          scores=None):
   """softmax(S over ``keep`` [batch, heads, L, L]) V with S = Q K^T / sqrt(d); a row that keeps
   nothing gives zeros.  ``keep`` must already exclude padded keys.  dropout_rate > 0 with
-  dropout_seed (int32 [2], ``dfss_dropout.seed_words``): attention dropout on the kept
-  probabilities by the kernels' per-key rule (``dfss_dropout.key_multiplier``), so this path
-  and ``dsa_triton`` drop the same entries for the same seed."""
-  from lra_sparse.attention import common  # pylint: disable=import-outside-toplevel
+  dropout_seed (int32 [2], ``dropout.seed_words``): attention dropout on the kept
+  probabilities by the kernels' per-key rule (``dropout.key_multiplier``), so this path
+  and ``kernels.dsa.triton`` drop the same entries for the same seed."""
   if scores is None:
-    scores = common.attention_scores(q, k)
-  probs = common.masked_softmax(jnp.where(keep, scores, -jnp.inf), keep)
-  if dfss_dropout.checked_seed(dropout_rate, dropout_seed)[0]:
+    scores = softmax.attention_scores(q, k)
+  probs = softmax.masked_softmax(jnp.where(keep, scores, -jnp.inf), keep)
+  if dropout.checked_seed(dropout_rate, dropout_seed)[0]:
     b, h, rows, keys = probs.shape
-    probs = probs * dfss_dropout.key_multiplier(dropout_seed, b, h, rows, keys, dropout_rate)
-  return common.attend(probs, v, q.dtype)
+    probs = probs * dropout.key_multiplier(dropout_seed, b, h, rows, keys, dropout_rate)
+  return softmax.attend(probs, v, q.dtype)
 
 
 def _gram_precision():
@@ -414,3 +413,77 @@ def unpack_bits(words, length: int):
   u = jax.lax.bitcast_convert_type(words, jnp.uint32)
   bits = (u[..., None] >> jnp.arange(32, dtype=jnp.uint32)) & 1
   return bits.reshape(words.shape[:-1] + (-1,))[..., :length].astype(bool)
+
+
+# ----------------------------------------------------------------------------- predictor and analysis
+def fake_quantize(x, bits: int, valid=None):
+  """Symmetric per-tensor fake quantisation to ``bits`` (0 = identity), straight-through.
+
+  ``valid`` (broadcastable bool) restricts the entries that set the scale (real tokens).
+  """
+  if bits == 0:
+    return x
+  levels = 2 ** (bits - 1) - 1          # INT2 -> {-1, 0, 1}, INT4 -> [-7, 7], INT8 -> [-127, 127]
+  magnitude = jnp.abs(x) if valid is None else jnp.where(valid, jnp.abs(x), 0.0)
+  scale = jax.lax.stop_gradient(jnp.max(magnitude)) / levels
+  scale = jnp.where(scale > 0, scale, 1.0)
+  quantized = jnp.clip(jnp.round(x / scale), -levels, levels) * scale
+  return x + jax.lax.stop_gradient(quantized - x)
+
+
+def predicted_mask(predicted_scores, *, mask=None, sparsity: float = 0.9, vector: int = 1,
+                   selection: str = "topk", threshold: float = 0.0,
+                   topk_algorithm: Optional[str] = None):
+  """A DSA-style mask from a float score matrix S~ [batch, heads, L, L] (bool, same shape;
+  padded keys never kept), for analysis (``lra_sparse.analysis.dsa_ticket``): the top-k or
+  threshold of the float scores themselves.  The core ranks int8-rounded predictor operands
+  instead (``kernels.dsa.reference``), so on near-ties the two can keep different keys."""
+  batch, heads, length, _ = predicted_scores.shape
+  scores = jax.lax.stop_gradient(predicted_scores.astype(jnp.float32))
+  if vector > 1:
+    if length % vector:
+      raise ValueError(f"sequence length {length} is not a multiple of the column-vector "
+                       f"size {vector}")
+    rows = (jnp.ones((batch, length), jnp.float32) if mask is None
+            else mask.astype(jnp.float32))
+    rows = rows.reshape(batch, 1, length // vector, vector, 1)
+    grouped = scores.reshape(batch, heads, length // vector, vector, length)
+    scores = (jnp.sum(grouped * rows, axis=3)
+              / jnp.maximum(jnp.sum(rows, axis=3), 1.0))          # [b, h, L/V, L]
+  if mask is not None:
+    scores = jnp.where(mask[:, None, None, :], scores, -jnp.inf)
+  if selection == "topk":
+    keep = topk_mask(scores, keep_counts(mask, sparsity, length), algorithm=topk_algorithm,
+                     max_keep=static_keep(sparsity, length))
+  elif selection == "threshold":
+    keep = scores >= threshold
+  else:
+    raise ValueError(f"unknown DSA selection {selection!r}; choose 'topk' or 'threshold'")
+  if vector > 1:
+    keep = jnp.repeat(keep, vector, axis=2)
+  if mask is not None:
+    keep = keep & mask[:, None, None, :]
+  return keep
+
+
+def hit_rate(predicted_bits, oracle_bits, *, mask=None, vector: int = 1):
+  """Share of predicted keys (over real query rows) that the oracle (the same rule on the real
+  scores, one row at a time) keeps too.  Bits as ``kernels.dsa.triton.select_bits`` returns them:
+  predicted [batch, heads, L / vector, W], oracle [batch, heads, L, W]."""
+  rows = jnp.repeat(predicted_bits, vector, axis=2)
+  if mask is not None:
+    rows = jnp.where(mask[:, None, :, None], rows, 0)
+  count = lambda x: jnp.sum(jax.lax.population_count(x), dtype=jnp.float32)  # noqa: E731
+  return count(rows & oracle_bits) / jnp.maximum(count(rows), 1.0)
+
+
+def oracle_topk_mask(scores, *, mask=None, sparsity: float):
+  """Exact top-k of float scores S per row, the same counts as the predictor (analysis: the
+  float oracle of a score matrix)."""
+  length = scores.shape[-1]
+  scores = jax.lax.stop_gradient(scores.astype(jnp.float32))
+  if mask is not None:
+    scores = jnp.where(mask[:, None, None, :], scores, -jnp.inf)
+  keep = topk_mask(scores, keep_counts(mask, sparsity, length),
+                   max_keep=static_keep(sparsity, length))
+  return keep if mask is None else keep & mask[:, None, None, :]

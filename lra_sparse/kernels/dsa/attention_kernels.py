@@ -25,7 +25,7 @@ zeros.  Padded rows' outputs reach no loss in a masked model, so forward and bac
 what the real lengths need.
 
 Attention dropout (DROP_T > 0, Philox key in SEED): the kept probabilities are multiplied by
-Z / (1 - rate), Z drawn per (batch*head, query row, key) by ``dfss_dropout``'s per-key rule
+Z / (1 - rate), Z drawn per (batch*head, query row, key) by ``ops.dropout``'s per-key rule
 (``dropout.key_draws``), so the backward draws the same Z again: O = (P * Z) V / (1 - rate),
 dV = (P * Zs)^T dO, dS = P * (Zs * dP - delta) with Zs = Z / (1 - rate); delta = rowsum(dO * O)
 is unchanged (the dropped O's).  The softmax normaliser sums the undropped P.
@@ -39,7 +39,7 @@ nothing (all keys padded) gives O = 0, LSE = +inf and zero gradients.
 import triton
 import triton.language as tl
 
-from lra_sparse.kernels import dfss_dropout_kernels as dropout
+from lra_sparse.kernels.shared import philox as dropout
 
 NEG_INF = tl.constexpr(float("-inf"))
 POS_INF = tl.constexpr(float("inf"))

@@ -1,5 +1,5 @@
 """DSA selection kernel (Triton source): the predictor's integer scores s = q8 k8^T, each row's
-kept keys, written as one bit per (row group, key).  The rule is ``dsa_reference``'s.
+kept keys, written as one bit per (row group, key).  The rule is ``kernels.dsa.reference``'s.
 
 Layout: Q8 int8 [batch*heads, G, KP] (G row groups), K8 int8 [batch*heads, L, KP], KM the
 key-padding mask int32 [batch, L], EXT int32 [batch] (one past each example's last real key;
@@ -10,7 +10,7 @@ j // 32 says whether the row group keeps key j.
 Every pass reads the key tiles below EXT only: the keys past it are padded, never valid, so
 the row's lo / hi, counts and bits are those of all L keys; the bits of the tiles past EXT are
 stored as zero words.  Row groups that start at or past EXT are trailing padding and keep
-nothing (``dsa_reference.reference_select``): a program whose groups all are runs no pass.
+nothing (``kernels.dsa.reference.reference_select``): a program whose groups all are runs no pass.
 
 s is recomputed on the int8 tensor cores in every pass instead of being stored: nothing of
 size L x L is ever written but the bits.  top-k runs four passes over the row's keys:
@@ -24,9 +24,9 @@ size L x L is ever written but the bits.  top-k runs four passes over the row's 
 
 ``dsa_compact`` turns the bits into one key list per block of query rows (the union of the
 block's row groups' kept keys, each with the groups that keep it), which the gathered forward
-(``dsa_attention_kernels.dsa_fwd_gather``) reads instead of every key tile.
+(``kernels.dsa.attention_kernels.dsa_fwd_gather``) reads instead of every key tile.
 
-This module imports triton: the launchers in ``dsa_triton`` import it on first use.
+This module imports triton: the launchers in ``kernels.dsa.triton`` import it on first use.
 """
 
 import triton

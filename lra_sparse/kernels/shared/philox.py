@@ -1,6 +1,6 @@
-"""Triton device functions of DFSS attention dropout: the draws of ``dfss_dropout``.
+"""Triton device functions of DFSS attention dropout: the draws of ``ops.dropout``.
 
-The mask Z is the one ``dfss_dropout.dropout_multiplier`` computes in JAX (its docstring states
+The mask Z is the one ``ops.dropout.dropout_multiplier`` computes in JAX (its docstring states
 the rule): Philox-4x32 with counter (group, query row, batch*heads + head, t // 4) and the seed
 as key gives word t of a (row, group); the kept member of rank j in its group reads 16-bit half
 j % 2 of word j // 2 and survives when that half is >= T.  Tiles are [rows, groups] of one key
@@ -25,7 +25,7 @@ def seed_key(SEED):
 
 @triton.jit
 def kept_scale(T: tl.constexpr):
-  """The factor of a surviving probability, 1 / (1 - T / 2^16) (``dfss_dropout.keep_scale``)."""
+  """The factor of a surviving probability, 1 / (1 - T / 2^16) (``ops.dropout.keep_scale``)."""
   return 65536.0 / (65536 - T)
 
 
@@ -88,7 +88,7 @@ def survivors(keep, words, T: tl.constexpr):
 def key_draws(k0, k1, bh, rows, start, BN: tl.constexpr, TRANSPOSE: tl.constexpr):
   """uint32 16-bit draws of every key of the block at ``start`` (BN keys, a multiple of 8):
   [BM, BN], or [BN, BM] with TRANSPOSE.  Key j is member j % 8 of group j // 8 with all eight
-  members ranked (``dfss_dropout.key_multiplier``): half j % 2 of word (j % 8) // 2."""
+  members ranked (``ops.dropout.key_multiplier``): half j % 2 of word (j % 8) // 2."""
   G: tl.constexpr = BN // 8
   w = block_words(k0, k1, bh, rows, start, 8, G, 8, TRANSPOSE)   # 4 tiles [BM, G] / [G, BM]
   slot = tl.arange(0, 8)

@@ -5,7 +5,7 @@ A key block of BN keys is handled as M sub-tiles of G = BN/M keys: sub-tile i ho
 sub-tile is its own tensor-core product, so the M members of every group sit at the same
 position of the M score tiles, and the N:M choice is elementwise across a tuple of M tiles.
 
-Selection rule (the one of ``lra_sparse.attention.nm.nm_mask``): in each group of M scores keep
+Selection rule (the one of ``lra_sparse.ops.nm.nm_mask``): in each group of M scores keep
 the N largest; a member beats another when it is greater, or equal with a lower index.  Padded
 keys score -inf and so never beat a real key.
 

@@ -1,16 +1,16 @@
 """DSA's L_MSE from Gram matrices (Triton source): one pass over Q, K and X P forward, one
 backward, over the real rows only.
 
-With Q~_h = (X P) W~q_h, K~_h = (X P) W~k_h (``dsa_gram`` has the algebra):
+With Q~_h = (X P) W~q_h, K~_h = (X P) W~k_h (``kernels.dsa.gram`` has the algebra):
 
     forward   G_h = X_h^T X_h, C_h = X_h^T (X P)   for X = Q and X = K, per (example, head)
               GX  = (X P)^T (X P)                    per example
     backward  dX_h  = X_h A_h + (X P) M_h           for X = Q and X = K
               d(X P) = (X P) N + sum_h (Q_h P_h + K_h R_h)
 
-The small matrices A, M, N, P, R come from the Grams (XLA, ``dsa_gram``).  Every product runs
+The small matrices A, M, N, P, R come from the Grams (XLA, ``kernels.dsa.gram``).  Every product runs
 on the bf16 tensor cores with fp32 accumulation; an fp32 operand arrives split as hi + lo, two
-bf16 arrays that ``dsa_gram`` makes once in XLA (about 16 bits of mantissa; L_MSE needs about
+bf16 arrays that ``kernels.dsa.gram`` makes once in XLA (about 16 bits of mantissa; L_MSE needs about
 fp32 accuracy because its terms cancel when S~ ~ S), and a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi
 (XLA's BF16_BF16_F32_X3).  A bf16 operand is exact in its hi part (X_EXACT: Q and K in bf16,
 the model's usual case), which saves its lo passes.  Every operand is bf16 in memory, so the
@@ -29,7 +29,7 @@ with them the row strides are known multiples of 8 elements, so the bf16 tiles l
 vectors and the loops' loads go through asynchronous copies (runtime strides allowed neither).
 The small matrices come padded to D / RP, as hi and lo.  Columns of width RP are handled in
 blocks of RB (a grid axis, or a loop over the contraction) to bound the registers.  This module
-imports triton: ``dsa_gram`` launches it.
+imports triton: ``kernels.dsa.gram`` launches it.
 """
 
 import triton

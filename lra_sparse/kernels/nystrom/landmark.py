@@ -48,8 +48,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_sparse.attention.nm import check_nm, nm_mask
-from lra_sparse.kernels.dfss_launch import kernel_head_dim, zero_pad_head_dim
+from lra_sparse.ops.nm import check_nm, nm_mask
+from lra_sparse.kernels.shared.prologue import kernel_head_dim, zero_pad_head_dim
 
 # Tiles: the fastest at the ListOps shape (benchmarks/tune_landmark_attention.py; F (.): of
 # ROWS 64 / 128 x warps 4 / 8 x BWD_BLOCKS 2 / 4 / 8 on an H200, experiments/
@@ -433,7 +433,7 @@ def _pow2(x: int) -> bool:
 
 def _widened(scale, head_dim: int, *arrays):
   """(scale, arrays zero-padded to the kernels' head dim): the scale stays the true head dim's
-  (``dfss_launch.zero_pad_head_dim``: zero columns add nothing to q k^T, and the output's
+  (``kernels.shared.prologue.zero_pad_head_dim``: zero columns add nothing to q k^T, and the output's
   padded columns are zero, sliced off by the caller)."""
   scale = float(head_dim ** -0.5 if scale is None else scale)
   width = kernel_head_dim(head_dim, HEAD_DIMS)

@@ -1,13 +1,11 @@
-"""Launching the Triton kernels (DFSS, DSA) from JAX (jax-triton), and helpers shared by the
-wrappers.
+"""What every kernel wrapper does before a launch (Triton, Pallas and Mosaic GPU alike):
+operand checks, head-dim padding, key extents and masks, the softmax backward's row term.
 
-Nothing here imports triton or jax_triton at module import time: ``launch`` imports them and the
-kernel source modules on first use.
+Plain JAX: nothing here imports triton, jax_triton or Pallas.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Optional
 
 import jax
@@ -104,37 +102,3 @@ def row_delta(o, do):
   dl = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)  # [B, L, H]
   dl = jnp.transpose(dl, (0, 2, 1)).reshape(b * h, l)
   return jnp.pad(dl, ((0, 0), (0, padded_rows(l) - l)))
-
-
-def launch(module: str, kernel: str, args, out_shapes, grid, *, num_warps: int, num_stages: int,
-           zeroed=(), poison=False, poisoned_module: str = "dfss_poisoned_kernels",
-           **constexprs):
-  """Runs ``lra_sparse.kernels.<module>.<kernel>`` through jax_triton.triton_call.
-
-  args: the kernel's operands in its parameter order (arrays and runtime scalars; Python
-  floats go as fp32), then the outputs out_shapes follow, then the constexprs.  Outputs listed
-  in ``zeroed`` (indices into out_shapes) are zeroed before the launch (atomic accumulators).
-  poison=True (tests) runs ``<kernel>_poisoned`` from ``poisoned_module`` instead, with
-  every other output pre-filled with NaN (int32: -1) and aliased in, so an element the kernel
-  does not write shows up in the result.
-  """
-  import jax_triton as jt  # pylint: disable=import-outside-toplevel
-
-  # jax-triton 0.3.1 types a Python float as fp64
-  args = [np.float32(a) if isinstance(a, float) else a for a in args]
-  fills, aliases = [], {}
-  if poison:
-    fn = getattr(importlib.import_module(f"lra_sparse.kernels.{poisoned_module}"),
-                 kernel + "_poisoned")
-    n_arrays = sum(not isinstance(a, (int, np.floating)) for a in args)  # aliases count arrays
-    for j, s in enumerate(out_shapes):
-      if j not in zeroed:
-        aliases[n_arrays + len(fills)] = j
-        fill = jnp.nan if jnp.issubdtype(s.dtype, jnp.floating) else -1
-        fills.append(jnp.full(s.shape, fill, s.dtype))
-  else:
-    fn = getattr(importlib.import_module(f"lra_sparse.kernels.{module}"), kernel)
-  return jt.triton_call(
-      *args, *fills, kernel=fn, out_shape=out_shapes, grid=grid, num_warps=num_warps,
-      num_stages=num_stages, input_output_aliases=aliases or None,
-      zeroed_outputs=tuple(zeroed), **constexprs)

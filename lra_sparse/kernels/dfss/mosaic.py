@@ -1,7 +1,7 @@
 """DFSS (dynamic N:M sparse attention) on Hopper: Pallas Mosaic GPU kernels, forward and backward.
 
-Same semantics as ``dfss_reference.dfss_attention_reference`` (and the Triton kernels in
-``dfss_triton``): S = Q K^T / sqrt(d), padded keys never beat real ones, in every group of M
+Same semantics as ``kernels.dfss.reference.dfss_attention_reference`` (and the Triton kernels in
+``kernels.dfss.triton``): S = Q K^T / sqrt(d), padded keys never beat real ones, in every group of M
 consecutive keys the N largest scores are kept (ties to the lower index), softmax over the kept
 entries, O = P V; a row with no real key gives zeros.
 
@@ -40,7 +40,7 @@ tiles while two compute warpgroups each own 64 query rows):
   the real lengths need (``_backward_steps``); the forward still computes padded query rows,
   whose outputs the semantics define.
 
-* Attention dropout (rate > 0 with a seed): the mask ``dfss_dropout`` defines, the one the
+* Attention dropout (rate > 0 with a seed): the mask ``ops.dropout`` defines, the one the
   Triton kernels and the pure-JAX path apply for the same seed, drawn in registers by each of
   the three kernels (``_dropout_multiplier``: Philox-4x32-7 per (query row, key group) in the
   layout of the member slices, the key schedule read from memory; ``Tiles.wide_products``
@@ -65,12 +65,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lra_sparse.attention import nm as nm_rule
-from lra_sparse.attention.nm import check_nm
-from lra_sparse.kernels import dfss_dropout
-from lra_sparse.kernels import dfss_launch
-from lra_sparse.kernels.dfss_launch import extent as _extent
-from lra_sparse.kernels.dfss_launch import zero_pad_head_dim
+from lra_sparse.kernels.shared import prologue
+from lra_sparse.kernels.shared.prologue import extent as _extent
+from lra_sparse.kernels.shared.prologue import zero_pad_head_dim
+from lra_sparse.ops import dropout
+from lra_sparse.ops import nm as nm_rule
+from lra_sparse.ops.nm import check_nm
 
 PERM_BLOCK = 64          # keys are permuted within blocks of this many
 MASKED = -float(2**25)   # bias of a padded key (finite and moderate: see the module docstring)
@@ -124,7 +124,7 @@ def _is_hopper(device) -> bool:
 
 def kernel_head_dim(head_dim: int) -> Optional[int]:
   """The head dim the kernels run for ``head_dim`` (zero-padded up to it), None above 128."""
-  return dfss_launch.kernel_head_dim(head_dim, SUPPORTED_HEAD_DIMS)
+  return prologue.kernel_head_dim(head_dim, SUPPORTED_HEAD_DIMS)
 
 
 def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
@@ -252,7 +252,7 @@ def _add_key_bias(s, key_bias, *, exact_ties: bool):
   with dropout) a padded key scores exactly MASKED, s * (1 + bias / 2^25) + bias (one fused
   multiply-add; the factor is exactly 1 or 0): padded keys then tie as the reference's -inf
   ones do, so N:M keeps the same padded members (the lowest-indexed) and every kept member
-  gets the same rank, hence the same dropout draw, as in ``dfss_dropout``. Without dropout
+  gets the same rank, hence the same dropout draw, as in ``ops.dropout``. Without dropout
   which padded members are kept changes nothing (their probability is 0)."""
   if not exact_ties:
     return s + lax.broadcast_in_dim(key_bias, s.shape, [1])
@@ -265,11 +265,11 @@ def _mulhilo_wide(a: int, b):
   """(high, low) 32-bit halves of a * b for a constant a and b uint32: on a register array (the
   WGMMA layout), the high half is one 64-bit product of the zero-extended words (which ptxas
   makes a single mul.wide.u32) inlined as Mosaic GPU code, the low half Pallas' 32-bit product;
-  on a scalar, ``dfss_dropout``'s 16-bit limbs. Uniform arrays (a splat layout) must not reach
+  on a scalar, ``ops.dropout``'s 16-bit limbs. Uniform arrays (a splat layout) must not reach
   it: the inlined code takes the WGMMA layout, and a splat cast to it failed to compile (LLVM
   "unrealized_conversion_cast", H100, jax 0.11.2), so the uniform counters stay scalars."""
   if jnp.ndim(b) == 0:
-    return dfss_dropout.mulhilo_limbs(a, b)
+    return dropout.mulhilo_limbs(a, b)
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   from jax._src.lib.mlir import ir  # pylint: disable=import-outside-toplevel
   from jax._src.lib.mlir.dialects import arith  # pylint: disable=import-outside-toplevel
@@ -297,14 +297,14 @@ def _mulhilo_wide(a: int, b):
 
 
 def _dropout_multiplier(s, rows, first_group, bh, keys, n: int, m: int, t: int,
-                        mulhilo=dfss_dropout.mulhilo_limbs):
+                        mulhilo=dropout.mulhilo_limbs):
   """f32 [rows, cols]: Z / (1 - rate) of every entry of the pruned score tile ``s`` (keys
-  permuted, -inf where pruned), 0 where dropped; the rule of ``dfss_dropout`` (the mask the
+  permuted, -inf where pruned), 0 where dropped; the rule of ``ops.dropout`` (the mask the
   Triton kernels and the pure-JAX path apply for the same seed).
 
   ``rows`` (uint32, the tile's query rows, [rows, 64/M]), ``first_group`` (int32, the tile's
   first key over M) and ``bh`` (int32, batch * heads + head) give the Philox counters (group,
-  row, bh, 0), ``keys`` the seed's Philox key schedule (``dfss_dropout.round_keys``, computed
+  row, bh, 0), ``keys`` the seed's Philox key schedule (``dropout.round_keys``, computed
   once outside the kernel, its uint32 scalars read from memory). The two uniform counters stay
   scalars (in round 1 their product is a scalar's, and what they give later is XORed into
   arrays); ``mulhilo`` computes the products (``_mulhilo_wide`` in the kernels). Column c of
@@ -319,13 +319,13 @@ def _dropout_multiplier(s, rows, first_group, bh, keys, n: int, m: int, t: int,
   # bh >= 0, so a conversion is its bit pattern; a scalar must not go through bitcast_convert
   # (Mosaic GPU's warpgroup lowering makes it a 0-d vector, which fails: jax 0.11.2, H100).
   head, counter3 = bh.astype(jnp.uint32), jnp.uint32(0)
-  words_needed = dfss_dropout.words_per_group(n)
-  scale = jnp.float32(dfss_dropout.keep_scale(t))
+  words_needed = dropout.words_per_group(n)
+  scale = jnp.float32(dropout.keep_scale(t))
   zero, one = jnp.zeros((), jnp.float32), jnp.ones((), jnp.float32)
   pieces = []
   for block in range(s.shape[1] // PERM_BLOCK):
     group = as_u32(column + (first_group + block * width))
-    words = dfss_dropout.philox_rounds(group, rows, head, counter3, keys,
+    words = dropout.philox_rounds(group, rows, head, counter3, keys,
                                        mulhilo=mulhilo)[:words_needed]
     # the multiplier of the kept member of rank r: half r % 2 of word r // 2, kept when >= T
     by_rank = []
@@ -378,10 +378,10 @@ def _dropout_draws(seed_ref, t, n, m, heads, wide_products: bool):
     shape = (s.shape[0], PERM_BLOCK // m)
     rows = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA) + first_row
     bh = lax.axis_index("batch") * heads + lax.axis_index("heads")
-    keys = [(seed_ref[2 * r], seed_ref[2 * r + 1]) for r in range(dfss_dropout.ROUNDS)]
+    keys = [(seed_ref[2 * r], seed_ref[2 * r + 1]) for r in range(dropout.ROUNDS)]
     return _dropout_multiplier(s, lax.bitcast_convert_type(rows, jnp.uint32), first_group,
                                bh, keys, n, m, t,
-                               _mulhilo_wide if wide_products else dfss_dropout.mulhilo_limbs)
+                               _mulhilo_wide if wide_products else dropout.mulhilo_limbs)
 
   return draw
 
@@ -392,7 +392,7 @@ def _forward(q, k, v, bias, steps, seed, *, n: int, m: int, scale: float, tiles:
   bias (f32 [B, L] or None); L a multiple of 2 * block_q and of block_kv. With a bias,
   ``steps`` (int32 [B]) is the number of key tiles each example needs (those up to its last
   real key): later tiles are all padding and are neither loaded nor computed. With ``t`` > 0
-  (``dfss_dropout.threshold``), attention dropout by the seed (uint32 [2]): the normalizer and
+  (``dropout.threshold``), attention dropout by the seed (uint32 [2]): the normalizer and
   the LSE are those of the kept probabilities before dropout, O = (A * Z / (1 - rate)) V."""
   from jax.experimental import pallas as pl  # pylint: disable=import-outside-toplevel
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
@@ -822,7 +822,7 @@ def _kernel_seed(seed):
   if seed is None:
     return None
   words = lax.bitcast_convert_type(seed, jnp.uint32)
-  return jnp.stack([k for pair in dfss_dropout.round_keys(words[0], words[1]) for k in pair])
+  return jnp.stack([k for pair in dropout.round_keys(words[0], words[1]) for k in pair])
 
 
 def _attn_fwd(q, k, v, mask, seed, n, m, scale, tiles, t):
@@ -861,13 +861,13 @@ def dfss_attention_mgpu(q, k, v, *, n: int, m: int, mask=None,
   next with the true head dim's softmax scale, exactly), mask: bool [batch, length] key
   padding (True = real).
   Attention dropout: rate in [0, 1) and, when > 0, ``dropout_seed`` (int32 [2],
-  ``dfss_dropout.seed_words``): the mask ``dfss_dropout`` defines, the same as the Triton
+  ``dropout.seed_words``): the mask ``ops.dropout`` defines, the same as the Triton
   kernels and the pure-JAX path draw for that seed.
   Raises ValueError(``unsupported_reason``) for operands the kernels do not handle."""
   reason = unsupported_reason(q, v, n, m, k=k)
   if reason is not None:
     raise ValueError(reason)
-  t, seed = dfss_dropout.checked_seed(dropout_rate, dropout_seed)
+  t, seed = dropout.checked_seed(dropout_rate, dropout_seed)
   if mask is not None:
     mask = jnp.asarray(mask)
     if mask.shape != q.shape[:2]:

@@ -3,8 +3,8 @@
 Semantics (the same as ``lra_sparse.attention.dfss``; 0 < n <= m, n == m keeps every key):
   S = Q K^T / sqrt(d); padded keys -> -inf.  In every group of ``m`` consecutive keys
   of a row keep the ``n`` largest (signed; ties go to the LOWER index; padded keys
-  never beat real ones; ``lra_sparse.attention.nm.nm_mask``); softmax over the kept
-  entries only (``lra_sparse.attention.common.masked_softmax``); O = A V.  A row (or a
+  never beat real ones; ``lra_sparse.ops.nm.nm_mask``); softmax over the kept
+  entries only (``lra_sparse.ops.softmax.masked_softmax``); O = A V.  A row (or a
   group) with nothing real in it yields zeros, never NaN.  Gradients are those of the
   masked softmax (pruned entries get zero gradient).
 
@@ -24,15 +24,16 @@ elementwise comparisons.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lra_sparse.attention.common import attention_scores, masked_softmax
-from lra_sparse.attention.nm import check_nm, nm_mask
-from lra_sparse.kernels import dfss_dropout
+from lra_sparse.ops import dropout
+from lra_sparse.ops.nm import check_nm, nm_mask
+from lra_sparse.ops.softmax import attend, attention_scores, masked_softmax
 
 __all__ = [
     "nm_prune_compress",
@@ -43,6 +44,8 @@ __all__ = [
     "spmm_reference",
     "dfss_scores",
     "dfss_attention_reference",
+    "dfss_attention_xla",
+    "dfss_probabilities",
 ]
 
 META_BITS = 32  # keys per metadata word
@@ -141,7 +144,7 @@ def dfss_attention_reference(q, k, v, *, n: int, m: int, mask=None, precision=No
   """DFSS attention, q/k/v [batch, length, heads, head_dim], mask bool [batch, length]
   (True = real key).  Returns [batch, length, heads, head_dim] in q's dtype.
   dropout_rate > 0 with dropout_seed (int32 [2]): attention dropout on the kept probabilities
-  with the kernels' mask (``dfss_dropout.dropout_multiplier``)."""
+  with the kernels' mask (``dropout.dropout_multiplier``)."""
   check_nm(n, m, what="dfss_attention_reference")
   lk = k.shape[1]
   s = dfss_scores(q, k, mask=mask, m=m, precision=precision)
@@ -149,9 +152,46 @@ def dfss_attention_reference(q, k, v, *, n: int, m: int, mask=None, precision=No
   p = masked_softmax(s, keep)
   if dropout_rate > 0.0:
     if dropout_seed is None:
-      raise ValueError("dropout_rate > 0 needs dropout_seed (dfss_dropout.seed_words(rng))")
-    p = p * dfss_dropout.dropout_multiplier(dropout_seed, keep, n, m, dropout_rate)
+      raise ValueError("dropout_rate > 0 needs dropout_seed (dropout.seed_words(rng))")
+    p = p * dropout.dropout_multiplier(dropout_seed, keep, n, m, dropout_rate)
   p = p[..., :lk]
   out = jnp.einsum("bhlk,bkhd->blhd", p.astype(v.dtype), v,
                    preferred_element_type=p.dtype, precision=precision)
   return out.astype(q.dtype)
+
+
+def dfss_probabilities(q, k, *, n: int, m: int, mask=None):
+  """The DFSS attention matrix A [batch, heads, q_len, k_len] (float32), for analysis."""
+  scores = attention_scores(q, k, mask)
+  return masked_softmax(scores, nm_mask(scores, n, m))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def dfss_attention_xla(q, k, v, mask, n, m):
+  """DFSS attention in one dense score pass (``dfss_attention_reference`` without dropout), the
+  pure-JAX training path: the custom VJP reuses the stored probabilities, so the backward costs
+  what dense attention's does. mask: bool [batch, length] (every key real: all True)."""
+  out, _ = _dfss_xla_fwd(q, k, v, mask, n, m)
+  return out
+
+
+def _dfss_xla_fwd(q, k, v, mask, n, m):
+  probs = dfss_probabilities(q, k, n=n, m=m, mask=mask)
+  return attend(probs, v, q.dtype), (q, k, v, mask, probs)
+
+
+def _dfss_xla_bwd(n, m, residuals, d_out):
+  """Masked-softmax backward: probs are 0 at pruned/padded keys, so dS is 0 there too."""
+  del n, m
+  q, k, v, mask, probs = residuals
+  d_out = d_out.astype(jnp.float32)
+  d_v = jnp.einsum("bhqk,bqhd->bkhd", probs, d_out)
+  d_probs = jnp.einsum("bqhd,bkhd->bhqk", d_out, v.astype(jnp.float32))
+  d_scores = probs * (d_probs - jnp.sum(probs * d_probs, axis=-1, keepdims=True))
+  d_scores = d_scores * jnp.float32(q.shape[-1] ** -0.5)
+  d_q = jnp.einsum("bhqk,bkhd->bqhd", d_scores, k.astype(jnp.float32))
+  d_k = jnp.einsum("bhqk,bqhd->bkhd", d_scores, q.astype(jnp.float32))
+  return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
+
+
+dfss_attention_xla.defvjp(_dfss_xla_fwd, _dfss_xla_bwd)

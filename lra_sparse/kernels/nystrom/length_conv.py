@@ -28,7 +28,7 @@ in its epilogue. The taps stay float32-exact: T is split into two half-precision
 multiplied (about 16 bits of mantissa per product, float32 accumulation). Backward: dV is the
 same product with the bands transposed and reversed, dT_u = sum over examples and blocks of
 G_j V_{j-1+u}^T (one program per head and slice of the blocks, accumulated in registers), and
-dw is the transpose of the taps -> bands map (JAX's autodiff of ``nystrom.toeplitz_bands``).
+dw is the transpose of the taps -> bands map (JAX's autodiff of ``toeplitz_bands``).
 Measurements: experiments/nystrom_speed_h100.md.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lra_sparse.kernels.dfss_launch import half_parts, zero_pad_head_dim
+from lra_sparse.kernels.shared.prologue import half_parts, zero_pad_head_dim
 
 BLOCK = 64       # output rows per program
 NUM_WARPS = 4
@@ -140,6 +140,20 @@ def _check(values, taps):
 
 
 # ----------------------------------------------------------------------------- banded products
+def toeplitz_bands(kernel, block: int):
+  """float32 [h, 3, block, block]: the slices T_u[h][i, s] = w[u * block + s - i + K//2 -
+  block, h] of the banded conv (zero off the K taps), kernel [K, h]."""
+  size = kernel.shape[0]
+  row = jnp.arange(block)[:, None]
+  col = jnp.arange(3 * block)[None, :]
+  tap = col - row + size // 2 - block                              # [block, 3 * block]
+  band = jnp.where((tap >= 0) & (tap < size),
+                   jnp.swapaxes(kernel.astype(jnp.float32), 0, 1)[:, jnp.clip(tap, 0, size - 1)],
+                   0.0)                                            # [h, i, 3 * block]
+  return band.reshape(kernel.shape[1], block, 3, block).transpose(0, 2, 1, 3)
+
+
+
 HALF_DTYPES = (jnp.bfloat16, jnp.float16)
 GRAD_SPLITS = 32    # programs per head of the bands' gradient (each loops over its blocks)
 
@@ -299,6 +313,5 @@ def banded_length_conv(values, taps, residual=None, *, interpret: bool = False):
     out = length_conv(values, taps, interpret=interpret)
     return out if residual is None else (residual.astype(jnp.float32) + out).astype(
         residual.dtype)
-  from lra_sparse.attention.nystrom import toeplitz_bands  # pylint: disable=import-outside-toplevel
   bands = toeplitz_bands(taps, band_block(taps.shape[0]))
   return _banded_conv(values, bands, residual, interpret)

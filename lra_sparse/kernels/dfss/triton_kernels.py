@@ -3,21 +3,21 @@
 Notation of the paper: S = Q K^T / sqrt(d) (here without the scale until the exponent: a
 positive scale keeps the N:M order), the N:M-pruned scores S', P = softmax(S') and O = P V.  No
 kernel writes S or P: each recomputes its QK^T tile on the tensor cores, prunes it N:M in
-registers (``dfss_select.nm_keep``) and works on the kept entries only.
+registers (``kernels.dfss.triton_select.nm_keep``) and works on the kept entries only.
 
 Operands are [batch, length, heads, head_dim] (row stride H*D), read in place; grid axis 1 runs
 batch*heads.  Rows past L are not stored; keys past L (and masked keys) score -inf.  The
 log-sum-exp LSE and delta = rowsum(dO * O) are fp32 [batch*heads, LP] with LP >= L.  All
 exponentials are base 2 (the scale carries log2(e)).
 
-This module imports triton: the launchers in ``dfss_triton`` import it on first use.
+This module imports triton: the launchers in ``kernels.dfss.triton`` import it on first use.
 """
 
 import triton
 import triton.language as tl
 
-from lra_sparse.kernels import dfss_dropout_kernels as dropout
-from lra_sparse.kernels import dfss_select
+from lra_sparse.kernels.shared import philox as dropout
+from lra_sparse.kernels.dfss import triton_select as dfss_select
 
 NEG_INF = tl.constexpr(float("-inf"))
 POS_INF = tl.constexpr(float("inf"))
@@ -33,7 +33,7 @@ def dfss_fwd(Q, K, V, KM, SEED, sm_scale, L, LP, H, O, LSE, D: tl.constexpr, M: 
   One program per block of BM query rows; it loops over key blocks of BN keys with an online
   softmax over the kept entries (running max m_i, running sum l_i).  A row with no kept key
   (all keys padded) gives O = 0 and LSE = +inf.  DROP_T > 0: attention dropout (seed in SEED,
-  ``dfss_dropout``): the normaliser l_i sums every kept probability, the product with V takes
+  ``ops.dropout``): the normaliser l_i sums every kept probability, the product with V takes
   the survivors only, and O is scaled by 1 / (1 - rate).
   """
   G: tl.constexpr = BN // M
