@@ -1,9 +1,11 @@
 """DFSS paper, Table 4: LRA accuracy of dense vs. DFSS attention, plus Pathfinder.
 
-Sweep:  python -m lra_sparse.sweep --sweep=experiments/dfss_table4.py --root=runs/dfss_table4
-Table:  python -m lra_sparse.tables --root=runs/dfss_table4 --spec=experiments/dfss_table4.py \
+Sweep:  python -m lra_sparse.sweep --sweep=experiments/specs/dfss_table4.py --root=runs/dfss_table4
+Table:  python -m lra_sparse.tables --root=runs/dfss_table4 \
+          --spec=experiments/specs/dfss_table4.py \
           --format=markdown --out=experiments/results/dfss_table4.md
-Tiny (CPU): the same with ``experiments/dfss_table4.py:tiny`` and ``--root=runs/dfss_table4_tiny``.
+Tiny (CPU): the same with ``experiments/specs/dfss_table4.py:tiny`` and
+``--root=runs/dfss_table4_tiny``.
 
 Rows as in the paper: Transformer (float), Transformer (bfloat16), Dfss 1:2 (float), Dfss 2:4
 (bfloat16). The float rows are trained from scratch with the task's LRA config ("trained from
@@ -25,8 +27,8 @@ its Triton kernels; dense applies it through XLA's explicit attention (cuDNN has
 through JAX), so the bf16 dense rows do not run on cuDNN while training. The tiny presets
 have none.
 """
-from experiments._tiny import (IMAGE_STANDIN_LABEL, IMAGE_STANDIN_NAME, TINY_SEEDS,
-                               check_preset, image_data, tiny_steps)
+from experiments.specs._tiny import (IMAGE_STANDIN_LABEL, IMAGE_STANDIN_NAME, TINY_SEEDS,
+                                     check_preset, image_data, tiny_steps)
 from lra_sparse.sweep import Group, Ref, Sweep, Variant
 from lra_sparse.tables import Selector, Table
 
@@ -60,7 +62,7 @@ def _task_name(task: str, tiny: bool) -> str:
 
 
 def get_sweep(preset: str = "") -> Sweep:
-  tiny = check_preset(preset, "experiments/dfss_table4.py")
+  tiny = check_preset(preset, "experiments/specs/dfss_table4.py")
   groups = []
   for task, _, full_overrides, finetune_steps in TASKS:
     config = f"configs/{task}.py" + (":tiny" if tiny else "")
@@ -82,7 +84,7 @@ def get_sweep(preset: str = "") -> Sweep:
 
 
 def get_table(preset: str = "") -> Table:
-  tiny = check_preset(preset, "experiments/dfss_table4.py")
+  tiny = check_preset(preset, "experiments/specs/dfss_table4.py")
   rows = {row: {k: v for k, v in overrides.items() if k != "eval_dtype"}
           for _, row, overrides in FLOAT_VARIANTS + BF16_VARIANTS}
   # bf16 rows: fine-tuned runs only (runs of older roots trained bf16 from scratch).

@@ -2,10 +2,10 @@
 # Data-parallel training on the two GPUs of one host (device kinds nvidia-h100-x2 and
 # nvidia-h200-x2): what the multi-GPU issue asks to show, in parts that each fit one 10-minute
 # device call (every step has its own time limit, so a slow step leaves the others' output).
-#   bash experiments/data_parallel_x2.sh bench       # one process: speed and loss curves, 1 vs 2
-#   bash experiments/data_parallel_x2.sh rounding    # the same curves' float32 (rounding scale)
-#   bash experiments/data_parallel_x2.sh processes   # two processes (jax.distributed) vs one
-#   bash experiments/data_parallel_x2.sh sweep       # --parallel=gpus: two runs at once
+#   bash scripts/data_parallel_x2.sh bench       # one process: speed and loss curves, 1 vs 2
+#   bash scripts/data_parallel_x2.sh rounding    # the same curves' float32 (rounding scale)
+#   bash scripts/data_parallel_x2.sh processes   # two processes (jax.distributed) vs one
+#   bash scripts/data_parallel_x2.sh sweep       # --parallel=gpus: two runs at once
 # Outputs under ${OUT:-runs/data_parallel}; commit them under experiments/data_parallel_<gpu>/.
 # CONFIG (default configs/listops.py) and EXTRA (more trainer flags) shrink the "processes"
 # runs for a CPU smoke check (JAX_PLATFORMS=cpu, two forced host devices). PYTHON (default
@@ -86,16 +86,16 @@ print(s.getsockname()[1])")
     for run in one_gpu one_process two_processes; do
       [ -f "$root/$run/metrics.jsonl" ] && runs+=("$root/$run")
     done
-    $py -m experiments.compare_runs "${runs[@]}" | tee "$out/processes.md"
+    $py -m scripts.compare_runs "${runs[@]}" | tee "$out/processes.md"
     tar czf "$out/processes_runs.tgz" --exclude=checkpoints -C "$root" one_gpu one_process \
       two_processes 2> /dev/null
     ;;
   sweep)
     rm -rf "$root/sweep"
-    limited sweep $py -m lra_sparse.sweep --sweep=experiments/data_parallel_sweep.py \
+    limited sweep $py -m lra_sparse.sweep --sweep=experiments/specs/data_parallel_sweep.py \
       --root="$root/sweep" --parallel=gpus
-    $py -m experiments.compare_runs --manifest="$root/sweep/sweep.json" | tee "$out/sweep.md"
-    $py -m lra_sparse.tables --root="$root/sweep" --spec=experiments/data_parallel_sweep.py \
+    $py -m scripts.compare_runs --manifest="$root/sweep/sweep.json" | tee "$out/sweep.md"
+    $py -m lra_sparse.tables --root="$root/sweep" --spec=experiments/specs/data_parallel_sweep.py \
       --format=markdown | tee -a "$out/sweep.md"
     tar czf "$out/sweep_runs.tgz" --exclude=checkpoints -C "$root" sweep
     ;;

@@ -1,8 +1,8 @@
 """Compares runs of one config from their logs: loss curves, and what each workdir holds.
 
-  python -m experiments.compare_runs WORKDIR [WORKDIR ...]   # the first is the reference
-  python -m experiments.compare_runs --manifest=ROOT/sweep.json
-  python -m experiments.compare_runs --plot=curves.png WORKDIR [WORKDIR ...]
+  python -m scripts.compare_runs WORKDIR [WORKDIR ...]   # the first is the reference
+  python -m scripts.compare_runs --manifest=ROOT/sweep.json
+  python -m scripts.compare_runs --plot=curves.png WORKDIR [WORKDIR ...]
 
 Workdirs: the train loss at a few logged steps, the largest difference to the first workdir's
 curve over the steps they share, steps/s, and what was written: train records per step (1 =

@@ -3,11 +3,11 @@
 # nvidia-h200), in parts that each fit one 10-minute device call; every step runs under its
 # own time limit and writes its log to a file, and a part's logs come back as ONE tarball
 # (the device returns at most 8 files a call).
-#   bash experiments/dfss_gpu_checks.sh tests      # Mosaic GPU dropout tests (wide products too)
-#   bash experiments/dfss_gpu_checks.sh dropout    # dropout cost, with the wide-vs-limbs bits
-#   bash experiments/dfss_gpu_checks.sh forward    # attention table against XLA and cuDNN (selections A/B)
-#   bash experiments/dfss_gpu_checks.sh steps      # ListOps (padded) and Pathfinder-32 steps
-# Several parts in one call: bash experiments/dfss_gpu_checks.sh tests dropout
+#   bash scripts/dfss_gpu_checks.sh tests      # Mosaic GPU dropout tests (wide products too)
+#   bash scripts/dfss_gpu_checks.sh dropout    # dropout cost, with the wide-vs-limbs bits
+#   bash scripts/dfss_gpu_checks.sh forward    # attention table against XLA and cuDNN (selections A/B)
+#   bash scripts/dfss_gpu_checks.sh steps      # ListOps (padded) and Pathfinder-32 steps
+# Several parts in one call: bash scripts/dfss_gpu_checks.sh tests dropout
 # Each part's logs and tables go to ${WORK:-/tmp/dfss_gpu_checks}/<part>/ and come back as
 # ${OUT:-runs/dfss_gpu_checks}/<part>.tgz; the tables are also printed. Commit them under
 # experiments/dfss_mgpu_<gpu>/. PYTHON (default python3) is the interpreter; LIMIT (seconds,

@@ -3,8 +3,9 @@
 Data: generated ListOps at LRA's sizes (96k / 2k / 2k, lengths 500-2000, LRA's generator rules):
   python -m lra_sparse.generators.listops --output_dir=data/listops --num_train=96000 \
       --num_val=2000 --num_test=2000 --seed=0
-Sweep:  python -m lra_sparse.sweep --sweep=experiments/lra_listops.py --root=runs/lra_listops
-Table:  python -m lra_sparse.tables --root=runs/lra_listops --spec=experiments/lra_listops.py \
+Sweep:  python -m lra_sparse.sweep --sweep=experiments/specs/lra_listops.py --root=runs/lra_listops
+Table:  python -m lra_sparse.tables --root=runs/lra_listops \
+          --spec=experiments/specs/lra_listops.py \
           --format=markdown --out=experiments/results/lra_listops.md \
           --plot=experiments/results/lra_listops.png
 
@@ -16,13 +17,13 @@ table gives the last-step test accuracy (as LRA reported) and, as a second table
 accuracy at the best validation step. LRA's Transformer row: 36.37.
 Preset "smoke": the tiny CPU preset for 20 steps on ``make demo``'s data (pipeline check);
 preset "best_val": the same runs as "", the table of test accuracy at the best validation step
-(``--spec=experiments/lra_listops.py:best_val``).
+(``--spec=experiments/specs/lra_listops.py:best_val``).
 The committed runs trained with attention dropout 0 (LRA's, and the config's default since: 0.1),
 so dense ran on cuDNN; the full-size runs keep 0 here so that they resume and the table stays
 what it measured (``experiments/results/lra_listops_notes.md``).
 """
-from experiments._tiny import TINY_SEEDS, tiny_steps
-from experiments.tiny_listops import dropped_fraction
+from experiments.specs._tiny import TINY_SEEDS, tiny_steps
+from experiments.specs.tiny_listops import dropped_fraction
 from lra_sparse.sweep import Group, Sweep, Variant
 from lra_sparse.tables import Plot, Selector, Table
 
@@ -47,7 +48,7 @@ VARIANTS = (  # (row label, run-name label, overrides)
 
 def _check(preset: str) -> bool:
   if preset not in ("", "smoke", "best_val"):
-    raise ValueError(f"unknown preset {preset!r} for experiments/lra_listops.py; "
+    raise ValueError(f"unknown preset {preset!r} for experiments/specs/lra_listops.py; "
                      "known: '', 'smoke', 'best_val'")
   return preset == "smoke"
 

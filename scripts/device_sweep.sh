@@ -6,10 +6,10 @@
 # trainer saves its checkpoint and stops; the sweep resumes it next time), then the runs' logs
 # (config.json, metrics.jsonl, result.json, TensorBoard events; no checkpoints) as one tarball
 # in $OUT. Merge the roots' run directories into one directory to build the table.
-#   bash experiments/device_sweep.sh SPEC ROOT DEADLINE_S REGEX [REGEX ...]
+#   bash scripts/device_sweep.sh SPEC ROOT DEADLINE_S REGEX [REGEX ...]
 # Environment:
 #   PREPARE    a command that makes the data (default: LRA-size ListOps into data/listops,
-#              when missing), e.g. the Pathfinder-32 generator for experiments/lra_pixels.py.
+#              when missing), e.g. the Pathfinder-32 generator for experiments/specs/lra_pixels.py.
 #   CARRY_IN   a directory holding the roots.pI.tgz files of an earlier call: unpacked first,
 #              so runs resume from their checkpoints on a fresh machine (runs longer than one
 #              call: pass the files back in a carried, git-ignored directory). Skipped when the

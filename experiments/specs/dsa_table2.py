@@ -1,10 +1,10 @@
 """DSA paper, Table 2: DSA-90% on LRA Text, sweeping sigma (= k/d) and predictor precision.
 
-Sweep:  python -m lra_sparse.sweep --sweep=experiments/dsa_table2.py --root=runs/dsa_table2
-Table:  python -m lra_sparse.tables --root=runs/dsa_table2 --spec=experiments/dsa_table2.py \
+Sweep:  python -m lra_sparse.sweep --sweep=experiments/specs/dsa_table2.py --root=runs/dsa_table2
+Table:  python -m lra_sparse.tables --root=runs/dsa_table2 --spec=experiments/specs/dsa_table2.py \
           --format=markdown --out=experiments/results/dsa_table2.md \
           --plot=experiments/results/dsa_table2.png
-Tiny (CPU): ``experiments/dsa_table2.py:tiny`` with ``--root=runs/dsa_table2_tiny``.
+Tiny (CPU): ``experiments/specs/dsa_table2.py:tiny`` with ``--root=runs/dsa_table2_tiny``.
 
 A dense Transformer is trained on Text per seed (the "Base" of the paper); DSA-90% is then
 fine-tuned from it (joint update, Sec. 4.2) for every sigma in {0.1, 0.16, 0.2, 0.25, 0.33} and
@@ -22,7 +22,7 @@ is the paper's Eq. 6 (attention.dsa.mse_normalization="eq6", the default).
 Attention dropout is the task configs' (LRA's 0.1; Image 0.2): the DSA kernels draw it
 inside, the dense base runs apply it through XLA's explicit attention.
 """
-from experiments._tiny import check_preset, tiny_steps
+from experiments.specs._tiny import check_preset, tiny_steps
 from lra_sparse.sweep import Group, Ref, Sweep
 from lra_sparse.tables import Plot, Selector, Table
 
@@ -35,7 +35,7 @@ FINETUNE = {"num_train_steps": 5_000, "optim.warmup_steps": 500}
 
 
 def get_sweep(preset: str = "") -> Sweep:
-  tiny = check_preset(preset, "experiments/dsa_table2.py")
+  tiny = check_preset(preset, "experiments/specs/dsa_table2.py")
   config = "configs/text.py" + (":tiny" if tiny else "")
   seeds = (0,) if tiny else SEEDS
   length = {} if tiny else {"data.max_length": TEXT_LENGTH}
@@ -53,7 +53,7 @@ def get_sweep(preset: str = "") -> Sweep:
 
 
 def get_table(preset: str = "") -> Table:
-  tiny = check_preset(preset, "experiments/dsa_table2.py")
+  tiny = check_preset(preset, "experiments/specs/dsa_table2.py")
   dsa = {"attention.kind": "dsa", "attention.dsa.sparsity": SPARSITY}
   return Table(
       title="DSA Table 2: DSA-90% on LRA Text, test accuracy (%) by sigma and predictor "

@@ -1,11 +1,11 @@
 """DFSS paper, Table 6: Nystromformer pretrained, then fine-tuned with DFSS, on LRA Image.
 
-Sweep:  python -m lra_sparse.sweep --sweep=experiments/dfss_table6_nystrom.py \
+Sweep:  python -m lra_sparse.sweep --sweep=experiments/specs/dfss_table6_nystrom.py \
           --root=runs/dfss_table6
 Table:  python -m lra_sparse.tables --root=runs/dfss_table6 \
-          --spec=experiments/dfss_table6_nystrom.py --format=markdown \
+          --spec=experiments/specs/dfss_table6_nystrom.py --format=markdown \
           --out=experiments/results/dfss_table6.md
-Tiny (CPU): ``experiments/dfss_table6_nystrom.py:tiny`` with ``--root=runs/dfss_table6_tiny``.
+Tiny (CPU): ``experiments/specs/dfss_table6_nystrom.py:tiny`` with ``--root=runs/dfss_table6_tiny``.
 
 As in the paper (App. A.7): a standard Nystromformer (float) is pretrained from scratch for
 35,000 iterations "following Xiong et al.", i.e. with the Nystromformer LRA image config
@@ -20,8 +20,8 @@ every fine-tune run starts from the pretrain run of the same seed. The tiny vari
 tiny Image preset with Nystrom attention on Fashion-MNIST (named as the stand-in in run names
 and the table).
 """
-from experiments._tiny import (IMAGE_STANDIN_NAME, TINY_SEEDS, check_preset, image_data,
-                               tiny_steps)
+from experiments.specs._tiny import (IMAGE_STANDIN_NAME, TINY_SEEDS, check_preset, image_data,
+                                     tiny_steps)
 from lra_sparse.sweep import Group, Ref, Sweep, Variant
 from lra_sparse.tables import Selector, Table
 
@@ -41,7 +41,7 @@ VARIANTS = (  # (run-name label, row label, overrides)
 
 
 def get_sweep(preset: str = "") -> Sweep:
-  tiny = check_preset(preset, "experiments/dfss_table6_nystrom.py")
+  tiny = check_preset(preset, "experiments/specs/dfss_table6_nystrom.py")
   config = "configs/image.py:tiny" if tiny else CONFIG
   seeds = TINY_SEEDS if tiny else SEEDS
   suffix = f"-{IMAGE_STANDIN_NAME}" if tiny else ""
@@ -61,7 +61,7 @@ def get_sweep(preset: str = "") -> Sweep:
 
 
 def get_table(preset: str = "") -> Table:
-  tiny = check_preset(preset, "experiments/dfss_table6_nystrom.py")
+  tiny = check_preset(preset, "experiments/specs/dfss_table6_nystrom.py")
   # The full table takes runs of the Nystromformer config only (its width and schedule).
   setting = image_data(tiny) if tiny else {**image_data(False), "model.emb_dim": 64,
                                            "optim.schedule": "one_cycle"}

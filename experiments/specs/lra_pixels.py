@@ -9,8 +9,8 @@ Image is Fashion-MNIST, the offline stand-in for CIFAR-10 (named ``fmnist-standi
 names and labelled so in the table): ``configs/image.py`` with ``data.source=fashion_mnist``
 read from ``data/fashion-mnist`` (a copy of the Debian package's files, which a lent GPU
 machine does not have).
-Sweep:  python -m lra_sparse.sweep --sweep=experiments/lra_pixels.py --root=runs/lra_pixels
-Table:  python -m lra_sparse.tables --root=runs/lra_pixels --spec=experiments/lra_pixels.py \
+Sweep:  python -m lra_sparse.sweep --sweep=experiments/specs/lra_pixels.py --root=runs/lra_pixels
+Table:  python -m lra_sparse.tables --root=runs/lra_pixels --spec=experiments/specs/lra_pixels.py \
           --format=markdown --out=experiments/results/lra_pixels.md
 
 Every run is its task's LRA config in bf16 from scratch (Pathfinder-32: 4 layers, 4 heads of 4,
@@ -18,16 +18,16 @@ batch 512, 62.4k steps; Image: 1 layer, 8 heads of 8, batch 256, 35k steps), wit
 black-pixel masks; dense runs "auto" (cuDNN with the mask as a bias: 59.7 ms per
 Pathfinder step on an H100, XLA 134.0), DFSS 2:4 the fused kernels (Triton: head dims 4 and 8
 are zero-padded to 16; 82.2 ms). The runs are long (Pathfinder dense about 1 h on an H100,
-DFSS 2:4 about 1.4 h): ``experiments/device_sweep.sh`` trains them in slices and carries
+DFSS 2:4 about 1.4 h): ``scripts/device_sweep.sh`` trains them in slices and carries
 their checkpoints from one lent machine to the next. Preset "smoke": the tiny presets
 for 20 steps on ``make demo``-sized data (pipeline check on a CPU).
 The committed runs trained with attention dropout 0 (LRA's, and the configs' defaults since:
 Image 0.2, Pathfinder 0.1), so dense ran on cuDNN; the full-size runs keep 0 here so that the
 unfinished Pathfinder runs resume as they started.
 """
-from experiments._tiny import (IMAGE_STANDIN, IMAGE_STANDIN_LABEL, IMAGE_STANDIN_NAME,
-                               tiny_steps)
-from experiments.lra_listops import NO_ATTENTION_DROPOUT_BF16
+from experiments.specs._tiny import (IMAGE_STANDIN, IMAGE_STANDIN_LABEL, IMAGE_STANDIN_NAME,
+                                     tiny_steps)
+from experiments.specs.lra_listops import NO_ATTENTION_DROPOUT_BF16
 from lra_sparse.sweep import Group, Sweep, Variant
 from lra_sparse.tables import Selector, Table
 
@@ -41,7 +41,7 @@ PATHFINDER_DIR = "data/pathfinder"
 
 def _check(preset: str) -> bool:
   if preset not in ("", "smoke"):
-    raise ValueError(f"unknown preset {preset!r} for experiments/lra_pixels.py; "
+    raise ValueError(f"unknown preset {preset!r} for experiments/specs/lra_pixels.py; "
                      "known: '', 'smoke'")
   return preset == "smoke"
 

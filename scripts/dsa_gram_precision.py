@@ -5,7 +5,7 @@ the three Gram terms cancel): the value relative to sum_ij a_ij^2 and to the MSE
 the gradients w.r.t. Q and Q~.  Time: value + gradients of the factored form (Q~ = (XP) W~)
 at the ListOps shape (batch 32, length 2000, 8 heads of 64, rank 128), 10 calls in one jit.
 
-  PYTHONPATH=$PWD python experiments/dsa_gram_precision.py
+  PYTHONPATH=$PWD python scripts/dsa_gram_precision.py
 """
 from __future__ import annotations
 

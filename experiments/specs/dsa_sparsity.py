@@ -1,24 +1,26 @@
 """DSA paper, Fig. 3: DSA at 90/95/99% sparsity fine-tuned from dense, on Text/Retrieval/Image.
 
-Sweep:  python -m lra_sparse.sweep --sweep=experiments/dsa_sparsity.py --root=runs/dsa_sparsity
-Table:  python -m lra_sparse.tables --root=runs/dsa_sparsity --spec=experiments/dsa_sparsity.py \
+Sweep:  python -m lra_sparse.sweep --sweep=experiments/specs/dsa_sparsity.py \
+          --root=runs/dsa_sparsity
+Table:  python -m lra_sparse.tables --root=runs/dsa_sparsity \
+          --spec=experiments/specs/dsa_sparsity.py \
           --format=markdown --out=experiments/results/dsa_sparsity.md \
           --plot=experiments/results/dsa_sparsity.png
-Tiny (CPU): ``experiments/dsa_sparsity.py:tiny`` with ``--root=runs/dsa_sparsity_tiny``.
+Tiny (CPU): ``experiments/specs/dsa_sparsity.py:tiny`` with ``--root=runs/dsa_sparsity_tiny``.
 
 The paper's three tasks (ListOps and Pathfinder excluded, Sec. 4.1). Per task and seed a dense
 Transformer is trained with the task's LRA config, then DSA (sigma 0.25, float predictor) is
 fine-tuned from it at each sparsity. The paper gives no fine-tuning length; FINETUNE below is
 our choice (about a quarter of the dense schedule, short warmup). Text runs at the paper's
-"4K" (4000, as in experiments/dsa_table2.py; LRA's text config has 1000); Retrieval (4000 per
-document) and Image (1024, CIFAR-10) keep their LRA lengths. The predictor loss is the paper's
+"4K" (4000, as in experiments/specs/dsa_table2.py; LRA's text config has 1000); Retrieval (4000
+per document) and Image (1024, CIFAR-10) keep their LRA lengths. The predictor loss is the paper's
 Eq. 6 (the default attention.dsa.mse_normalization="eq6"). The tiny variant reads
 Fashion-MNIST for Image (named as the stand-in in run names and table).
 Attention dropout is the task configs' (LRA's 0.1; Image 0.2): the DSA kernels draw it
 inside, the dense base runs apply it through XLA's explicit attention.
 """
-from experiments._tiny import (IMAGE_STANDIN_LABEL, IMAGE_STANDIN_NAME, TINY_SEEDS,
-                               check_preset, image_data, tiny_steps)
+from experiments.specs._tiny import (IMAGE_STANDIN_LABEL, IMAGE_STANDIN_NAME, TINY_SEEDS,
+                                     check_preset, image_data, tiny_steps)
 from lra_sparse.sweep import Group, Ref, Sweep
 from lra_sparse.tables import Plot, Selector, Table
 
@@ -45,7 +47,7 @@ FINETUNE = {
 
 
 def get_sweep(preset: str = "") -> Sweep:
-  tiny = check_preset(preset, "experiments/dsa_sparsity.py")
+  tiny = check_preset(preset, "experiments/specs/dsa_sparsity.py")
   seeds = TINY_SEEDS if tiny else SEEDS
   groups = []
   for task, _ in TASKS:
@@ -66,7 +68,7 @@ def get_sweep(preset: str = "") -> Sweep:
 
 
 def get_table(preset: str = "") -> Table:
-  tiny = check_preset(preset, "experiments/dsa_sparsity.py")
+  tiny = check_preset(preset, "experiments/specs/dsa_sparsity.py")
   task_match = lambda task: {"task": task, **_task_data(task, tiny)}
   return Table(
       title="DSA sparsity sweep (fine-tuned from dense): test accuracy (%)"

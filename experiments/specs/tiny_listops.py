@@ -1,7 +1,9 @@
 """Tiny ListOps on CPU: dense vs. DFSS 2:4 vs. DSA-90 (trained from scratch), 2 seeds.
 
-Sweep:  python -m lra_sparse.sweep --sweep=experiments/tiny_listops.py --root=runs/tiny_listops
-Table:  python -m lra_sparse.tables --root=runs/tiny_listops --spec=experiments/tiny_listops.py \
+Sweep:  python -m lra_sparse.sweep --sweep=experiments/specs/tiny_listops.py \
+          --root=runs/tiny_listops
+Table:  python -m lra_sparse.tables --root=runs/tiny_listops \
+          --spec=experiments/specs/tiny_listops.py \
           --format=markdown --out=experiments/results/tiny_listops.md \
           --plot=experiments/results/tiny_listops.png
 
@@ -28,7 +30,7 @@ def _steps(preset: str) -> dict:
     return {"num_train_steps": 20, "eval_every_steps": 10, "checkpoint_every_steps": 10,
             "log_every_steps": 5, "num_eval_batches": 2}
   if preset:
-    raise ValueError(f"unknown preset {preset!r} for experiments/tiny_listops.py; "
+    raise ValueError(f"unknown preset {preset!r} for experiments/specs/tiny_listops.py; "
                      "known: '', 'smoke'")
   # Half of the preset's 800 steps: 8 runs fit in minutes on a 2-core CPU.
   return {"num_train_steps": 400, "eval_every_steps": 200, "checkpoint_every_steps": 200,

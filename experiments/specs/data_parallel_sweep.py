@@ -2,8 +2,9 @@
 
   python -m lra_sparse.generators.listops --output_dir=data/listops_dp --num_train=8000 \
       --num_val=500 --num_test=500 --seed=0
-  python -m lra_sparse.sweep --sweep=experiments/data_parallel_sweep.py --root=ROOT --parallel=gpus
-  python -m lra_sparse.tables --root=ROOT --spec=experiments/data_parallel_sweep.py
+  python -m lra_sparse.sweep --sweep=experiments/specs/data_parallel_sweep.py --root=ROOT \
+      --parallel=gpus
+  python -m lra_sparse.tables --root=ROOT --spec=experiments/specs/data_parallel_sweep.py
 
 The sweep places one run per GPU (CUDA_VISIBLE_DEVICES), so both run at once; each run's
 ``slot``, start and end are in the sweep manifest (``<ROOT>/sweep.json``), and the table is
@@ -20,7 +21,7 @@ KINDS = (("Transformer (dense)", "dense", {"attention.kind": "dense"}),
 
 def _steps(preset: str) -> dict:
   if preset not in ("", "smoke"):
-    raise ValueError(f"unknown preset {preset!r} for experiments/data_parallel_sweep.py; "
+    raise ValueError(f"unknown preset {preset!r} for experiments/specs/data_parallel_sweep.py; "
                      "known: '', 'smoke'")
   steps = 6 if preset else 300
   return {"num_train_steps": steps, "eval_every_steps": steps, "checkpoint_every_steps": steps,

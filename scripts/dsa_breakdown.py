@@ -11,7 +11,7 @@ for each DSA setting the parts of the Triton path timed alone:
             Gram kernels (kernels/dsa_gram.py)
   total     the whole DSA fwd (operands + select + attn) and fwd+bwd (+ mse)
 
-  PYTHONPATH=$PWD python experiments/dsa_breakdown.py [--shapes=16x2048:4:64,32x2000:8:128]
+  PYTHONPATH=$PWD python scripts/dsa_breakdown.py [--shapes=16x2048:4:64,32x2000:8:128]
       [--variants]
 """
 from __future__ import annotations

@@ -5,10 +5,10 @@
 # that each fit one 10-minute device call; every step runs under its own time limit and writes
 # its log to a file, and a part's logs come back as ONE tarball (the device returns at most 8
 # files a call).
-#   bash experiments/nystrom_gpu_checks.sh tests   # the kernels and the core against float64
-#   bash experiments/nystrom_gpu_checks.sh bench   # core, conv and train step, one process
-#   bash experiments/nystrom_gpu_checks.sh profile # the train step's kernels, dense vs Nystrom
-#   bash experiments/nystrom_gpu_checks.sh tune    # the flash kernels' tiles, plain and 2:4
+#   bash scripts/nystrom_gpu_checks.sh tests   # the kernels and the core against float64
+#   bash scripts/nystrom_gpu_checks.sh bench   # core, conv and train step, one process
+#   bash scripts/nystrom_gpu_checks.sh profile # the train step's kernels, dense vs Nystrom
+#   bash scripts/nystrom_gpu_checks.sh tune    # the flash kernels' tiles, plain and 2:4
 # Logs and tables go to ${WORK:-/tmp/nystrom_gpu_checks}/<part>/ and come back as
 # ${OUT:-runs/nystrom_gpu_checks}/<part>.tgz; the tables are also printed. PYTHON (default
 # python3) is the interpreter; LIMIT (seconds, default 280) bounds each step.
