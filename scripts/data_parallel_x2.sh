@@ -6,7 +6,10 @@
 #   bash scripts/data_parallel_x2.sh rounding    # the same curves' float32 (rounding scale)
 #   bash scripts/data_parallel_x2.sh processes   # two processes (jax.distributed) vs one
 #   bash scripts/data_parallel_x2.sh sweep       # --parallel=gpus: two runs at once
-# Outputs under ${OUT:-runs/data_parallel}; commit them under experiments/data_parallel_<gpu>/.
+# Outputs under ${OUT:-runs/data_parallel}; commit the tables under
+# experiments/reports/data_parallel/ (sweep.md as experiments/results/data_parallel_sweep.md)
+# and, from the tarballs, each run's config.json, result.json and metrics.jsonl under
+# experiments/results/data_parallel_processes/ and experiments/results/data_parallel_sweep/.
 # CONFIG (default configs/listops.py) and EXTRA (more trainer flags) shrink the "processes"
 # runs for a CPU smoke check (JAX_PLATFORMS=cpu, two forced host devices). PYTHON (default
 # python3) is the interpreter; LIMIT (seconds, default 270) bounds each step; ONLY=dense or

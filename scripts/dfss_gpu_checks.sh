@@ -9,8 +9,9 @@
 #   bash scripts/dfss_gpu_checks.sh steps      # ListOps (padded) and Pathfinder-32 steps
 # Several parts in one call: bash scripts/dfss_gpu_checks.sh tests dropout
 # Each part's logs and tables go to ${WORK:-/tmp/dfss_gpu_checks}/<part>/ and come back as
-# ${OUT:-runs/dfss_gpu_checks}/<part>.tgz; the tables are also printed. Commit them under
-# experiments/dfss_mgpu_<gpu>/. PYTHON (default python3) is the interpreter; LIMIT (seconds,
+# ${OUT:-runs/dfss_gpu_checks}/<part>.tgz; the tables are also printed. Commit the tables under
+# experiments/reports/dfss_mosaic/, named by what they show (the GPU-test log of the final code
+# as gpu_tests_h100.log). PYTHON (default python3) is the interpreter; LIMIT (seconds,
 # default 280) bounds each step; TESTS_K overrides the tests part's -k expression.
 source "$(dirname "$0")/gpu_checks_common.sh"
 

@@ -10,8 +10,9 @@
 #   bash scripts/nystrom_gpu_checks.sh profile # the train step's kernels, dense vs Nystrom
 #   bash scripts/nystrom_gpu_checks.sh tune    # the flash kernels' tiles, plain and 2:4
 # Logs and tables go to ${WORK:-/tmp/nystrom_gpu_checks}/<part>/ and come back as
-# ${OUT:-runs/nystrom_gpu_checks}/<part>.tgz; the tables are also printed. PYTHON (default
-# python3) is the interpreter; LIMIT (seconds, default 280) bounds each step.
+# ${OUT:-runs/nystrom_gpu_checks}/<part>.tgz; the tables are also printed. Commit the tables under
+# experiments/reports/nystrom/, named by what they show. PYTHON (default python3) is the
+# interpreter; LIMIT (seconds, default 280) bounds each step.
 source "$(dirname "$0")/gpu_checks_common.sh"
 
 part_commands() {

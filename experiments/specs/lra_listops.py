@@ -39,7 +39,7 @@ VARIANTS = (  # (row label, run-name label, overrides)
      {"attention.kind": "nystrom", "attention.nystrom.nm": "2:4"}),
     # The DSA paper's Eq. 6 L_MSE (the default) swamps the cross-entropy when training from
     # scratch (the paper fine-tunes from a dense model) and the run stays at the majority
-    # class (experiments/dsa_kernels_h100.md); the row uses the mean form, named in its label.
+    # class (experiments/reports/dsa/README.md); the row uses the mean form, named in its label.
     ("DSA-90 (sigma 0.25, mean-form L_MSE)", "dsa90",
      {"attention.kind": "dsa", "attention.dsa.sparsity": 0.9, "attention.dsa.sigma": 0.25,
       "attention.dsa.mse_normalization": "scaled_mean"}),
