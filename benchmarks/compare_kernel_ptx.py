@@ -28,7 +28,7 @@ comparison (the parameter loads may still be numbered differently: see the cubin
 Usage, from the repository root:
 
   python -m benchmarks.compare_kernel_ptx [--old_rev=ce422c2] [--jobs=2]
-      [--tiers=grid,nm,misc,poison] [--out=experiments/kernels_ptx_equivalence.md]
+      [--tiers=grid,nm,misc,poison] [--out=experiments/reports/dfss_triton/ptx_equivalence.md]
 """
 
 from __future__ import annotations

@@ -2,14 +2,15 @@ r"""Runs a sweep of training runs: one subprocess per run, skipping finished one
 
 Usage (from the repository root)::
 
-  python -m lra_sparse.sweep --sweep=experiments/dfss_table4.py --root=runs/dfss_table4
-  python -m lra_sparse.sweep --sweep=experiments/dfss_table4.py:tiny --root=runs/t4 --dry_run
-  python -m lra_sparse.sweep --sweep=experiments/dfss_table4.py --root=runs/dfss_table4 --status
+  python -m lra_sparse.sweep --sweep=experiments/specs/dfss_table4.py --root=runs/dfss_table4
+  python -m lra_sparse.sweep --sweep=experiments/specs/dfss_table4.py:tiny --root=runs/t4 --dry_run
+  python -m lra_sparse.sweep --sweep=experiments/specs/dfss_table4.py --root=runs/dfss_table4 \
+      --status
   python -m lra_sparse.sweep ... --parallel=gpus     # one run per local GPU at a time
   python -m lra_sparse.sweep ... --executor=slurm --slurm_partition=gpu   # one SLURM job per run
 
 A sweep spec is a python file whose ``get_sweep(preset="")`` returns a :class:`Sweep`; the
-optional ``:preset`` after the path (``experiments/x.py:tiny``) is passed to it, like the
+optional ``:preset`` after the path (``experiments/specs/x.py:tiny``) is passed to it, like the
 config files. A sweep is a list of :class:`Group`\ s, each one config file (+ preset), fixed
 overrides, and axes: ``product`` (every combination), ``zip`` (lists walked together),
 ``variants`` (a list of override dicts, e.g. dense vs. DFSS 1:2) and ``seeds``; the runs of a
@@ -997,7 +998,7 @@ FLAGS = flags.FLAGS
 
 def define_flags() -> None:
   """Defined only when run as a program, so importing this module (specs do) adds no flags."""
-  flags.DEFINE_string("sweep", None, "Sweep spec: experiments/<name>.py[:preset].")
+  flags.DEFINE_string("sweep", None, "Sweep spec: experiments/specs/<name>.py[:preset].")
   flags.DEFINE_string("root", None, "Sweep root: one workdir per run under it.")
   flags.DEFINE_bool("dry_run", False, "List the runs (state, name, overrides); launch nothing.")
   flags.DEFINE_bool("status", False, "Show finished/running/failed/blocked/pending per run.")
