@@ -26,7 +26,9 @@ import jax.numpy as jnp
 
 from benchmarks.ab_dfss_kernels import chained_ms
 from benchmarks.bench_dfss_kernels import gpu_state
-from lra_sparse.kernels import dsa_gram, dsa_reference, dsa_triton
+from lra_sparse.kernels.dsa import gram as dsa_gram
+from lra_sparse.kernels.dsa import reference as dsa_reference
+from lra_sparse.kernels.dsa import triton as dsa_triton
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("shapes", ["16x2048:4:64", "32x2000:8:128"], "BxL:heads:rank entries.")
@@ -114,7 +116,7 @@ def main(argv: Sequence[str]) -> None:
           for stop in ((1, 2, 3, 4) if defer == 0 else (4,)):
             dsa_triton._SELECT = "dsa_select_variants"
             dsa_triton.set_tiles("select", "int8", tiles + (2, False))
-            import lra_sparse.kernels.dfss_launch as dl
+            import lra_sparse.kernels.shared.prologue as dl
             orig = dl.launch
 
             def patched(*a, stop=stop, defer=defer, orig=orig, **kw):

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.ab_dfss_kernels import chained_ms
-from lra_sparse.kernels import dsa_reference as ref
+from lra_sparse.kernels.dsa import reference as ref
 
 PRESET = jax.lax.DotAlgorithmPreset
 ALGORITHMS = {"BF16 x3": PRESET.BF16_BF16_F32_X3, "BF16 x6": PRESET.BF16_BF16_F32_X6,

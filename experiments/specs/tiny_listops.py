@@ -12,7 +12,7 @@ Presets: "" = the ``tiny`` ListOps preset (2 layers, width 64, length 100) for 4
 The plot puts each kind at the fraction of attention scores it drops (dense 0, DFSS 2:4 0.5,
 DSA its sparsity; DSA-75 is there so that the DSA line has two points), dense also as a band.
 """
-from lra_sparse.attention.nm import parse_nm
+from lra_sparse.ops.nm import parse_nm
 from lra_sparse.sweep import Group, Sweep
 from lra_sparse.tables import Plot, Selector, Table
 

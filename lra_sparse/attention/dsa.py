@@ -110,7 +110,7 @@ class DSAConfig(KindConfig):
   selection: str = "topk"          # "topk" | "threshold"
   threshold: float = 0.0           # selection="threshold": keep S~ >= threshold
   # Pure-JAX top-k: "top_k" (lax.top_k) | "radix" (sort-free select); radix was 1.5x slower
-  # per train step on an H100 (experiments/train_step_h100.md). The kernels need neither.
+  # per train step on an H100 (experiments/reports/train_step/listops_h100.md). The kernels need neither.
   topk_algorithm: str = "top_k"
   backend: str = "auto"            # auto | triton | reference (see the module docstring)
   # "int8": rank int8-rounded Q~, K~ (dsa_reference; kernels and pure JAX agree bit for bit) |
@@ -155,7 +155,7 @@ class DSAConfig(KindConfig):
     "auto" gathers when a 64-row block's 64 / vector row groups, choosing independently, would
     keep under GATHER_UNION of the keys between them: 1 - sparsity^(64 / vector) for top-k;
     threshold selection (no fixed share) gathers at vector 8 only.  H100
-    (experiments/dsa_kernels_h100.md): the gathered forward was 8% slower than the tiles at
+    (experiments/reports/dsa/README.md): the gathered forward was 8% slower than the tiles at
     V=4 DSA-90 (union 81%), within 2% to 1.6x faster at V=8 DSA-90..99 (57-8%) and V=4 DSA-95
     and DSA-99 (56%, 15%), 2.3x faster at V=8 with a threshold keeping 1%."""
     if self.forward != "auto":

@@ -25,7 +25,7 @@ example's last real token (XLA's autodiff of the reference works on every row). 
 else is k x k work in XLA at full fp32 precision.  H100, ListOps shape (32 x 2000, 8 heads of
 64, rank 128), value and gradients per layer: 1.20 ms without padding against 1.95 ms for the
 XLA form (the first kernels, which split fp32 tiles in registers and loaded bf16 rows without
-alignment, took 2.24 ms in the same process; ``experiments/dsa_gram_h100.md``).
+alignment, took 2.24 ms in the same process; ``experiments/reports/dsa/gram_kernels.md``).
 
 Nothing here imports triton at module import time (``kernels.shared.prologue.launch`` does).
 """
@@ -49,7 +49,7 @@ _HI = jax.lax.Precision.HIGHEST
 # (rows per step, warps, stages, column block) of the four kernels (forward Grams of Q / K and
 # of XP, the backward's dQ / dK and dXP tiles); at head dims above 64 or ranks above 128 the
 # column blocks and the dXP tiles shrink to bound the registers and the shared memory.
-# Chosen on an H100 (``benchmarks/bench_dsa_gram.py``, ``experiments/dsa_gram_h100.md``) among
+# Chosen on an H100 (``benchmarks/bench_dsa_gram.py``, ``experiments/reports/dsa/gram_kernels.md``) among
 # tiles that ptxas compiles for sm_90a without spills and whose buffers fit the 227 KiB of
 # shared memory: wider head dims or ranks, and fp32 / fp16 Q and K (two bf16 parts each, so
 # twice the buffers of the dXP loop), take smaller ones.

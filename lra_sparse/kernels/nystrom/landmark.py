@@ -53,8 +53,8 @@ from lra_sparse.kernels.shared.prologue import kernel_head_dim, zero_pad_head_di
 
 # Tiles: the fastest at the ListOps shape (benchmarks/tune_landmark_attention.py; F (.): of
 # ROWS 64 / 128 x warps 4 / 8 x BWD_BLOCKS 2 / 4 / 8 on an H200, experiments/
-# nystrom_h200_session16/tune_few_keys.md, then stages 1 / 2 and BWD_BLOCKS 8 / 16 on an H100,
-# plain and 2:4, experiments/nystrom_h100_session17/tune_few_keys.md and
+# reports/nystrom/tune_few_keys_h200.md, then stages 1 / 2 and BWD_BLOCKS 8 / 16 on an H100,
+# plain and 2:4, experiments/reports/nystrom/tune_few_keys.md and
 # ab_delta_from_probabilities.md)
 ROWS = 64        # query rows per block (the forward: one block per program)
 BWD_BLOCKS = 16  # row blocks per backward program
@@ -62,7 +62,7 @@ NUM_WARPS = 4
 NUM_STAGES = 2   # software-pipeline stages of the backward's loop over row blocks
 # B V: keys per step (at least 16 per member tile), keys per program, warps, stages: the
 # fastest of 64 / 128 x 256 / 512 x 4 / 8 x 1 / 2 on an H100, plain and 2:4 (stages 2 is
-# 0.01 ms faster plain and 0.01 slower 2:4; experiments/nystrom_h100_session17/
+# 0.01 ms faster plain and 0.01 slower 2:4; experiments/reports/nystrom/
 # tune_few_queries.md)
 KEY_BLOCK = 64
 SPAN = 512

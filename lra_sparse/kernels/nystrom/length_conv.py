@@ -29,7 +29,7 @@ multiplied (about 16 bits of mantissa per product, float32 accumulation). Backwa
 same product with the bands transposed and reversed, dT_u = sum over examples and blocks of
 G_j V_{j-1+u}^T (one program per head and slice of the blocks, accumulated in registers), and
 dw is the transpose of the taps -> bands map (JAX's autodiff of ``toeplitz_bands``).
-Measurements: experiments/nystrom_speed_h100.md.
+Measurements: experiments/reports/nystrom/README.md.
 """
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-# warps: the fastest of 4, 8, 16 on an H100 (experiments/nystrom_h100_session17/ab_pinv.md)
+# warps: the fastest of 4, 8, 16 on an H100 (experiments/reports/nystrom/ab_pinv.md)
 NUM_WARPS = 4
 
 
