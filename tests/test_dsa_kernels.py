@@ -12,6 +12,9 @@ padding, the kernels that skip it against the full loops, bit for bit.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -23,7 +26,7 @@ import jax.numpy as jnp
 from lra_sparse.kernels.dsa import reference as ref
 from lra_sparse.ops import softmax
 
-from conftest import check_close, np_philox4x32, np_select, rel_err  # np_select: float64 rule
+from conftest import REPO, check_close, np_philox4x32, np_select, rel_err  # np_select: float64 rule
 from triton_cpu import interpreted_launch, interpreting, run_interpreted
 
 try:  # registers the NaN-filled entry points of launch(..., poison=True) (GPU tests)
@@ -810,16 +813,38 @@ def test_interpreted_gather(monkeypatch, case):
                                    forward="gather")
 
 
+def _register_report(*args: str) -> dict:
+  """(kernel, dropout) -> (stack bytes, STL, LDL) of the table ``benchmarks/dsa_kernel_registers``
+  prints (head_dim 64, vector 8; sm_90a, compiled on the CPU) when run with ``args``."""
+  result = subprocess.run(
+      [sys.executable, "-m", "benchmarks.dsa_kernel_registers", "--head_dim=64", "--vector=8",
+       *args], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+      text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = {}
+  for line in result.stdout.split("\n\n")[-1].splitlines()[2:]:   # the table's rows
+    kernel, rate, _, _, stack, spills, _ = (c.strip() for c in line.strip("|").split("|"))
+    stl, ldl = spills.split(" / ")
+    report[(kernel, float(rate))] = (int(stack), int(stl), int(ldl))
+  return report
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_runtime_tiles_compile_for_hopper_without_spills(dtype):
   """Every DSA attention kernel at the tile ``kernels.dsa.triton`` launches it with, with and without
   attention dropout, compiled for sm_90a on the CPU: ptxas spills nothing (no STL / LDL; the
   128x64 forward with dropout spilled, hence its own "fwd_drop" tile)."""
   pytest.importorskip("triton")
-  from benchmarks import dsa_kernel_registers as regs  # pylint: disable=import-outside-toplevel
-  for kernel in ("dsa_fwd", "dsa_fwd_gather", "dsa_bwd_onepass", "dsa_bwd_dkdv", "dsa_bwd_dq"):
-    for rate in (0.0, 0.1):
-      st = regs.kernel_stats(kernel, dtype, 64, 8, rate)
-      assert (st["stl"], st["ldl"], st["stack"]) == (0, 0, 0), (kernel, rate, st)
-  spilling = regs.kernel_stats("dsa_fwd", "bf16", 64, 8, 0.1, (128, 64, 4, 3))
-  assert spilling["stl"] > 0   # the check sees a spill where there is one
+  report = _register_report(f"--dtype={dtype}", "--dropout=0,0.1")
+  kernels = ("dsa_fwd", "dsa_fwd_gather", "dsa_bwd_onepass", "dsa_bwd_dkdv", "dsa_bwd_dq")
+  assert set(report) == {(kernel, rate) for kernel in kernels for rate in (0.0, 0.1)}
+  for key, stats in report.items():
+    assert stats == (0, 0, 0), (key, stats)
+
+
+def test_register_report_sees_a_spill():
+  """The check above sees a spill where there is one: the forward with dropout at 128x64."""
+  pytest.importorskip("triton")
+  report = _register_report("--dtype=bf16", "--kernels=dsa_fwd", "--dropout=0.1",
+                            "--tiles=128:64:4:3")
+  assert report[("dsa_fwd", 0.1)][1] > 0

@@ -888,17 +888,6 @@ def test_mosaic_wide_products_lower_in_a_kernel():
   assert "mosaic_gpu" in text
 
 
-def test_dropout_bench_compares_the_wide_and_limb_bits():
-  """bench_dfss_dropout's A/B column: 'yes' for the same bits (gradients too), 'NO' for any
-  difference, '-' when a side fails."""
-  from benchmarks.bench_dfss_dropout import same_bits
-  x = (jnp.arange(6.0).reshape(2, 3),)
-  grads = lambda f: jax.grad(lambda a: jnp.sum(f(a) ** 2))  # noqa: E731
-  assert same_bits(grads(lambda a: a * 2), grads(lambda a: a + a), x) == "yes"
-  assert same_bits(lambda a: (a, a * 2), lambda a: (a, a * 2 + 1e-3), x) == "NO"
-  assert same_bits(lambda a: a, lambda a: a.reshape(7), x) == "-"
-
-
 def _scalar_bitcasts(jaxpr) -> list:
   """The bitcast_convert_type equations on 0-d operands in ``jaxpr`` and every jaxpr nested in
   its equations' parameters."""
