@@ -1,6 +1,6 @@
 """Times the pure-JAX attention kinds against XLA dense attention; prints a markdown table.
 
-  python benchmarks/bench_attention.py [--lengths=1024,2048,4096] [--batch=1 | --tokens=32768]
+  python -m benchmarks.bench_attention [--lengths=1024,2048,4096] [--batch=1 | --tokens=32768]
       [--heads=4] [--head_dim=64] [--dtype=float32|bfloat16] [--kinds=...] [--out=FILE]
 
 Kinds: dense_xla (jax.nn.dot_product_attention, XLA), dense_cudnn (GPU + half precision only),
@@ -14,14 +14,13 @@ q, k, v (and the kind's parameters). Median wall time of --reps calls after comp
 """
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Callable
 
 from absl import app, flags
 import jax
 import jax.numpy as jnp
 
+from benchmarks import harness
 from lra_sparse.attention import (AttentionDims, DSAConfig, NystromConfig, build_attention,
                                   dense_attention, dfss_attention)
 
@@ -73,7 +72,7 @@ def make_kind(kind: str, length: int, x, mask, dims: AttentionDims):
     if not on_gpu:
       return None
     try:
-      from lra_sparse.kernels import dfss_triton  # pylint: disable=import-outside-toplevel
+      from lra_sparse.kernels.dfss import triton as dfss_triton  # pylint: disable=import-outside-toplevel
     except Exception:  # pylint: disable=broad-except
       return None
     if not dfss_triton.is_available():
@@ -93,15 +92,8 @@ def make_kind(kind: str, length: int, x, mask, dims: AttentionDims):
 
 
 def median_ms(fn: Callable, *args) -> float:
-  jax.block_until_ready(fn(*args))            # compile
-  for _ in range(FLAGS.warmup):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(FLAGS.reps):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return 1e3 * statistics.median(times)
+  """Median ms of ``fn(*args)`` over --reps calls after compilation and --warmup calls."""
+  return 1e3 * harness.median_seconds(lambda: fn(*args), warmup=FLAGS.warmup, reps=FLAGS.reps)
 
 
 def bench_length(length: int, kinds) -> list[dict]:
@@ -117,8 +109,7 @@ def bench_length(length: int, kinds) -> list[dict]:
   q, k, v, cotangent = (jax.random.normal(key, shape, jnp.float32).astype(dtype)
                         for key in keys[:4])
   x = jax.random.normal(keys[4], (batch, length, heads * head_dim), jnp.float32).astype(dtype)
-  real = length - length // 16
-  mask = jnp.broadcast_to(jnp.arange(length) < real, (batch, length))
+  mask = harness.prefix_mask(jnp.full((batch,), length - length // 16), length)
   rows = []
   for kind in kinds:
     made = make_kind(kind, length, x, mask, dims)
@@ -144,19 +135,20 @@ def bench_length(length: int, kinds) -> list[dict]:
 
 
 def to_markdown(rows: list[dict]) -> str:
-  device = jax.devices()[0]
-  lines = [f"Device: {device.platform} ({device.device_kind}); dtype {FLAGS.dtype}; heads "
-           f"{FLAGS.heads}, head_dim {FLAGS.head_dim}; median of {FLAGS.reps} after "
-           f"{FLAGS.warmup} warm-up calls; ratio = kind / dense_xla (same length).", "",
-           "| kind | L | batch | fwd ms | fwd ratio | fwd+bwd ms | fwd+bwd ratio |",
-           "|---|---:|---:|---:|---:|---:|---:|"]
+  header = harness.run_header(f"dtype {FLAGS.dtype}",
+                              f"heads {FLAGS.heads}, head_dim {FLAGS.head_dim}",
+                              f"median of {FLAGS.reps} after {FLAGS.warmup} warm-up calls",
+                              "ratio = kind / dense_xla (same length).")
   dense = {(r["length"]): r for r in rows if r["kind"] == "dense_xla"}
+  cells = []
   for r in rows:
     base = dense.get(r["length"])
     ratio = lambda key, r=r, base=base: f"{r[key] / base[key]:.2f}x" if base else "-"
-    lines.append(f"| {r['kind']} | {r['length']} | {r['batch']} | {r['fwd']:.3f} | "
-                 f"{ratio('fwd')} | {r['bwd']:.3f} | {ratio('bwd')} |")
-  return "\n".join(lines) + "\n"
+    cells.append((r["kind"], r["length"], r["batch"], f"{r['fwd']:.3f}", ratio("fwd"),
+                  f"{r['bwd']:.3f}", ratio("bwd")))
+  return (header + "\n\n" + harness.markdown_table(
+      ["kind", "L", "batch", "fwd ms", "fwd ratio", "fwd+bwd ms", "fwd+bwd ratio"], cells,
+      align="lrrrrrr") + "\n")
 
 
 def main(argv):
@@ -173,11 +165,7 @@ def main(argv):
       raise ValueError(f"--lengths entry {length} must be a multiple of 16 (N:M groups, "
                        f"DSA vectors)")
     rows.extend(bench_length(length, kinds))
-  table = to_markdown(rows)
-  print(table)
-  if FLAGS.out:
-    with open(FLAGS.out, "w") as f:
-      f.write(table)
+  harness.emit(to_markdown(rows), FLAGS.out)
 
 
 if __name__ == "__main__":

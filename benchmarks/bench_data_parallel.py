@@ -8,7 +8,7 @@
 The trainer's layout (``lra_sparse.train``): parameters and optimizer state replicated over a
 one-axis ("data") mesh of the first n devices, each batch split along it, the step traced
 under that mesh so the attention kernels run per device on its shard
-(``attention.common.per_data_shard``).
+(``ops.sharding.per_data_shard``).
 
 - speed: the full train step (forward, backward, AdamW update) at a global batch of
   n x --per_device_batch on n devices, median wall time of --reps steps after --warmup; the
@@ -23,23 +23,20 @@ Variants are ``bench_train_step``'s (dtype:attention); random tokens, so no data
 """
 from __future__ import annotations
 
-import time
-
 from absl import flags
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
 
-from benchmarks import bench_train_step
-from benchmarks.bench_dfss_kernels import gpu_state
+from benchmarks import harness
 from lra_sparse import cli
-from lra_sparse import tables
 from lra_sparse import train
 from lra_sparse.data import get_task
 
 # --variants, --config, --length, --min_real_length, --overrides, --attention_dropout, --warmup,
-# --reps and --out
-# are bench_train_step's flags (imported above); the variants' default is set below.
+# --reps and --out are bench_train_step's flags (harness.define_train_step_flags); the
+# variants' default is set below.
+harness.define_train_step_flags()
 flags.DEFINE_list("devices", [], "Device counts to compare (default: 1 and every local device).")
 flags.DEFINE_bool("speed", True, "Time the steps (false: the loss curves only).")
 flags.DEFINE_integer("per_device_batch", 32, "speed: examples per device and step.")
@@ -50,6 +47,7 @@ flags.DEFINE_bool("fp32_curve", True, "curve: also the float32 curve of each "
 flags.DEFINE_integer("fp32_devices", 1, "curve: devices of the float32 curve (more where one "
                      "lacks the memory: XLA's float32 dense attention at LRA ListOps' length "
                      "asks about 80 GiB at batch 64).")
+flags.adopt_module_key_flags(harness)
 FLAGS = flags.FLAGS
 FLAGS.set_default("variants", ["bf16:cudnn", "bf16:kind=dfss+nm=2:4+backend=triton"])
 
@@ -65,24 +63,23 @@ class DataParallelStep:
       raise ValueError(f"{num_devices} devices asked for; {len(available)} available")
     if global_batch % num_devices:
       raise ValueError(f"global batch {global_batch} does not split over {num_devices} devices")
-    self.config = bench_train_step.make_config(
+    self.config = harness.make_config(
         variant, config_path=FLAGS.config, batch=global_batch, length=FLAGS.length,
-        overrides=bench_train_step.step_overrides())
+        overrides=harness.step_overrides())
     self.spec = get_task(self.config.task).spec(self.config)
     model = train.make_model(self.config, self.spec)
     mesh = Mesh(np.array(available[:num_devices]), ("data",))
     self.batch_sharding = NamedSharding(mesh, PartitionSpec("data"))
     sample = self.batch(np.random.default_rng(0))
-    self.state = jax.device_put(bench_train_step.init_state(self.config, model, sample),
+    self.state = jax.device_put(harness.init_state(self.config, model, sample),
                                 NamedSharding(mesh, PartitionSpec()))
     self.step = train.in_mesh(jax.jit(train.make_train_step(model), donate_argnums=(0,)),
                               mesh)
     self.key = jax.random.key(1)
 
   def batch(self, rng: np.random.Generator) -> dict:
-    data = bench_train_step.random_batch(self.spec, self.config.batch_size,
-                                         self.config.data.max_length, rng,
-                                         FLAGS.min_real_length)
+    data = harness.random_batch(self.spec, self.config.batch_size,
+                                self.config.data.max_length, rng, FLAGS.min_real_length)
     return jax.device_put(data, self.batch_sharding)
 
   def __call__(self, data):
@@ -94,15 +91,7 @@ def time_steps(variant: str, num_devices: int) -> float:
   """Median seconds per step at n x --per_device_batch on n devices (one batch, reused)."""
   run = DataParallelStep(variant, num_devices, num_devices * FLAGS.per_device_batch)
   data = run.batch(np.random.default_rng(0))
-  for _ in range(1 + FLAGS.warmup):
-    metrics = run(data)
-  jax.block_until_ready(metrics)
-  times = []
-  for _ in range(FLAGS.reps):
-    start = time.perf_counter()
-    jax.block_until_ready(run(data))
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
+  return harness.median_seconds(lambda: run(data), warmup=FLAGS.warmup, reps=FLAGS.reps)
 
 
 def loss_curve(variant: str, num_devices: int) -> np.ndarray:
@@ -159,23 +148,19 @@ def main(argv):
       speed += speed_rows(variant, counts)
     if FLAGS.curve_steps:
       curves += curve_rows(variant, counts)
-  devices = jax.devices()
-  text = (f"Data-parallel training; {len(devices)} x {devices[0].device_kind}; jax "
-          f"{jax.__version__}; {gpu_state()}\n")
+  text = (f"Data-parallel training; {len(jax.devices())} devices; {harness.run_header()}; "
+          f"{harness.gpu_state()}\n")
   if speed:
     text += (f"\nSpeed (global batch = devices x {FLAGS.per_device_batch}):\n\n" +
-             tables.markdown_grid(("variant", "devices", "global batch", "ms/step", "steps/s",
-                                   "examples/s vs 1 device"), speed) + "\n")
+             harness.markdown_table(("variant", "devices", "global batch", "ms/step", "steps/s",
+                                     "examples/s vs 1 device"), speed) + "\n")
   if curves:
     marks = tuple(f"loss @{m}" for m in CURVE_MARKS if m <= FLAGS.curve_steps)
     text += (f"\nLoss curves ({FLAGS.curve_steps} steps, global batch {FLAGS.curve_batch}, "
              "same batches; differences against the one-device run):\n\n" +
-             tables.markdown_grid(("variant", "run", *marks, "max |diff|", "mean |diff|"),
-                                  curves) + "\n")
-  print(text)
-  if FLAGS.out:
-    with open(FLAGS.out, "w") as f:
-      f.write(text)
+             harness.markdown_table(("variant", "run", *marks, "max |diff|", "mean |diff|"),
+                                    curves) + "\n")
+  harness.emit(text, FLAGS.out)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ w.r.t. q, k, v) of
   * cuDNN dense (bf16; the dense model people run; jax.nn.dot_product_attention has no dropout)
   * XLA dense, and XLA dense with attention dropout (the explicit formulation ``dense`` trains
     with when attention_dropout_rate > 0)
-  * DFSS Triton fused, without and with attention dropout (``dfss_dropout``'s counter-based
+  * DFSS Triton fused, without and with attention dropout (``ops.dropout``'s counter-based
     mask drawn inside the kernels),
   * DFSS Mosaic GPU (Hopper, bf16/fp16), without and with attention dropout (the same mask;
     also with Philox's high halves from 16-bit limbs, ``Tiles(wide_products=False)``, the A/B
@@ -24,7 +24,6 @@ Usage, from the repository root:
 
 from __future__ import annotations
 
-import datetime
 import sys
 from typing import Sequence
 
@@ -33,13 +32,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.ab_dfss_kernels import chained_ms, emit_table, input_sets
-from benchmarks.bench_dfss_kernels import gpu_state
+from benchmarks import harness
 from lra_sparse.attention.dense import dense_attention_reference
-from lra_sparse.kernels import dfss_dropout, dfss_mgpu, dfss_triton
+from lra_sparse.ops import dropout as dfss_dropout
+from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
+from lra_sparse.kernels.dfss import triton as dfss_triton
 
 FLAGS = flags.FLAGS
-DTYPES = {"bf16": (jnp.bfloat16, 2, 4), "fp32": (jnp.float32, 1, 2)}  # paper defaults
+DTYPES = harness.NM_DTYPES
 
 
 def methods(dtype, n, m, rate, dense=True):
@@ -68,26 +68,12 @@ def methods(dtype, n, m, rate, dense=True):
   return out
 
 
-def passes(attn):
-  def fwd(q, k, v, ct):
-    del ct
-    return attn(q, k, v)
-
-  def fwd_bwd(q, k, v, ct):
-    return jax.grad(lambda q, k, v: jnp.sum((attn(q, k, v) * ct).astype(jnp.float32)),
-                    argnums=(0, 1, 2))(q, k, v)
-
-  return {"fwd": fwd, "fwd+bwd": fwd_bwd}
-
-
 def define_flags() -> None:
   flags.DEFINE_float("rate", 0.1, "Attention dropout rate.")
   flags.DEFINE_string("dtypes", "bf16", f"Subset of {sorted(DTYPES)} (bf16 2:4, fp32 1:2).")
-  flags.DEFINE_string("shapes", "32x1024,16x2048,8x4096", "Comma-separated BATCHxLENGTH list.")
-  flags.DEFINE_integer("heads", 4, "Attention heads.")
-  flags.DEFINE_integer("dim", 64, "Head dimension.")
-  flags.DEFINE_integer("steps", 20, "Attention calls chained in one jit (lax.scan).")
-  flags.DEFINE_integer("rounds", 7, "Timed runs per cell (median).")
+  harness.define_shape_flags()
+  harness.define_chain_flags()
+  flags.adopt_module_key_flags(harness)
   flags.DEFINE_bool("dense", True, "Also time the dense rows (cuDNN, XLA with/without dropout).")
   flags.DEFINE_string("out", None, "Also write the table (markdown) here.")
 
@@ -108,30 +94,30 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not dfss_triton.is_available():
     sys.exit("bench_dfss_dropout needs a GPU with triton and jax-triton")
-  dev = jax.devices()[0]
-  now = datetime.datetime.now(datetime.timezone.utc)
-  header = (f"device: {getattr(dev, 'device_kind', dev.platform)}; jax {jax.__version__}; "
-            f"heads {FLAGS.heads}, head_dim {FLAGS.dim}; attention dropout {FLAGS.rate}; "
-            f"{FLAGS.steps} calls per jit (lax.scan), median of {FLAGS.rounds}; "
-            f"{now:%Y-%m-%d %H:%M} UTC\n{gpu_state()}")
+  header = (harness.run_header(f"heads {FLAGS.heads}, head_dim {FLAGS.dim}",
+                               f"attention dropout {FLAGS.rate}",
+                               f"{FLAGS.steps} calls per jit (lax.scan), median of "
+                               f"{FLAGS.rounds}") + "\n" + harness.gpu_state())
   print(header, flush=True)
   rows = []
   h, d = FLAGS.heads, FLAGS.dim
   for dname in FLAGS.dtypes.split(","):
     dtype, n, m = DTYPES[dname]
-    for shape in FLAGS.shapes.split(","):
-      b, l = map(int, shape.split("x"))
-      sets, xs = input_sets(b, l, h, d, dtype, FLAGS.steps)
+    for b, l in harness.parse_shapes(FLAGS.shapes):
+      shape = f"{b}x{l}"
+      sets = harness.attention_sets(b, l, h, d, dtype)
+      xs = harness.stack_sets(sets, FLAGS.steps)
       for kind in ("fwd", "fwd+bwd"):
         times = {}
         fns = methods(dtype, n, m, FLAGS.rate, FLAGS.dense)
         wide_name = f"DFSS Mosaic, dropout {FLAGS.rate}"
-        wide_same = (same_bits(passes(fns[wide_name])[kind],
-                               passes(fns[wide_name + ", limbs"])[kind], sets[0])
+        wide_same = (same_bits(harness.passes(fns[wide_name])[kind],
+                               harness.passes(fns[wide_name + ", limbs"])[kind], sets[0])
                      if wide_name in fns else "-")
         for name, attn in fns.items():
           try:
-            times[name] = chained_ms(passes(attn)[kind], xs, FLAGS.steps, FLAGS.rounds)
+            times[name] = harness.chained_ms(harness.passes(attn)[kind], xs, FLAGS.steps,
+                                             FLAGS.rounds)
           except Exception as e:  # pylint: disable=broad-except  (e.g. out of memory)
             print(f"{dname} {shape} {kind} {name}: failed: {type(e).__name__}: "
                   f"{str(e).splitlines()[0][:100]}", flush=True)
@@ -152,11 +138,12 @@ def main(argv: Sequence[str]) -> None:
                wide_same]
         rows.append(row)
         print(" | ".join(row), flush=True)
-  emit_table(header, ["dtype", "N:M", "BxL", "pass", "cuDNN ms", "XLA ms", "XLA+drop ms",
-                      "DFSS ms", "DFSS+drop ms", "DFSS drop/no", "XLA drop/no",
-                      "Mosaic ms", "Mosaic+drop ms", "Mosaic drop/no",
-                      "Mosaic+drop x cuDNN", "Mosaic+drop limbs ms", "Mosaic limbs drop/no",
-                      "wide = limbs bits"], rows, FLAGS.out)
+  harness.emit_table(header, ["dtype", "N:M", "BxL", "pass", "cuDNN ms", "XLA ms",
+                              "XLA+drop ms", "DFSS ms", "DFSS+drop ms", "DFSS drop/no",
+                              "XLA drop/no", "Mosaic ms", "Mosaic+drop ms", "Mosaic drop/no",
+                              "Mosaic+drop x cuDNN", "Mosaic+drop limbs ms",
+                              "Mosaic limbs drop/no", "wide = limbs bits"], rows, FLAGS.out)
+
 
 if __name__ == "__main__":
   define_flags()

@@ -14,8 +14,7 @@ compressed: L^2*N/M values + 1 bit per key of metadata; fused: one fp32 log-sum-
 reported with its ratio to dense; "temp MiB" is XLA's compiled temp-buffer size of the
 fwd+bwd program (memory_analysis), which bounds the peak of the whole step.
 
-Usage, from the repository root (benchmarks/ is a package: tune_dfss_kernels imports the timing
-helpers from here):
+Usage, from the repository root:
 
   python -m benchmarks.bench_dfss_kernels [--out=FILE] [--dtypes=bf16,fp32]
       [--shapes=32x1024,16x2048,8x4096] [--heads=4] [--dim=64] [--skip_reference] [--log=FILE]
@@ -23,10 +22,6 @@ helpers from here):
 
 from __future__ import annotations
 
-import datetime
-import statistics
-import subprocess
-import time
 from typing import Sequence
 
 from absl import app, flags
@@ -34,55 +29,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lra_sparse.kernels import dfss_reference, dfss_triton
+from benchmarks import harness
+from benchmarks.harness import fwd_bwd, time_fn
+from lra_sparse.kernels.dfss import reference as dfss_reference
+from lra_sparse.kernels.dfss import triton as dfss_triton
 
 FLAGS = flags.FLAGS
 
-DTYPES = {"bf16": (jnp.bfloat16, 2, 4), "fp32": (jnp.float32, 1, 2)}  # paper defaults
-
-
-def _block(x):
-  jax.tree_util.tree_map(lambda a: a.block_until_ready(), x)
-
-
-def time_fn(fn, input_sets, target_s=0.4, min_samples=7, max_samples=41):
-  """Median ms per call; bursts of back-to-back calls, inputs rotated."""
-  for args in input_sets:  # warm-up (compile) on every input set
-    _block(fn(*args))
-  t0 = time.perf_counter()
-  _block(fn(*input_sets[0]))
-  est = max(time.perf_counter() - t0, 1e-5)
-  burst = int(min(max(1, 0.02 / est), 50))
-  n_samples = int(min(max(min_samples, target_s / (est * burst)), max_samples))
-  samples = []
-  for s in range(n_samples):
-    t0 = time.perf_counter()
-    out = None
-    for j in range(burst):
-      out = fn(*input_sets[(s * burst + j) % len(input_sets)])
-    _block(out)
-    samples.append((time.perf_counter() - t0) / burst * 1e3)
-  return statistics.median(samples), samples
-
-
-def gpu_state():
-  """SM clock / max clock / power limit / temperature from nvidia-smi: compute-bound kernels
-  (the fused DFSS ones) move with the SM clock, which differs between lent machines."""
-  try:
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu",
-         "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
-    return f"nvidia-smi sm clock, max sm clock, power, power limit, temp: {out}"
-  except Exception as e:  # noqa: BLE001  no nvidia-smi (or no GPU): say so, do not fail
-    return f"nvidia-smi unavailable ({type(e).__name__})"
-
-
-def temp_mib(fn, *args):
-  try:
-    ma = jax.jit(fn).lower(*args).compile().memory_analysis()
-    return ma.temp_size_in_bytes / 2**20
-  except Exception:  # pragma: no cover
-    return float("nan")
+DTYPES = harness.NM_DTYPES
+COLS = ["dtype", "N:M", "B", "L", "method", "fwd ms", "fwd vs XLA", "fwd vs cuDNN",
+        "fwd+bwd ms", "f+b vs XLA", "f+b vs cuDNN", "A MiB (vs dense)", "temp MiB f+b"]
+RATIOS = "Ratios are speed-ups (baseline time / method time); >1 means faster."
 
 
 def make_methods(dtype, n, m, with_triton):
@@ -103,13 +60,6 @@ def make_methods(dtype, n, m, with_triton):
   return meths
 
 
-def fwd_bwd(f):
-  def g(q, k, v, ct):
-    return jax.grad(lambda q, k, v: jnp.sum((f(q, k, v) * ct).astype(jnp.float32)),
-                    argnums=(0, 1, 2))(q, k, v)
-  return g
-
-
 def a_bytes(name, b, h, l, dtype, n, m):
   isz = jnp.dtype(dtype).itemsize
   bh = b * h
@@ -122,14 +72,12 @@ def a_bytes(name, b, h, l, dtype, n, m):
 
 
 def define_flags() -> None:
-  """Defined only when run as a program, so importing this module (tune_dfss_kernels does)
-  adds no flags."""
+  """Defined only when run as a program, so importing this module adds no flags."""
   flags.DEFINE_string("out", None, "Also write the table (markdown) here.")
   flags.DEFINE_string("dtypes", "bf16,fp32", f"Comma-separated subset of {sorted(DTYPES)} "
                       "(bf16 runs 2:4, fp32 runs 1:2).")
-  flags.DEFINE_string("shapes", "32x1024,16x2048,8x4096", "Comma-separated BATCHxLENGTH list.")
-  flags.DEFINE_integer("heads", 4, "Attention heads.")
-  flags.DEFINE_integer("dim", 64, "Head dimension.")
+  harness.define_shape_flags()
+  flags.adopt_module_key_flags(harness)
   flags.DEFINE_bool("skip_reference", False, "Skip the DFSS pure-JAX reference rows.")
   flags.DEFINE_string("log", None, "Also append the progress lines to this file.")
 
@@ -146,36 +94,29 @@ def main(argv: Sequence[str]) -> None:
       logf.write(msg + "\n")
       logf.flush()
 
-  dev = jax.devices()[0]
   with_triton = dfss_triton.is_available()
   try:
-    import triton
+    import triton  # pylint: disable=import-outside-toplevel
     tver = triton.__version__
-  except Exception:
+  except Exception:  # noqa: BLE001
     tver = "n/a"
   try:
-    import jax_triton
+    import jax_triton  # pylint: disable=import-outside-toplevel
     jtver = getattr(jax_triton, "__version__", "?")
-  except Exception:
+  except Exception:  # noqa: BLE001
     jtver = "n/a"
-  now = datetime.datetime.now(datetime.timezone.utc)
-  header = (f"device: {getattr(dev, 'device_kind', dev.platform)} ({dev.platform}); "
-            f"jax {jax.__version__}; triton {tver}; jax-triton {jtver}; "
-            f"date {now:%Y-%m-%d %H:%M} UTC; "
-            f"heads {FLAGS.heads}, head_dim {FLAGS.dim}; times = median ms after warm-up")
+  header = harness.run_header(f"triton {tver}", f"jax-triton {jtver}",
+                              f"heads {FLAGS.heads}, head_dim {FLAGS.dim}",
+                              "times = median ms after warm-up")
   log(header)
-  log("start: " + gpu_state())
-  shapes = [tuple(int(x) for x in s.split("x")) for s in FLAGS.shapes.split(",")]
+  log("start: " + harness.gpu_state())
+  shapes = harness.parse_shapes(FLAGS.shapes)
   rows = []
   h, d = FLAGS.heads, FLAGS.dim
   for dname in FLAGS.dtypes.split(","):
     dtype, n, m = DTYPES[dname]
     for b, l in shapes:
-      key = jax.random.PRNGKey(l + b)
-      sets = []
-      for i in range(3):
-        ks = jax.random.split(jax.random.fold_in(key, i), 4)
-        sets.append(tuple(jax.random.normal(kk, (b, l, h, d), dtype) for kk in ks))
+      sets = harness.attention_sets(b, l, h, d, dtype, seed=l + b)
       fsets = [s[:3] for s in sets]
       res = {}
       for name, f in make_methods(dtype, n, m, with_triton).items():
@@ -190,7 +131,7 @@ def main(argv: Sequence[str]) -> None:
         try:
           g = jax.jit(fwd_bwd(f))
           r["fb"], _ = time_fn(g, sets)
-          r["temp"] = temp_mib(fwd_bwd(f), *sets[0])
+          r["temp"] = harness.temp_mib(fwd_bwd(f), *sets[0])
         except Exception as e:
           log(f"{dname} {b}x{l} {name} fwd+bwd failed: {type(e).__name__}: {str(e)[-800:]}")
           r["fb"] = float("nan")
@@ -211,25 +152,9 @@ def main(argv: Sequence[str]) -> None:
                      f"{r['fb']:.3f}", ratio(x, "fb"), ratio(c, "fb"),
                      f"{r['abytes'] / 2**20:.1f} ({r['abytes'] / r['dense']:.3f})",
                      f"{r['temp']:.0f}"])
-      write_table(rows, header, FLAGS.out)  # after every shape, so a cut-off run keeps its rows
-  header += "\n" + gpu_state().replace("nvidia-smi", "end of run, nvidia-smi")
-  table = write_table(rows, header, FLAGS.out)
-  print()
-  print(table, flush=True)
-
-
-def write_table(rows, header, out):
-  cols = ["dtype", "N:M", "B", "L", "method", "fwd ms", "fwd vs XLA", "fwd vs cuDNN",
-          "fwd+bwd ms", "f+b vs XLA", "f+b vs cuDNN", "A MiB (vs dense)", "temp MiB f+b"]
-  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-  lines += ["| " + " | ".join(r) + " |" for r in rows]
-  table = "\n".join(lines)
-  if out:
-    with open(out, "w") as f:
-      f.write(header + "\n\n"
-              + "Ratios are speed-ups (baseline time / method time); >1 means faster.\n\n"
-              + table + "\n")
-  return table
+      # after every shape, so a cut-off run keeps its rows
+      harness.save(f"{header}\n\n{RATIOS}\n\n{harness.markdown_table(COLS, rows)}\n", FLAGS.out)
+  harness.emit_table(header, COLS, rows, FLAGS.out, note=RATIOS)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-"""DFSS on Hopper: the Mosaic GPU kernels (``dfss_mgpu``) against cuDNN, XLA dense and the
+"""DFSS on Hopper: the Mosaic GPU kernels (``kernels.dfss.mosaic``) against cuDNN, XLA dense and the
 Triton DFSS kernels, in ONE process on one GPU.
 
-First a correctness pass (``--check``): outputs and q/k/v gradients of ``dfss_mgpu`` against the
+First a correctness pass (``--check``): outputs and q/k/v gradients of ``kernels.dfss.mosaic`` against the
 float32 reference on the same bf16 inputs, with and without a key padding mask, at lengths that
 need padding, for several N:M. Then the timing table: each timed call is one jit chaining
 ``--steps`` attention calls with lax.scan over stacked random inputs (no dispatch cost, every
@@ -15,7 +15,6 @@ Usage, from the repository root (GPU):
 """
 from __future__ import annotations
 
-import datetime
 import traceback
 from typing import Sequence
 
@@ -24,17 +23,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.ab_dfss_kernels import chained_ms, emit_table, input_sets
+from benchmarks import harness
+from benchmarks.harness import fwd_bwd
 from lra_sparse.attention import dense
-from lra_sparse.attention.nm import parse_nm
-from lra_sparse.kernels import dfss_mgpu, dfss_reference, dfss_triton
+from lra_sparse.ops.nm import parse_nm
+from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
+from lra_sparse.kernels.dfss import reference as dfss_reference
+from lra_sparse.kernels.dfss import triton as dfss_triton
 
 FLAGS = flags.FLAGS
-
-
-def _grads(f, q, k, v, ct):
-  return jax.grad(lambda q, k, v: jnp.sum((f(q, k, v) * ct).astype(jnp.float32)),
-                  argnums=(0, 1, 2))(q, k, v)
 
 
 def _rel(a, b) -> float:
@@ -53,13 +50,12 @@ def check(tiles_list) -> list[str]:
                    for kk in jax.random.split(key, 4))
     mask = None
     if masked:
-      lengths = jnp.array([l, l // 3] + [l - 7] * (b - 2))[:b]
-      mask = jnp.arange(l)[None] < lengths[:, None]
+      mask = harness.prefix_mask(jnp.array([l, l // 3] + [l - 7] * (b - 2))[:b], l)
     ref = lambda q, k, v: dfss_reference.dfss_attention_reference(
         q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), n=n, m=m,
         mask=mask, precision=jax.lax.Precision.HIGHEST)
     o_ref = ref(q, k, v)
-    g_ref = _grads(ref, q, k, v, ct)
+    g_ref = fwd_bwd(ref)(q, k, v, ct)
     for tiles in tiles_list:
       name = f"B={b} L={l} H={h} d={d} {n}:{m} mask={masked} tiles={tiles}"
       try:
@@ -67,7 +63,7 @@ def check(tiles_list) -> list[str]:
                                                                    tiles=tiles))
         o = f(q, k, v)
         err_o = _rel(o, o_ref)
-        g = jax.jit(lambda q, k, v, ct: _grads(f, q, k, v, ct))(q, k, v, ct)
+        g = jax.jit(fwd_bwd(f))(q, k, v, ct)
         errs = [_rel(x, y) for x, y in zip(g, g_ref)]
         finite = all(bool(jnp.isfinite(x.astype(jnp.float32)).all()) for x in (o, *g))
         ok = finite and err_o < 2e-2 and max(errs) < 3e-2
@@ -108,12 +104,10 @@ KERNEL_ONLY = "DFSS Mosaic fwd kernel alone"
 
 
 def define_flags() -> None:
-  flags.DEFINE_list("shapes", ["32x1024", "16x2048", "8x4096"], "BxL shapes.")
-  flags.DEFINE_integer("heads", 4, "Heads.")
-  flags.DEFINE_integer("dim", 64, "Head dim.")
+  harness.define_shape_flags()
+  harness.define_chain_flags()
+  flags.adopt_module_key_flags(harness)
   flags.DEFINE_string("nm", "2:4", "N:M.")
-  flags.DEFINE_integer("steps", 20, "Calls chained in one jit.")
-  flags.DEFINE_integer("rounds", 7, "Timed rounds (median).")
   flags.DEFINE_bool("check", True, "Run the correctness pass first.")
   flags.DEFINE_list("variants", ["default"], "Tile variants to time (default, nosched, "
                     "stages3, bkv64, pairs); the check runs the first two.")
@@ -136,34 +130,30 @@ def main(argv: Sequence[str]) -> None:
   del argv
   n, m = parse_nm(FLAGS.nm)
   tiles = {name: VARIANTS[name] for name in FLAGS.variants}
-  device = jax.devices()[0]
-  header = (f"DFSS Mosaic GPU vs cuDNN / XLA / Triton, {device.device_kind}, jax "
-            f"{jax.__version__}, {datetime.date.today()}; bf16, {FLAGS.heads} heads, "
-            f"d={FLAGS.dim}, DFSS {n}:{m}{', key padding mask' if FLAGS.masked else ''}; "
-            f"median of {FLAGS.rounds} rounds of {FLAGS.steps} chained calls; 'x cuDNN' = "
-            "cuDNN ms / method ms (speed relative to cuDNN)")
+  header = (f"DFSS Mosaic GPU vs cuDNN / XLA / Triton; {harness.run_header()}; bf16, "
+            f"{FLAGS.heads} heads, d={FLAGS.dim}, DFSS {n}:{m}"
+            f"{', key padding mask' if FLAGS.masked else ''}; median of {FLAGS.rounds} rounds "
+            f"of {FLAGS.steps} chained calls; 'x cuDNN' = cuDNN ms / method ms (speed relative "
+            "to cuDNN)")
   check_lines = check(list(tiles.values())[:2]) if FLAGS.check else []
   rows = []
-  for shape in FLAGS.shapes:
-    b, l = (int(x) for x in shape.split("x"))
-    sets, xs = input_sets(b, l, FLAGS.heads, FLAGS.dim, jnp.bfloat16, FLAGS.steps)
-    del sets
+  for b, l in harness.parse_shapes(FLAGS.shapes):
+    shape = f"{b}x{l}"
+    xs = harness.stack_sets(harness.attention_sets(b, l, FLAGS.heads, FLAGS.dim, jnp.bfloat16),
+                            FLAGS.steps)
     mask = None
     if FLAGS.masked:
-      lengths = jax.random.randint(jax.random.PRNGKey(l), (b,), l // 4, l + 1).at[0].set(l)
-      mask = jnp.arange(l)[None, :] < lengths[:, None]
+      mask = harness.random_padding_mask(jax.random.PRNGKey(l), b, l, full_first=True)
       # as in a masked model, padded rows reach no loss: their cotangent is 0
       xs = xs[:3] + (jnp.where(mask[None, :, :, None, None], xs[3], 0),)
     times = {}
     meths = methods(n, m, tiles, l, mask)
     for name, f in meths.items():
-      for mode in ("fwd", "fwd+bwd"):
-        fn = ((lambda q, k, v, ct, f=f: f(q, k, v)) if mode == "fwd"
-              else (lambda q, k, v, ct, f=f: _grads(f, q, k, v, ct)))
+      for mode, fn in harness.passes(f).items():
         if name == KERNEL_ONLY and mode != "fwd":
           continue
         try:
-          times[(name, mode)] = chained_ms(fn, xs, FLAGS.steps, FLAGS.rounds)
+          times[(name, mode)] = harness.chained_ms(fn, xs, FLAGS.steps, FLAGS.rounds)
         except Exception as error:  # pylint: disable=broad-except
           print(f"{name} {mode} {shape}: {type(error).__name__}: {str(error)[-1500:]}",
                 flush=True)
@@ -177,8 +167,9 @@ def main(argv: Sequence[str]) -> None:
         rows.append([shape, mode, name, f"{t:.3f}",
                      f"{times[('cuDNN dense', mode)] / t:.2f}",
                      f"{times[('XLA dense', mode)] / t:.2f}"])
-  emit_table(header + ("\n\ncorrectness:\n" + "\n".join(check_lines) if check_lines else ""),
-             ["BxL", "pass", "method", "ms", "x cuDNN", "x XLA"], rows, FLAGS.out or None)
+  harness.emit_table(
+      header + ("\n\ncorrectness:\n" + "\n".join(check_lines) if check_lines else ""),
+      ["BxL", "pass", "method", "ms", "x cuDNN", "x XLA"], rows, FLAGS.out)
 
 
 if __name__ == "__main__":

@@ -28,37 +28,36 @@ on then: cuDNN has none through JAX) and each DSA Triton setting with dropout in
 
 from __future__ import annotations
 
-import datetime
 from typing import Sequence
 
 from absl import app, flags
 import jax
 import jax.numpy as jnp
 
-from benchmarks.ab_dfss_kernels import chained_ms
-from benchmarks.bench_dfss_kernels import gpu_state, temp_mib
+from benchmarks import harness
 from lra_sparse.attention.dense import dense_attention_reference
-from lra_sparse.kernels import dfss_triton, dsa_reference, dsa_triton
+from lra_sparse.kernels.dfss import triton as dfss_triton
+from lra_sparse.kernels.dsa import reference as dsa_reference
+from lra_sparse.kernels.dsa import tiles as dsa_tiles
+from lra_sparse.kernels.dsa import triton as dsa_triton
 
 FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-  flags.DEFINE_string("shapes", "32x1024,16x2048,8x4096", "Comma-separated BATCHxLENGTH.")
-  flags.DEFINE_integer("heads", 4, "Attention heads.")
-  flags.DEFINE_integer("dim", 64, "Head dimension.")
+  harness.define_shape_flags()
+  harness.define_chain_flags()
+  flags.adopt_module_key_flags(harness)
   flags.DEFINE_string("settings",
                       "90:1:0.25,95:1:0.25,99:1:0.25,90:8:0.25,95:8:0.1,99:8:0.1,99:8:0.1:t",
                       "DSA settings SPARSITY%:VECTOR:SIGMA[:t], comma-separated (t: threshold "
                       "selection at that quantile).")
   flags.DEFINE_list("forwards", ["tiles", "gather"], "DSA Triton forwards to time "
                     "(dsa_triton.FORWARDS; gather only for vector >= 4).")
-  flags.DEFINE_integer("steps", 20, "Calls chained in one jit (lax.scan).")
-  flags.DEFINE_integer("rounds", 7, "Timed rounds (median).")
   flags.DEFINE_bool("skip_reference", False, "Skip the DSA pure-JAX rows.")
   flags.DEFINE_string("out", None, "Also write the table here.")
-  flags.DEFINE_list("tiles", [], "Kernel tile overrides KERNEL:OPERANDS:BM:BN:WARPS:STAGES:SKIP "
-                    "(dsa_triton.set_tiles), e.g. fwd:half:128:64:8:3:0.")
+  flags.DEFINE_list("tiles", [], "Kernel tile overrides KERNEL:BM:BN:WARPS:STAGES[:SKIP] "
+                    "(kernels.dsa.tiles), e.g. fwd:128:64:8:3:0.")
   flags.DEFINE_bool("no_dense", False, "Skip the XLA / cuDNN / DFSS rows (tuning runs).")
   flags.DEFINE_bool("select_only", False, "Add a row per DSA setting timing the selection "
                     "alone (its forward; the attention kernel's share is the difference).")
@@ -78,17 +77,17 @@ def _selection(sparsity, threshold):
 
 
 def dsa_fns(sparsity, vector, triton: bool, rate: float = 0.0, threshold=None,
-            forward: str = "tiles"):
+            forward: str = "tiles", tiles: dsa_tiles.Overrides = ()):
   select = _selection(sparsity, threshold)
 
   def attend(q, k, v, qp, kp):
     ops = dsa_reference.selection_operands(qp, kp, None, vector=vector,
                                            scale=q.shape[-1] ** -0.5)
     if triton:
-      bits = dsa_triton.select_bits(ops, **select)
+      bits = dsa_triton.select_bits(ops, **select, tiles=tiles)
       return dsa_triton.dsa_attention_triton(q, k, v, bits, vector=vector, dropout_rate=rate,
                                              dropout_seed=_SEED if rate else None,
-                                             forward=forward)
+                                             forward=forward, tiles=tiles)
     keep = dsa_reference.reference_select(ops, **select)
     return dsa_reference.attention_under_keep(q, k, v,
                                               dsa_reference.expand_groups(keep, vector))
@@ -110,7 +109,7 @@ def dsa_fns(sparsity, vector, triton: bool, rate: float = 0.0, threshold=None,
   return fwd, fwd_bwd
 
 
-def select_fns(sparsity, vector, threshold=None):
+def select_fns(sparsity, vector, threshold=None, tiles: dsa_tiles.Overrides = ()):
   """The selection alone (predictor scores and bits): what the forward spends before the
   attention kernel; no backward (None: the row's fwd+bwd is not timed)."""
   select = _selection(sparsity, threshold)
@@ -119,7 +118,7 @@ def select_fns(sparsity, vector, threshold=None):
     del k, v, ct
     ops = dsa_reference.selection_operands(qp, kp, None, vector=vector,
                                            scale=q.shape[-1] ** -0.5)
-    return dsa_triton.select_bits(ops, **select)
+    return dsa_triton.select_bits(ops, **select, tiles=tiles)
   return fwd, None
 
 
@@ -138,15 +137,11 @@ def calibrated_threshold(qp, kp, vector, sparsity, head_dim):
 
 
 def dense_fns(f):
-  def fwd(q, k, v, qp, kp, ct):
-    del qp, kp, ct
-    return f(q, k, v)
-
-  def fwd_bwd(q, k, v, qp, kp, ct):
-    del qp, kp
-    return jax.grad(lambda q, k, v: jnp.sum((f(q, k, v) * ct).astype(jnp.float32)),
-                    argnums=(0, 1, 2))(q, k, v)
-  return fwd, fwd_bwd
+  """(fwd, fwd_bwd) of the attention ``f(q, k, v)``, taking the DSA methods' arguments
+  (q, k, v, qp, kp, ct; the predictor factors qp, kp unused)."""
+  fwd, fwd_bwd = harness.passes(f).values()
+  return ((lambda q, k, v, qp, kp, ct: fwd(q, k, v, ct)),
+          (lambda q, k, v, qp, kp, ct: fwd_bwd(q, k, v, ct)))
 
 
 def _num(x, digits: int) -> str:
@@ -157,17 +152,17 @@ def _num(x, digits: int) -> str:
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  for entry in FLAGS.tiles:
-    kernel, operands, *nums = entry.split(":")
-    dsa_triton.set_tiles(kernel, operands, tuple(int(x) for x in nums[:4]) + (nums[4] == "1",))
-  dev = jax.devices()[0]
+  try:
+    tiles = dsa_tiles.parse_overrides(FLAGS.tiles)
+  except ValueError as error:
+    raise app.UsageError(f"--tiles: {error}") from error
   triton_ok = dsa_triton.is_available()
-  now = datetime.datetime.now(datetime.timezone.utc)
   h, d = FLAGS.heads, FLAGS.dim
-  header = (f"device: {getattr(dev, 'device_kind', dev.platform)}; jax {jax.__version__}; "
-            f"bf16, heads {h}, head_dim {d}; {FLAGS.steps} calls per jit (lax.scan), median "
-            f"of {FLAGS.rounds} rounds, ms per call; {now:%Y-%m-%d %H:%M} UTC; tiles "
-            f"{FLAGS.tiles or 'default'}\n{gpu_state()}")
+  header = (harness.run_header(f"bf16, heads {h}, head_dim {d}",
+                               f"{FLAGS.steps} calls per jit (lax.scan), median of "
+                               f"{FLAGS.rounds} rounds, ms per call",
+                               f"tiles {FLAGS.tiles or 'default'}")
+            + "\n" + harness.gpu_state())
   print(header, flush=True)
   settings = []
   for s in FLAGS.settings.split(","):
@@ -177,8 +172,8 @@ def main(argv: Sequence[str]) -> None:
     settings.append((int(sp) / 100, int(vec), float(sigma), rule == ["t"]))
   drop = f" drop {FLAGS.dropout:g}"   # the name suffix of a row with attention dropout
   rows = []
-  for shape in FLAGS.shapes.split(","):
-    b, l = map(int, shape.split("x"))
+  for b, l in harness.parse_shapes(FLAGS.shapes):
+    shape = f"{b}x{l}"
     methods = {
         "XLA dense": dense_fns(lambda q, k, v: jax.nn.dot_product_attention(
             q, k, v, implementation="xla")),
@@ -194,8 +189,7 @@ def main(argv: Sequence[str]) -> None:
       methods["DFSS 2:4 Triton"] = dense_fns(
           lambda q, k, v: dfss_triton.dfss_attention_triton(q, k, v, n=2, m=4))
     key = jax.random.PRNGKey(b * l)
-    base = [tuple(jax.random.normal(kk, (b, l, h, d), jnp.bfloat16)
-                  for kk in jax.random.split(jax.random.fold_in(key, i), 4)) for i in range(3)]
+    base = harness.attention_sets(b, l, h, d, jnp.bfloat16)
     preds = {}
     for sparsity, vec, sigma, by_threshold in settings:
       rank = max(1, round(sigma * h * d))
@@ -217,30 +211,30 @@ def main(argv: Sequence[str]) -> None:
             continue
           name = f"{tag} Triton" + ("" if forward == "tiles" else f" {forward}")
           methods[name] = dsa_fns(sparsity, vec, True, threshold=threshold,
-                                  forward=forward) + (rank,)
+                                  forward=forward, tiles=tiles) + (rank,)
           if FLAGS.dropout:
             methods[f"{name}{drop}"] = dsa_fns(sparsity, vec, True, FLAGS.dropout, threshold,
-                                               forward) + (rank,)
+                                               forward, tiles) + (rank,)
         if FLAGS.select_only:
-          methods[f"{tag} selection alone"] = select_fns(sparsity, vec, threshold) + (rank,)
+          methods[f"{tag} selection alone"] = select_fns(sparsity, vec, threshold, tiles) + (rank,)
       if not FLAGS.skip_reference:
         methods[f"{tag} pure-JAX"] = dsa_fns(sparsity, vec, False, threshold=threshold) + (rank,)
     for name, fns in methods.items():
       fwd, fwd_bwd = fns[:2]
       rank = fns[2] if len(fns) > 2 else next(iter(preds))
       sets = [base[i][:3] + preds[rank][i] + (base[i][3],) for i in range(3)]
-      xs = tuple(jnp.stack([sets[i % 3][j] for i in range(FLAGS.steps)]) for j in range(6))
+      xs = harness.stack_sets(sets, FLAGS.steps)
       res = {}
       for kind, f in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
         if f is None:
           res[kind] = None            # not timed (a selection-only row has no backward)
           continue
         try:
-          res[kind] = chained_ms(f, xs, FLAGS.steps, FLAGS.rounds)
+          res[kind] = harness.chained_ms(f, xs, FLAGS.steps, FLAGS.rounds)
         except Exception as e:  # noqa: BLE001  report and go on
           print(f"{shape} {name} {kind} failed: {type(e).__name__}: {str(e)[-600:]}", flush=True)
           res[kind] = float("nan")
-      res["temp"] = None if fwd_bwd is None else temp_mib(fwd_bwd, *sets[0])
+      res["temp"] = None if fwd_bwd is None else harness.temp_mib(fwd_bwd, *sets[0])
       rows.append((shape, name, res))
       print(f"{shape} {name}: fwd {_num(res['fwd'], 3)} fwd+bwd {_num(res['fwd+bwd'], 3)} "
             f"temp {_num(res['temp'], 0)} MiB", flush=True)
@@ -248,7 +242,7 @@ def main(argv: Sequence[str]) -> None:
           "fwd+bwd / XLA", "temp MiB (fwd+bwd)"]
   if FLAGS.dropout:
     cols += ["fwd drop / no drop", "fwd+bwd drop / no drop"]
-  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  table = []
   nan = {"fwd": float("nan"), "fwd+bwd": float("nan")}
   for shape, name, res in rows:
     ref = {n: r for s, n, r in rows if s == shape}
@@ -261,12 +255,8 @@ def main(argv: Sequence[str]) -> None:
       plain = ref.get(name[:-len(drop)], nan) if name.endswith(drop) else None
       cells += ["-" if plain is None else _num(ratio(res[kind], plain[kind]), 2)
                 for kind in ("fwd", "fwd+bwd")]
-    lines.append("| " + " | ".join(cells) + " |")
-  text = header + "\nend: " + gpu_state() + "\n\n" + "\n".join(lines) + "\n"
-  print("\n" + text)
-  if FLAGS.out:
-    with open(FLAGS.out, "w") as f:
-      f.write(text)
+    table.append(cells)
+  harness.emit_table(header, cols, table, FLAGS.out)
 
 
 if __name__ == "__main__":

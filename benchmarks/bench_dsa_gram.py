@@ -5,10 +5,10 @@ Per shape BATCHxLENGTH:HEADS:RANK (head_dim 64, Q and K in bf16, XP fp32, predic
 RANK / 8), each method is timed as ``--steps`` dependent calls chained in one jit (lax.scan over
 3 random input sets), median of ``--rounds`` after warm-up, methods interleaved round by round:
 
-  xla        ``dsa_reference.prediction_mse`` on the factored predictors (XLA's Gram form)
-  kernels    ``dsa_gram.prediction_mse`` of this checkout
-  old        the same function of an older copy (``--old=DIR`` holding its ``dsa_gram.py`` and
-             ``dsa_gram_kernels.py``, e.g. from ``git show REV:...`` into the git-ignored .ab/)
+  xla        ``kernels.dsa.reference.prediction_mse`` on the factored predictors (XLA's Gram form)
+  kernels    ``kernels.dsa.gram.prediction_mse`` of this checkout
+  old        the same function of an older copy (``--old=DIR`` holding its ``kernels.dsa.gram.py`` and
+             ``kernels.dsa.gram_kernels.py``, e.g. from ``git show REV:...`` into the git-ignored .ab/)
   tiles:...  this checkout with one kernel's tiles replaced (``--tiles``)
   small ...  this checkout with the k x k products (in XLA, fp32 HIGHEST) at another precision
              (``--small_precisions``: bf16x3 = three bf16 passes on the tensor cores, tf32)
@@ -23,10 +23,7 @@ and gradients agree with the first kernel method (relative error of each).
 """
 from __future__ import annotations
 
-import datetime
-import statistics
 import sys
-import time
 from typing import Sequence
 
 from absl import app, flags
@@ -34,10 +31,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.ab_dfss_kernels import chained, load_module
-from benchmarks.bench_dfss_kernels import gpu_state
-from lra_sparse import tables
-from lra_sparse.kernels import dsa_gram, dsa_reference
+from benchmarks import harness
+from benchmarks.harness import load_module
+from lra_sparse.kernels.dsa import gram as dsa_gram
+from lra_sparse.kernels.dsa import reference as dsa_reference
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("shapes", ["32x2000:8:128", "16x2048:4:64"], "BxL:heads:rank entries.")
@@ -47,8 +44,8 @@ flags.DEFINE_list("tiles", [], "KERNEL=BL:WARPS:STAGES:RB variants of this check
                   "(kernels: fwd, fwd_xp, bwd_qk, bwd_xp); '+' joins several in one variant.")
 flags.DEFINE_list("small_precisions", [], "Variants of the k x k products' precision in "
                   "XLA (today HIGHEST): bf16x3, tf32, highest.")
-flags.DEFINE_integer("steps", 10, "Calls chained in one jit.")
-flags.DEFINE_integer("rounds", 5, "Timed rounds (median).")
+harness.define_chain_flags(steps=10, rounds=5)
+flags.adopt_module_key_flags(harness)
 flags.DEFINE_string("out", "", "Also write the table here.")
 
 
@@ -81,35 +78,10 @@ def _with_module_value(fn, name, value):
   """fn with dsa_gram's module value ``name`` (the tile table, the small products' precision)
   replaced while it runs (traces)."""
   def run(*args):
-    saved = getattr(dsa_gram, name)
-    setattr(dsa_gram, name, value)  # read while tracing; restored before the next method traces
-    try:
+    # read while tracing; restored before the next method traces
+    with harness.swapped(dsa_gram, **{name: value}):
       return fn(*args)
-    finally:
-      setattr(dsa_gram, name, saved)
   return run
-
-
-def _time(methods, xs):
-  """Median ms per call of each (label, fn), rounds interleaved across methods; NaN for a
-  method that fails to compile or launch (e.g. tiles beyond the shared memory), said once."""
-  runs = {}
-  for label, fn in methods:             # compile + warm up
-    run = chained(fn, FLAGS.steps)
-    try:
-      run(xs).block_until_ready()
-      run(xs).block_until_ready()
-      runs[label] = run
-    except Exception as e:  # noqa: BLE001  one failing variant must not lose the others
-      print(f"{label}: failed: {str(e).splitlines()[0][:300]}", flush=True)
-  times = {label: [] for label in runs}
-  for _ in range(FLAGS.rounds):
-    for label, run in runs.items():
-      t0 = time.perf_counter()
-      run(xs).block_until_ready()
-      times[label].append((time.perf_counter() - t0) / FLAGS.steps * 1e3)
-  return {label: statistics.median(times[label]) if label in times else float("nan")
-          for label, _ in methods}
 
 
 def _rel(x, y):
@@ -119,8 +91,7 @@ def _rel(x, y):
 
 def main(argv: Sequence[str]) -> None:
   del argv
-  print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}\n{gpu_state()}",
-        flush=True)
+  print(f"{harness.run_header()}\n{harness.gpu_state()}", flush=True)
   # (label, function, (dsa_gram module value to replace while tracing, its value) or None)
   impls = [("kernels", dsa_gram.prediction_mse, None)]
   if FLAGS.old:
@@ -138,7 +109,7 @@ def main(argv: Sequence[str]) -> None:
   rows = []
   for entry in FLAGS.shapes:
     bl, h, rank = entry.split(":")
-    b, l = map(int, bl.split("x"))
+    b, l = harness.parse_shape(bl)
     h, rank, d, width = int(h), int(rank), 64, max(int(rank) // 8, 1)
     key = jax.random.PRNGKey(b * l + h)
     sets = []
@@ -148,11 +119,10 @@ def main(argv: Sequence[str]) -> None:
       xp = jax.random.normal(ks[2], (b, l, rank), jnp.float32)
       wq, wk = (jax.random.normal(kk, (h, rank, width), jnp.float32) / np.sqrt(rank)
                 for kk in ks[3:5])
-      lengths = (jax.random.randint(ks[5], (b,), l // 4, l + 1) if FLAGS.masked
-                 else jnp.full((b,), l))
-      mask = jnp.arange(l)[None, :] < lengths[:, None]
+      mask = (harness.random_padding_mask(ks[5], b, l) if FLAGS.masked
+              else jnp.ones((b, l), bool))
       sets.append((q, k, xp, wq, wk, mask))
-    xs = tuple(jnp.stack([sets[i % 3][j] for i in range(FLAGS.steps)]) for j in range(6))
+    xs = harness.stack_sets(sets, FLAGS.steps)
     methods, checks = [], {}
     for label, fn, replaced in impls:
       value = lambda q, k, x, wq, wk, m, fn=fn: fn(q, k, x, wq, wk, m)  # noqa: E731
@@ -163,9 +133,9 @@ def main(argv: Sequence[str]) -> None:
       methods += [(f"{label} value", value), (f"{label} value+grads", grads)]
       try:
         checks[label] = jax.jit(grads)(*sets[0])
-      except Exception:  # noqa: BLE001  reported by _time
+      except Exception:  # noqa: BLE001  reported by interleaved_chained_ms
         checks[label] = None
-    ms = _time(methods, xs)
+    ms = harness.interleaved_chained_ms(methods, xs, FLAGS.steps, FLAGS.rounds)
     ref_value, ref_grads = checks["kernels"]
     base = ms["xla value+grads"]
     for label, _, _ in impls:
@@ -178,18 +148,13 @@ def main(argv: Sequence[str]) -> None:
                    f"{base / ms[label + ' value+grads']:.2f}", f"{err:.1e}"])
       print(" | ".join(rows[-1]), flush=True)
   command = " ".join(["python -m benchmarks.bench_dsa_gram"] + sys.argv[1:])
-  header = (f"# DSA L_MSE: Gram kernels vs XLA ({jax.devices()[0].device_kind})\n\n"
-            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, jax "
-            f"{jax.__version__}; `{command}`"
-            f"; {FLAGS.steps} chained calls per jit, median of {FLAGS.rounds}; head_dim 64, "
-            f"bf16 Q/K, predictor width rank/8.\nend of run, {gpu_state()}\n\n")
-  table = tables.markdown_grid(
-      ["shape", "method", "value ms", "value+grads ms", "speed vs XLA (value+grads)",
-       "max rel. diff vs kernels"], rows)
-  print("\n" + header + table)
-  if FLAGS.out:
-    with open(FLAGS.out, "w") as f:
-      f.write(header + table + "\n")
+  header = (f"# DSA L_MSE: Gram kernels vs XLA ({harness.device_kind()})\n\n"
+            + harness.run_header(f"`{command}`", f"{FLAGS.steps} chained calls per jit, median "
+                                 f"of {FLAGS.rounds}", "head_dim 64, bf16 Q/K, predictor width "
+                                 "rank/8."))
+  harness.emit_table(header, ["shape", "method", "value ms", "value+grads ms",
+                              "speed vs XLA (value+grads)", "max rel. diff vs kernels"], rows,
+                     FLAGS.out)
 
 
 if __name__ == "__main__":

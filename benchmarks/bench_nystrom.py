@@ -12,27 +12,29 @@ LRA shape (benchmarks.bench_train_step) for dense cuDNN and the Nystrom kinds; w
 the same process as well, by swapping the module's functions; the conv forms of
 ``--step_convs`` are swapped into the first Nystrom variant's step the same way (the skip then
 added to the attention output outside the conv).
-Median of many timed runs after warm-up (benchmarks.bench_dfss_kernels.time_fn).
+Median of many timed runs after warm-up (benchmarks.harness.time_fn).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import inspect
 import os
-import sys
 
 from absl import app, flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import bench_train_step
-from benchmarks.bench_dfss_kernels import gpu_state, time_fn
-from lra_sparse.attention import dense, nystrom, registry
-from lra_sparse.kernels import landmark_attention_pallas, length_conv_pallas
+from benchmarks import harness
+from benchmarks.harness import grad_of, normal_sets, swapped, time_fn
+from lra_sparse.attention import dense
+from lra_sparse.attention import nystrom
+from lra_sparse.attention import registry
+from lra_sparse.kernels.nystrom import landmark as landmark_attention_pallas
+from lra_sparse.kernels.nystrom import length_conv as length_conv_pallas
 
+harness.define_train_step_flags()
 flags.DEFINE_list("parts", ["core", "conv", "step"], "What to time.")
 flags.DEFINE_string("old", "", "Path of an earlier nystrom.py to time in the same process.")
 flags.DEFINE_string("shape", "32x2000x8x64", "batch x length x heads x head_dim (core, conv).")
@@ -46,6 +48,7 @@ flags.DEFINE_list("conv_dtypes", ["bf16", "fp32"], "conv part: dtypes of V timed
 flags.DEFINE_list("step_variants", ["bf16:cudnn", "bf16:kind=nystrom",
                                     "bf16:kind=nystrom+nm=2:4", "fp32:kind=nystrom"],
                   "bench_train_step variants for the step part.")
+flags.adopt_module_key_flags(harness)
 FLAGS = flags.FLAGS  # --config, --batch, --length, --reps, --warmup, --out: bench_train_step's
 
 DTYPES = {"bf16": jnp.bfloat16, "fp32": jnp.float32}
@@ -53,36 +56,17 @@ DTYPES = {"bf16": jnp.bfloat16, "fp32": jnp.float32}
 
 def load_old(path):
   """Imports an earlier nystrom.py under another name (its kind is not registered again)."""
-  spec = importlib.util.spec_from_file_location("nystrom_old", path)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["nystrom_old"] = module
   with swapped(registry, register_attention=lambda kind, cls: lambda build: build):
-    spec.loader.exec_module(module)
-  return module
-
-
-def grad_of(fn, argnums=(0, 1, 2)):
-  """fwd+bwd of fn: grads of <fn(...), cotangent> (the cotangent is the last argument)."""
-  def loss(*args):
-    *inputs, cot = args
-    out = fn(*inputs).astype(jnp.float32)
-    return jnp.vdot(out, cot.reshape(-1)[:out.size].reshape(out.shape))
-  return jax.jit(jax.grad(loss, argnums=argnums))
-
-
-def random_sets(shapes_dtypes, n=3, seed=0):
-  rng = np.random.default_rng(seed)
-  return [tuple(jnp.asarray(rng.standard_normal(s), d) for s, d in shapes_dtypes)
-          for _ in range(n)]
+    return harness.load_module(path, "nystrom_old")
 
 
 def core_rows(old):
-  b, l, h, d = map(int, FLAGS.shape.split("x"))
+  b, l, h, d = harness.parse_shape(FLAGS.shape, dims=4)
   lm = FLAGS.landmarks
   rows = []
   for dname, dtype in DTYPES.items():
     shape = (b, l, h, d)
-    sets = random_sets([(shape, dtype)] * 3 + [(shape, jnp.float32)])
+    sets = normal_sets([(shape, dtype)] * 3 + [(shape, jnp.float32)])
     fwd_sets = [s[:3] for s in sets]
     impls = {"XLA dense": lambda q, k, v: dense.dense_attention(q, k, v, implementation="xla")}
     if dtype == jnp.bfloat16:
@@ -160,12 +144,12 @@ def conv_cases():
 
 
 def conv_rows():
-  b, l, h, d = map(int, FLAGS.shape.split("x"))
+  b, l, h, d = harness.parse_shape(FLAGS.shape, dims=4)
   kk = FLAGS.conv_kernel
   rows = []
   for dname in FLAGS.conv_dtypes:
     dtype = DTYPES[dname]
-    sets = random_sets([((b, l, h, d), dtype), ((kk, h), jnp.float32),
+    sets = normal_sets([((b, l, h, d), dtype), ((kk, h), jnp.float32),
                         ((b, l, h, d), jnp.float32)])
     want = None
     for name, fn in conv_cases().items():
@@ -182,18 +166,6 @@ def conv_rows():
                      str(e).splitlines()[0][:60]))
       print(rows[-1], flush=True)
   return rows
-
-
-@contextlib.contextmanager
-def swapped(module, **functions):
-  saved = {name: getattr(module, name) for name in functions}
-  for name, fn in functions.items():
-    setattr(module, name, fn)
-  try:
-    yield
-  finally:
-    for name, fn in saved.items():
-      setattr(module, name, fn)
 
 
 def _known_kwargs(fn):
@@ -241,10 +213,10 @@ def step_rows(old):
   for variant, context in runs:
     try:
       with context:
-        seconds, loss = bench_train_step.time_variant(
+        seconds, loss = harness.time_variant(
             variant.split(" (")[0], config_path=FLAGS.config, batch=FLAGS.batch,
             length=FLAGS.length, warmup=FLAGS.warmup, reps=FLAGS.reps,
-            overrides=bench_train_step.step_overrides())
+            overrides=harness.step_overrides())
       rows.append(("step", variant.split(":")[0], os.path.basename(FLAGS.config), variant,
                    "", f"{seconds * 1e3:.1f} ms/step (loss {loss:.3f})"))
     except Exception as e:  # noqa: BLE001
@@ -264,15 +236,8 @@ def main(argv):
     rows += conv_rows()
   if "step" in FLAGS.parts:
     rows += step_rows(old)
-  device = jax.devices()[0]
-  header = (f"Nystromformer speed; device {device.device_kind}; jax {jax.__version__}; "
-            f"{gpu_state()}\n\n| part | dtype | shape | what | fwd ms | fwd+bwd ms |\n"
-            "|---|---|---|---|---|---|\n")
-  table = header + "\n".join("| " + " | ".join(r) + " |" for r in rows) + "\n"
-  print(table)
-  if FLAGS.out:
-    with open(FLAGS.out, "w") as f:
-      f.write(table)
+  harness.emit_table("Nystromformer speed; " + harness.run_header(),
+                     ["part", "dtype", "shape", "what", "fwd ms", "fwd+bwd ms"], rows, FLAGS.out)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ import time
 from absl import app
 from absl import flags
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks import harness
+
+REPO = harness.REPO
 
 flags.DEFINE_integer("trials", 5, "Interrupted runs to compare with the reference.")
 flags.DEFINE_integer("steps", 200, "Training steps of every run.")
@@ -114,14 +116,10 @@ def main(argv) -> None:
       print(rows[-1], flush=True)
     header = (f"Chaos resume: tiny ListOps, {FLAGS.steps} steps, checkpoint every "
               f"{FLAGS.checkpoint_every}, interruptions after 0.5-{FLAGS.max_wait:g} s; "
-              f"reference {reference}\n\n")
-    table = ("| trial | SIGKILL | SIGINT | restarts | seconds | verdict |\n"
-             "|---|---|---|---|---|---|\n"
-             + "\n".join("| " + " | ".join(str(c) for c in row) + " |" for row in rows) + "\n")
-    print(header + table)
-    if FLAGS.out:
-      with open(FLAGS.out, "w") as f:
-        f.write(header + table)
+              f"commit {harness.commit()}; reference {reference}\n\n")
+    table = harness.markdown_table(
+        ["trial", "SIGKILL", "SIGINT", "restarts", "seconds", "verdict"], rows)
+    harness.emit(header + table + "\n", FLAGS.out)
     if failures:
       sys.exit(1)
   finally:

@@ -3,27 +3,34 @@
 
 Each row compiles one kernel with the signature jax-triton gives its launch (pointers 16-byte
 aligned, runtime ints unspecialised) and reads ptxas's resource usage and the SASS back from
-the cubin (``compare_kernel_ptx``): a tile that spills (STL / LDL in the loop) is a candidate
-to drop before any device time is spent.
+the cubin (``cubin_stats``, with triton's cuobjdump): a tile that spills (STL / LDL in the loop)
+is a candidate to drop before any device time is spent.  ``tests/test_dsa_kernels.py`` runs it
+to check that the runtime's tiles spill nothing.
 
   python -m benchmarks.dsa_kernel_registers [--kernels=dsa_fwd,dsa_bwd_onepass] \
       [--dtype=bf16] [--head_dim=64] [--vector=8] [--dropout=0,0.1] \
-      [--tiles=128:64:4:3,64:64:4:3]   # BM:BN:WARPS:STAGES; default: dsa_triton's own tiles
+      [--tiles=128:64:4:3,64:64:4:3]   # BM:BN:WARPS:STAGES; default: kernels.dsa.tiles' table
 """
 
 from __future__ import annotations
 
+import collections
+import os
+import re
+import subprocess
+import tempfile
 from typing import Sequence
 
 from absl import app, flags
 
-from benchmarks.compare_kernel_ptx import compile_one, cubin_stats
-from lra_sparse.kernels import dfss_dropout, dsa_triton
+from benchmarks import harness
+from lra_sparse.ops import dropout as dfss_dropout
+from lra_sparse.kernels.dsa import tiles as dsa_tiles
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("kernels", ["dsa_fwd", "dsa_fwd_gather", "dsa_bwd_onepass", "dsa_bwd_dkdv",
                                "dsa_bwd_dq"],
-                  "Kernels of lra_sparse/kernels/dsa_attention_kernels.py.")
+                  "Kernels of lra_sparse/kernels/dsa/attention_kernels.py.")
 flags.DEFINE_enum("dtype", "bf16", ["bf16", "fp16", "fp32"], "Operand dtype.")
 flags.DEFINE_integer("head_dim", 64, "Head dimension (16, 32, 64 or 128).")
 flags.DEFINE_integer("vector", 8, "Column-vector size (1, 4, 8).")
@@ -32,6 +39,44 @@ flags.DEFINE_list("tiles", [], "BM:BN:WARPS:STAGES per row; empty: the runtime's
 
 _TILE_KIND = {"dsa_fwd": "fwd", "dsa_fwd_gather": "gather", "dsa_bwd_onepass": "onepass",
               "dsa_bwd_dkdv": "dkdv", "dsa_bwd_dq": "dq"}
+
+
+def compile_one(fn, sig: dict, constexprs: dict, num_warps: int, num_stages: int):
+  """triton.compile of the @triton.jit ``fn`` for sm_90a (on any machine): ``sig`` maps each
+  runtime parameter to its Triton type (pointers taken as 16-byte aligned, as jax-triton
+  launches them), ``constexprs`` the compile-time ones."""
+  import triton  # pylint: disable=import-outside-toplevel
+  from triton.backends.compiler import GPUTarget  # pylint: disable=import-outside-toplevel
+  from triton.compiler import ASTSource  # pylint: disable=import-outside-toplevel
+
+  sig = dict(sig)
+  for name in constexprs:
+    sig[name] = "constexpr"
+  attrs = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(sig.values())
+           if ty.startswith("*")}
+  src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+  return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                        options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def cubin_stats(cubin: bytes) -> dict:
+  """Registers, stack, spill instructions and SASS opcode counts of one cubin."""
+  import triton  # pylint: disable=import-outside-toplevel
+  tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+  with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+    f.write(cubin)
+    f.flush()
+    res = subprocess.check_output([tool, "-res-usage", f.name], text=True)
+    sass = subprocess.check_output([tool, "-sass", f.name], text=True)
+  reg = re.search(r"REG:(\d+)", res)
+  stack = re.search(r"STACK:(\d+)", res)
+  ops = collections.Counter()
+  for ln in sass.splitlines():
+    mt = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", ln)
+    if mt:
+      ops[mt.group(1)] += 1
+  return dict(regs=int(reg.group(1)) if reg else None, stack=int(stack.group(1)) if stack else None,
+              stl=ops.get("STL", 0), ldl=ops.get("LDL", 0), n_sass=sum(ops.values()), ops=ops)
 
 
 def signature(kernel: str, dtype: str) -> dict:
@@ -53,17 +98,17 @@ def signature(kernel: str, dtype: str) -> dict:
 
 
 def runtime_tile(kernel: str, dtype: str, rate: float) -> tuple:
-  """(BM, BN, warps, stages) that ``dsa_triton`` launches ``kernel`` with."""
+  """(BM, BN, warps, stages) that ``kernels.dsa.triton`` launches ``kernel`` with."""
   kind = _TILE_KIND[kernel] + ("_drop" if rate and kernel == "dsa_fwd" else "")
-  operands = "f32" if dtype == "fp32" else "half"
-  return dsa_triton._TILES[(kind, operands)][:4]  # pylint: disable=protected-access
+  tiles = dsa_tiles.tiles(kind, "float32" if dtype == "fp32" else "bfloat16")
+  return tiles.bm, tiles.bn, tiles.num_warps, tiles.num_stages
 
 
 def kernel_stats(kernel: str, dtype: str, head_dim: int, vector: int, rate: float,
                  tile=None) -> dict:
-  """ptxas's registers, stack and spill instructions (``compare_kernel_ptx.cubin_stats``) of one
-  kernel at ``tile`` (BM, BN, warps, stages; default the runtime's)."""
-  from lra_sparse.kernels import dsa_attention_kernels  # pylint: disable=import-outside-toplevel
+  """ptxas's registers, stack and spill instructions (``cubin_stats``) of one kernel at
+  ``tile`` (BM, BN, warps, stages; default the runtime's)."""
+  from lra_sparse.kernels.dsa import attention_kernels as dsa_attention_kernels  # pylint: disable=import-outside-toplevel
   bm, bn, warps, stages = tile or runtime_tile(kernel, dtype, rate)
   constexprs = dict(D=head_dim, VEC=vector, BM=bm, BN=bn, DROP_T=dfss_dropout.threshold(rate))
   if kernel != "dsa_fwd_gather":
@@ -76,8 +121,7 @@ def kernel_stats(kernel: str, dtype: str, head_dim: int, vector: int, rate: floa
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  lines = ["| kernel | dropout | BMxBN warps stages | registers | stack bytes | STL / LDL | "
-           "SASS instructions |", "|---|---|---|---|---|---|---|"]
+  rows = []
   for kernel in FLAGS.kernels:
     for rate in (float(r) for r in FLAGS.dropout):
       tiles = ([tuple(int(x) for x in t.split(":")) for t in FLAGS.tiles]
@@ -85,10 +129,11 @@ def main(argv: Sequence[str]) -> None:
       for bm, bn, warps, stages in tiles:
         st = kernel_stats(kernel, FLAGS.dtype, FLAGS.head_dim, FLAGS.vector, rate,
                           (bm, bn, warps, stages))
-        lines.append(f"| {kernel} | {rate:g} | {bm}x{bn} w{warps} s{stages} | {st['regs']} | "
-                     f"{st['stack']} | {st['stl']} / {st['ldl']} | {st['n_sass']} |")
-        print(lines[-1], flush=True)
-  print("\n" + "\n".join(lines))
+        rows.append((kernel, f"{rate:g}", f"{bm}x{bn} w{warps} s{stages}", st["regs"],
+                     st["stack"], f"{st['stl']} / {st['ldl']}", st["n_sass"]))
+        print(harness.markdown_row(rows[-1]), flush=True)
+  print("\n" + harness.markdown_table(["kernel", "dropout", "BMxBN warps stages", "registers",
+                                       "stack bytes", "STL / LDL", "SASS instructions"], rows))
 
 
 if __name__ == "__main__":

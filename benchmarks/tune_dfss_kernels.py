@@ -7,10 +7,9 @@ For each shape it times (median ms after warm-up, inputs rotated, same process):
     (``op`` suffix = one-pass kernel with atomic dQ; otherwise dK/dV kernel + dQ kernel with the
     default dQ config) and every ``--dq`` config (default dK/dV config),
 and checks each variant's outputs against the pure-JAX reference (relative L2 error; NaN fails).
-(To time two versions of the kernel source against each other, see ``ab_dfss_kernels``.)
 Prints one markdown table.  Config syntax: ``BM,BN,num_warps,num_stages[,op]`` separated by ';'.
 
-From the repository root (it imports the timing helpers of ``benchmarks.bench_dfss_kernels``):
+From the repository root (timing: ``benchmarks.harness.time_fn``):
 
   python -m benchmarks.tune_dfss_kernels --dtype=fp32 --nm=1:2 --shapes=32x1024,8x4096 \\
       --fwd='64,64,4,2;128,64,8,2' --bwd='32,64,4,2;32,128,8,2,op' --dq='64,64,4,2;128,64,8,2'
@@ -26,9 +25,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.bench_dfss_kernels import fwd_bwd, gpu_state, time_fn
-from lra_sparse.attention.nm import parse_nm
-from lra_sparse.kernels import dfss_reference, dfss_tiles, dfss_triton
+from benchmarks import harness
+from benchmarks.harness import fwd_bwd, time_fn
+from lra_sparse.ops.nm import parse_nm
+from lra_sparse.kernels.dfss import reference as dfss_reference
+from lra_sparse.kernels.dfss import tiles as dfss_tiles
+from lra_sparse.kernels.dfss import triton as dfss_triton
 
 FLAGS = flags.FLAGS
 
@@ -60,9 +62,8 @@ def define_flags() -> None:
   """Defined only when run as a program, so importing this module adds no flags."""
   flags.DEFINE_enum("dtype", "fp32", sorted(DTYPES), "Input dtype.")
   flags.DEFINE_string("nm", "1:2", "N:M pattern, 'n:m' with 0 < n < m.")
-  flags.DEFINE_string("shapes", "32x1024,8x4096", "Comma-separated BATCHxLENGTH list.")
-  flags.DEFINE_integer("heads", 4, "Attention heads.")
-  flags.DEFINE_integer("dim", 64, "Head dimension.")
+  harness.define_shape_flags(shapes="32x1024,8x4096")
+  flags.adopt_module_key_flags(harness)
   flags.DEFINE_string("fwd", "", "Forward configs, 'BM,BN,num_warps,num_stages;...'.")
   flags.DEFINE_string("bwd", "", "Backward (dK/dV or one-pass) configs, "
                       "'BM,BN,num_warps,num_stages[,op];...' (op = one-pass kernel).")
@@ -85,12 +86,9 @@ def main(argv: Sequence[str]) -> None:
     rows.append(row)
     print(" | ".join(row), flush=True)
 
-  for shape in FLAGS.shapes.split(","):
-    b, l = map(int, shape.split("x"))
-    key = jax.random.PRNGKey(b * l)
-    sets = [tuple(jax.random.normal(kk, (b, l, h, d), dtype)
-                  for kk in jax.random.split(jax.random.fold_in(key, i), 4))
-            for i in range(3)]
+  for b, l in harness.parse_shapes(FLAGS.shapes):
+    shape = f"{b}x{l}"
+    sets = harness.attention_sets(b, l, h, d, dtype)
     xla = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla")  # noqa: E731
     t_xf, _ = time_fn(jax.jit(xla), [s[:3] for s in sets])
     t_xb, _ = time_fn(jax.jit(fwd_bwd(xla)), sets)
@@ -102,8 +100,7 @@ def main(argv: Sequence[str]) -> None:
     ref_g = vjp(do)
 
     for cfg in parse_cfgs(FLAGS.fwd):
-      dfss_triton.set_config("fwd", dtype, d, cfg)
-      f = jax.jit(lambda q, k, v: dfss_triton._fused_fwd(q, k, v, None, n, m))
+      f = jax.jit(lambda q, k, v, cfg=cfg: dfss_triton._fused_fwd(q, k, v, None, n, m, tiles=cfg))
       try:
         t, _ = time_fn(f, [s[:3] for s in sets])
         err = rel_err(f(q, k, v)[0], ref_o)
@@ -112,17 +109,16 @@ def main(argv: Sequence[str]) -> None:
       except Exception as e:  # noqa: BLE001  a config that fails to compile is reported, not fatal
         emit([FLAGS.dtype, f"{n}:{m}", shape, "fwd", cfg_name(cfg), "FAIL", "", "", "",
               type(e).__name__])
-      dfss_triton.set_config("fwd", dtype, d)
 
     fwd0 = jax.jit(lambda q, k, v: dfss_triton._fused_fwd(q, k, v, None, n, m))
     bsets = [s + tuple(fwd0(*s[:3])) for s in sets]  # (q, k, v, do, o, lse)
     variants = ([("bwd", c) for c in parse_cfgs(FLAGS.bwd)]
                 + [("dq", c) for c in parse_cfgs(FLAGS.dq)])
     for kind, cfg in variants:
-      dfss_triton.set_config(kind, dtype, d, cfg)
       det = kind == "dq"  # the dQ kernel runs only in the deterministic (two-kernel) backward
-      g = jax.jit(lambda q, k, v, do, o, lse, det=det: dfss_triton._fused_bwd(
-          q, k, v, None, o, lse, do, n, m, deterministic=det))
+      varied = {"dq_tiles" if det else "tiles": cfg}
+      g = jax.jit(lambda q, k, v, do, o, lse, det=det, varied=varied: dfss_triton._fused_bwd(
+          q, k, v, None, o, lse, do, n, m, deterministic=det, **varied))
       try:
         t, _ = time_fn(g, bsets)
         err = max(rel_err(a, r) for a, r in zip(g(*bsets[0]), ref_g))
@@ -131,20 +127,10 @@ def main(argv: Sequence[str]) -> None:
       except Exception as e:  # noqa: BLE001
         emit([FLAGS.dtype, f"{n}:{m}", shape, f"bwd ({kind} varied)", cfg_name(cfg), "", "FAIL",
               "", "", f"{type(e).__name__}: {str(e)[-300:]}"])
-      dfss_triton.set_config(kind, dtype, d)
 
-  cols = ["dtype", "N:M", "BxL", "kernel", "config", "fwd ms", "bwd ms (f+b for XLA)",
-          "fwd vs XLA", "", "max rel err"]
-  table = "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-                    + ["| " + " | ".join(r) + " |" for r in rows])
-  dev = jax.devices()[0]
-  header = (f"device: {getattr(dev, 'device_kind', dev.platform)}; jax {jax.__version__}; "
-            f"heads {h}, head_dim {d}")
-  header += "\n" + gpu_state()
-  print("\n" + header + "\n\n" + table)
-  if FLAGS.out:
-    with open(FLAGS.out, "w") as fh:
-      fh.write(header + "\n\n" + table + "\n")
+  harness.emit_table(harness.run_header(f"heads {h}, head_dim {d}"),
+                     ["dtype", "N:M", "BxL", "kernel", "config", "fwd ms",
+                      "bwd ms (f+b for XLA)", "fwd vs XLA", "", "max rel err"], rows, FLAGS.out)
 
 
 if __name__ == "__main__":

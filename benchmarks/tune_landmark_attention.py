@@ -1,11 +1,11 @@
-"""Tiles of the Nystromformer's flash kernels (kernels/landmark_attention_pallas.py) against cuDNN.
+"""Tiles of the Nystromformer's flash kernels (kernels/nystrom/landmark.py) against cuDNN.
 
   python -m benchmarks.tune_landmark_attention [--kernels=few_keys,few_queries] [--nm=,2:4]
       [--shape=32x2000x8x64 --landmarks=64] [--out=FILE]
 
 Times forward and forward+backward (grads of <out, cotangent> w.r.t. q, k, v) of cuDNN's flash
 attention and of each kernel under every combination of its tile constants, in one process,
-bf16; median after warm-up (benchmarks.bench_dfss_kernels.time_fn). One table.
+bf16; median after warm-up (benchmarks.harness.time_fn). One table.
 
   F (.)  (L queries over the m landmark keys): ROWS x NUM_WARPS x BWD_BLOCKS x NUM_STAGES
   B V    (the m landmark queries over L keys): KEY_BLOCK x SPAN x SPAN_WARPS x SPAN_STAGES
@@ -18,12 +18,11 @@ from absl import app, flags
 import jax
 import jax.numpy as jnp
 
-from benchmarks.ab_dfss_kernels import emit_table
-from benchmarks.bench_dfss_kernels import time_fn
-from benchmarks.bench_nystrom import grad_of, random_sets
+from benchmarks import harness
+from benchmarks.harness import grad_of, normal_sets, time_fn
 from lra_sparse.attention import dense
-from lra_sparse.attention.nm import parse_nm
-from lra_sparse.kernels import landmark_attention_pallas as kernel
+from lra_sparse.ops.nm import parse_nm
+from lra_sparse.kernels.nystrom import landmark as kernel
 
 flags.DEFINE_list("kernels", ["few_keys", "few_queries"], "Which kernels to tune.")
 flags.DEFINE_list("nm", ["", "2:4"], "N:M settings ('' = plain).")
@@ -33,7 +32,10 @@ flags.DEFINE_list("bwd_blocks", ["4", "8"], "F (.): BWD_BLOCKS values.")
 flags.DEFINE_list("stages", ["1", "2"], "NUM_STAGES / SPAN_STAGES values.")
 flags.DEFINE_list("key_blocks", ["64", "128"], "B V: KEY_BLOCK values.")
 flags.DEFINE_list("spans", ["256", "512", "1024"], "B V: SPAN values.")
-FLAGS = flags.FLAGS   # --shape, --landmarks: bench_nystrom's; --out: bench_train_step's
+flags.DEFINE_string("shape", "32x2000x8x64", "batch x length x heads x head_dim.")
+flags.DEFINE_integer("landmarks", 64, "Landmarks: the keys of F (.), the queries of B V.")
+flags.DEFINE_string("out", "", "Also write the table here.")
+FLAGS = flags.FLAGS
 
 KNOBS = {"few_keys": ("ROWS", "NUM_WARPS", "BWD_BLOCKS", "NUM_STAGES"),
          "few_queries": ("KEY_BLOCK", "SPAN", "SPAN_WARPS", "SPAN_STAGES")}
@@ -48,11 +50,11 @@ def _values(name: str):
 
 def main(argv):
   del argv
-  b, l, h, d = map(int, FLAGS.shape.split("x"))
+  b, l, h, d = harness.parse_shape(FLAGS.shape, dims=4)
   m = FLAGS.landmarks
   many, few = ((b, l, h, d), jnp.bfloat16), ((b, m, h, d), jnp.bfloat16)
-  inputs = {"few_keys": random_sets([many, few, few, ((b, l, h, d), jnp.float32)]),
-            "few_queries": random_sets([few, many, many, ((b, m, h, d), jnp.float32)])}
+  inputs = {"few_keys": normal_sets([many, few, few, ((b, l, h, d), jnp.float32)]),
+            "few_queries": normal_sets([few, many, many, ((b, m, h, d), jnp.float32)])}
   cudnn = lambda q, k, v: dense.cudnn_attention(q, k, v)  # noqa: E731
   rows = []
 
@@ -74,19 +76,17 @@ def main(argv):
       nm = parse_nm(nm_text) if nm_text else None
       attend = kernel.few_keys_attention if what == "few_keys" else kernel.few_queries_attention
       for values in itertools.product(*(_values(k) for k in knobs)):
-        for k, value in zip(knobs, values):
-          setattr(kernel, k, value)                       # read at trace time
-        if what == "few_queries" and kernel.SPAN % kernel.KEY_BLOCK:
+        tiles = dict(zip(knobs, values))
+        if what == "few_queries" and tiles["SPAN"] % tiles["KEY_BLOCK"]:
           continue
-        label = " ".join(f"{k}={v}" for k, v in zip(knobs, values))
-        run(what, f"Pallas {nm_text or 'plain'} {label}" + (" (default)" if values == saved
-                                                            else ""),
-            lambda q, k, v, nm=nm, attend=attend: attend(q, k, v, nm=nm))
-    for k, value in zip(knobs, saved):
-      setattr(kernel, k, value)
-  emit_table(f"Nystromformer flash kernels, {FLAGS.shape}, {m} landmarks, bf16; device "
-             f"{jax.devices()[0].device_kind}; jax {jax.__version__}",
-             ["kernel", "what", "fwd ms", "fwd+bwd ms"], rows, FLAGS.out)
+        label = " ".join(f"{k}={v}" for k, v in tiles.items())
+        with harness.swapped(kernel, **tiles):                # read at trace time
+          run(what, f"Pallas {nm_text or 'plain'} {label}" + (" (default)" if values == saved
+                                                              else ""),
+              lambda q, k, v, nm=nm, attend=attend: attend(q, k, v, nm=nm))
+  harness.emit_table(f"Nystromformer flash kernels, {FLAGS.shape}, {m} landmarks, bf16; "
+                     + harness.run_header(), ["kernel", "what", "fwd ms", "fwd+bwd ms"], rows,
+                     FLAGS.out)
 
 
 if __name__ == "__main__":

@@ -35,9 +35,10 @@ from flax import traverse_util
 from lra_sparse import cli
 from lra_sparse import workdir as workdir_lib
 from lra_sparse.attention import dsa as dsa_lib
+from lra_sparse.kernels.dsa import reference as dsa_ref
 from lra_sparse.attention import parse_attention_config
-from lra_sparse.attention.common import attention_scores, masked_softmax
-from lra_sparse.attention.nm import check_nm, nm_mask
+from lra_sparse.ops.softmax import attention_scores, masked_softmax
+from lra_sparse.ops.nm import check_nm, nm_mask
 from lra_sparse.attention.registry import AttentionDims
 
 
@@ -61,14 +62,14 @@ def topk_ticket(scores, density: float, mask=None):
   """Each row keeps its ceil(density * n_real) largest real scores (the oracle at density)."""
   if not 0.0 < density <= 1.0:
     raise ValueError(f"topk_ticket: density={density} must be in (0, 1]")
-  return dsa_lib.oracle_topk_mask(scores, mask=mask, sparsity=1.0 - density)
+  return dsa_ref.oracle_topk_mask(scores, mask=mask, sparsity=1.0 - density)
 
 
 def dsa_ticket(predicted_scores, mask=None, *, sparsity: float = 0.9, vector: int = 1,
                selection: str = "topk", threshold: float = 0.0):
   """The DSA mask chosen from predicted scores S~ by their float top-k / threshold (the core
   ranks int8-rounded predictor operands: the two can differ on near-ties)."""
-  return dsa_lib.predicted_mask(predicted_scores, mask=mask, sparsity=sparsity, vector=vector,
+  return dsa_ref.predicted_mask(predicted_scores, mask=mask, sparsity=sparsity, vector=vector,
                                 selection=selection, threshold=threshold)
 
 

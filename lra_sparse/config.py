@@ -168,7 +168,7 @@ def load_config_file(path: str, preset: str = "") -> ml_collections.ConfigDict:
 
 
 def split_spec_arg(spec_arg: str) -> tuple[str, str]:
-  """``"experiments/x.py:tiny"`` -> ``("experiments/x.py", "tiny")``."""
+  """``"experiments/specs/x.py:tiny"`` -> ``("experiments/specs/x.py", "tiny")``."""
   path, sep, preset = spec_arg.rpartition(":")
   if sep and path.endswith(".py") and "/" not in preset:
     return path, preset

@@ -41,7 +41,6 @@ from lra_sparse import config as config_lib
 from lra_sparse import metric_writers
 from lra_sparse import workdir as workdir_lib
 from lra_sparse.attention import AUX_LOSS, AUX_METRICS
-from lra_sparse.attention import common
 from lra_sparse.checkpointing import (all_finite, load_params_from, restore_newest_readable,
                                       run_lock, save_on_interrupt, sigint_after, sigint_deferred)
 from lra_sparse.data import get_task
@@ -50,6 +49,7 @@ from lra_sparse.data.registry import PAD_ID, SPLITS, TaskSpec, check_split_array
 from lra_sparse.distributed import is_primary, put_global_batch, replicate, say, sync_processes
 from lra_sparse.errors import TrainingDiverged, TrainingInterrupted, first_line
 from lra_sparse.models import build_model
+from lra_sparse.ops import sharding
 
 AUX_COLLECTIONS = (AUX_LOSS, AUX_METRICS)
 # Fields a resumed run may change: they decide how long, how often and in how many pieces a
@@ -214,7 +214,7 @@ def make_train_step(model: nn.Module, grad_accum_steps: int = 1):
 
 def in_mesh(step, mesh: Mesh):
   """``step`` called under ``jax.set_mesh(mesh)``: the kernels it traces see the data axis and
-  run once per device on its part of the batch (``attention.common.per_data_shard``)."""
+  run once per device on its part of the batch (``ops.sharding.per_data_shard``)."""
   def call(*args):
     with jax.set_mesh(mesh):
       return step(*args)
@@ -447,8 +447,8 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     raise ValueError(f"config.batch_size={config.batch_size} must be divisible by the "
                      f"{processes}{jax.local_device_count()} local devices x "
                      f"config.optim.grad_accum_steps={accum}")
-  mesh = Mesh(np.array(devices), (common.DATA_AXIS,))
-  batch_sharding = NamedSharding(mesh, PartitionSpec(common.DATA_AXIS))
+  mesh = Mesh(np.array(devices), (sharding.DATA_AXIS,))
+  batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.DATA_AXIS))
   replicated = NamedSharding(mesh, PartitionSpec())
 
   rng = jax.random.key(config.seed)

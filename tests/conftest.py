@@ -96,7 +96,7 @@ def make_tiny_config(task: str = "synthetic", **overrides):
 
 def np_select(q_pred, k_pred, mask, *, vector: int, sparsity: float, selection: str = "topk",
               threshold: float = 0.0, scale: float = 1.0) -> np.ndarray:
-  """DSA's selection rule (lra_sparse.kernels.dsa_reference) written again in float64 numpy
+  """DSA's selection rule (lra_sparse.kernels.dsa.reference) written again in float64 numpy
   with explicit loops over rows: bool [batch, heads, groups, length].  A group that starts at
   or past the example's last real token keeps nothing."""
   q_pred = np.asarray(q_pred, np.float64)

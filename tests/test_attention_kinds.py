@@ -13,7 +13,8 @@ from lra_sparse.config import get_base_config
 from lra_sparse.attention import (AttentionDims, DFSSConfig, build_attention, dense_attention,
                                   dfss_attention, nm_mask, nystrom_attention)
 from lra_sparse.attention import dsa as dsa_lib
-from lra_sparse.attention import nm as nm_lib
+from lra_sparse.kernels.dsa import reference as dsa_ref
+from lra_sparse.ops import nm as nm_lib
 
 from conftest import np_select  # the rule again, in float64 numpy
 
@@ -564,7 +565,7 @@ def test_dsa_vector_granularity_and_threshold_against_numpy():
   rng = np.random.default_rng(5)
   scores = rng.normal(size=(B, H, L, L)).astype(np.float32)
   mask = _mask()
-  keep = np.asarray(dsa_lib.predicted_mask(jnp.asarray(scores), mask=jnp.asarray(mask),
+  keep = np.asarray(dsa_ref.predicted_mask(jnp.asarray(scores), mask=jnp.asarray(mask),
                                            sparsity=0.75, vector=4))
   for b in range(B):
     count = math.ceil(0.25 * mask[b].sum() - 1e-6)
@@ -577,7 +578,7 @@ def test_dsa_vector_granularity_and_threshold_against_numpy():
         want[np.argsort(-mean, kind="stable")[:count]] = True
         for r in range(4 * g, 4 * g + 4):
           np.testing.assert_array_equal(keep[b, h, r], want)
-  keep = np.asarray(dsa_lib.predicted_mask(jnp.asarray(scores), mask=jnp.asarray(mask),
+  keep = np.asarray(dsa_ref.predicted_mask(jnp.asarray(scores), mask=jnp.asarray(mask),
                                            selection="threshold", threshold=0.5))
   np.testing.assert_array_equal(keep, (scores >= 0.5) & mask[:, None, None, :])
 
@@ -585,7 +586,7 @@ def test_dsa_vector_granularity_and_threshold_against_numpy():
 @pytest.mark.parametrize("algorithm", ["radix", "top_k"])
 def test_dsa_topk_mask_matches_brute_force_with_ties(algorithm):
   rng = np.random.default_rng(11)
-  select = jax.jit(functools.partial(dsa_lib.topk_mask, algorithm=algorithm, max_keep=13))
+  select = jax.jit(functools.partial(dsa_ref.topk_mask, algorithm=algorithm, max_keep=13))
   for length, integers in ((16, True), (13, False), (16, False)):
     scores = rng.normal(size=(2, 3, 5, length)).astype(np.float32)
     if integers:
@@ -604,13 +605,13 @@ def test_dsa_topk_mask_matches_brute_force_with_ties(algorithm):
 def test_dsa_fake_quantization():
   x = jnp.asarray(np.random.default_rng(6).normal(size=(64,)), jnp.float32)
   for bits in (2, 4, 8):
-    quantized = np.asarray(dsa_lib.fake_quantize(x, bits))
+    quantized = np.asarray(dsa_ref.fake_quantize(x, bits))
     assert len(np.unique(quantized)) <= 2 ** bits - 1
     np.testing.assert_allclose(quantized, x, atol=float(jnp.max(jnp.abs(x))) / (
         2 ** (bits - 1) - 1) / 2 + 1e-6)
-    grad = jax.grad(lambda x: jnp.sum(dsa_lib.fake_quantize(x, bits) * 3.0))(x)
+    grad = jax.grad(lambda x: jnp.sum(dsa_ref.fake_quantize(x, bits) * 3.0))(x)
     np.testing.assert_array_equal(np.asarray(grad), 3.0)   # straight-through
-  np.testing.assert_array_equal(np.asarray(dsa_lib.fake_quantize(x, 0)), np.asarray(x))
+  np.testing.assert_array_equal(np.asarray(dsa_ref.fake_quantize(x, 0)), np.asarray(x))
 
 
 @pytest.mark.parametrize("quant_bits,vector,selection,dropout", [(2, 8, "topk", 0.0),
@@ -1039,7 +1040,7 @@ def test_conv_skip_forms_match_numpy(length, size, block):
   values = rng.normal(size=(2, length, 3, 8)).astype(np.float32)
   taps = rng.normal(size=(size, 3)).astype(np.float32)
   want = np_length_conv(values, taps)
-  from lra_sparse.kernels.length_conv_pallas import length_conv  # pylint: disable=import-outside-toplevel
+  from lra_sparse.kernels.nystrom.length_conv import length_conv  # pylint: disable=import-outside-toplevel
   kernel = functools.partial(length_conv, interpret=jax.default_backend() != "gpu")
   for fn in (functools.partial(nys.banded_length_conv, block=block), nys.grouped_length_conv,
              nys.depthwise_length_conv, kernel):
@@ -1081,7 +1082,7 @@ def test_banded_conv_kernel_matches_numpy(length, size, dim, dtype):
   the cotangent itself, and a half-precision cotangent (one part) for the other gradients.
   Outputs are not pre-zeroed by Pallas, so a row the kernel skipped would be garbage.
   Interpreter on the CPU, the kernels on a GPU."""
-  from lra_sparse.kernels.length_conv_pallas import banded_length_conv  # pylint: disable=import-outside-toplevel
+  from lra_sparse.kernels.nystrom.length_conv import banded_length_conv  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(length + size + dim)
   values = jnp.asarray(rng.normal(size=(2, length, 3, dim)), dtype)
   taps = rng.normal(size=(size, 3)).astype(np.float32)
@@ -1180,7 +1181,7 @@ def test_few_keys_attention_kernel_matches_float64(length, keys, dim, dtype, nm)
   interpreter fills outputs with NaN before the kernels run, so a row they fail to write, or
   a read of the log-sum-exp blocks past the end, shows on the CPU; head dims 4 and 24 run
   zero-padded to 16 and 32. Interpreter on the CPU, the kernels on a GPU."""
-  from lra_sparse.kernels import landmark_attention_pallas as la  # pylint: disable=import-outside-toplevel
+  from lra_sparse.kernels.nystrom import landmark as la  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(length + keys + dim)
   q, k, v = (jnp.asarray(rng.normal(size=(3, n, 2, dim)), dtype)
              for n in (length, keys, keys))
@@ -1200,7 +1201,7 @@ def test_few_queries_attention_kernel_matches_float64(keys, queries, dim, dtype,
   group's missing members count as masked), more than one span of keys (530 and 1030: the
   spans' partial softmaxes combined) and head dim 8 (zero-padded to 16). Interpreter on the
   CPU, the kernels on a GPU."""
-  from lra_sparse.kernels import landmark_attention_pallas as la  # pylint: disable=import-outside-toplevel
+  from lra_sparse.kernels.nystrom import landmark as la  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(keys + queries + dim)
   q, k, v = (jnp.asarray(rng.normal(size=(3, n, 2, dim)), dtype)
              for n in (queries, keys, keys))
@@ -1219,7 +1220,7 @@ def test_few_queries_attention_kernel_matches_float64(keys, queries, dim, dtype,
 
 
 def test_landmark_attention_kernels_reject_bad_input():
-  from lra_sparse.kernels import landmark_attention_pallas as la  # pylint: disable=import-outside-toplevel
+  from lra_sparse.kernels.nystrom import landmark as la  # pylint: disable=import-outside-toplevel
   q = jnp.ones((2, 40, 2, 16), jnp.bfloat16)
   k = jnp.ones((2, 16, 2, 16), jnp.bfloat16)
   wide_q = jnp.ones((2, 40, 2, 160), jnp.bfloat16)     # head dim over 128
@@ -1306,7 +1307,7 @@ def test_nystrom_auto_plan_on_a_gpu(monkeypatch):
 
 @pytest.mark.parametrize("m,iters", [(16, 1), (64, 6), (32, 3)])
 def test_fused_pinv_matches_the_iteration_and_its_autodiff(m, iters):
-  """The pseudo-inverse in one Pallas program per matrix (``kernels/pinv_pallas``): Z and the
+  """The pseudo-inverse in one Pallas program per matrix (``kernels/nystrom/pinv.py``): Z and the
   gradient of <Z, C> for A against XLA's iteration and its autodiff (float32: bit for bit in
   the interpreter, where products are exact; TF32 on a GPU). A is a batch of row softmaxes,
   as the Nystromformer's; the interpreter fills outputs with NaN first, so an unwritten
@@ -1333,7 +1334,7 @@ def test_fused_pinv_matches_the_iteration_and_its_autodiff(m, iters):
 
 
 def test_fused_pinv_rejects_bad_input():
-  from lra_sparse.kernels import pinv_pallas  # pylint: disable=import-outside-toplevel
+  from lra_sparse.kernels.nystrom import pinv as pinv_pallas  # pylint: disable=import-outside-toplevel
   a = jnp.ones((2, 16, 16), jnp.float32)
   for args, match in [((a.astype(jnp.bfloat16), a.astype(jnp.bfloat16), 6), "bfloat16"),
                       ((a[:, :, :12], a[:, :, :12], 6), r"\[2, 16, 12\]"),

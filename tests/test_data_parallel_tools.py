@@ -1,6 +1,6 @@
 """The multi-GPU issue's tools on a CPU: benchmarks/bench_data_parallel.py on two forced CPU
 devices (the two-device step computes what the one-device step does: float32 loss curves equal
-up to summation order; bad device counts get one clear error), experiments/compare_runs.py on
+up to summation order; bad device counts get one clear error), scripts/compare_runs.py on
 hand-written logs, and the --parallel=gpus sweep spec."""
 import json
 import os
@@ -103,7 +103,7 @@ def _workdir(path, losses, *, repeat=(), checkpoints=(), events=1):
 
 
 def _compare(*args):
-  return subprocess.run([sys.executable, "-m", "experiments.compare_runs", *args], cwd=REPO,
+  return subprocess.run([sys.executable, "-m", "scripts.compare_runs", *args], cwd=REPO,
                         capture_output=True, text=True, timeout=120)
 
 
@@ -133,7 +133,7 @@ def test_compare_runs_plots_the_curves(tmp_path):
   with open(os.path.join(two, "metrics.jsonl"), "a") as f:
     f.write(json.dumps({"step": 50, "split": "train", "loss": 0.5}) + "\n")
   probe = subprocess.run(
-      [sys.executable, "-c", "import sys; from experiments import compare_runs as c; "
+      [sys.executable, "-c", "import sys; from scripts import compare_runs as c; "
        "print(c._curve(sys.argv[1], 'train', 'loss'))", two],
       cwd=REPO, capture_output=True, text=True, timeout=120)
   assert probe.stdout.strip() == "([10, 50, 100], [2.0, 0.5, 1.3])", probe.stderr
@@ -156,13 +156,13 @@ def test_compare_runs_tells_whether_sweep_runs_overlapped(tmp_path):
 def test_parallel_gpus_spec_has_one_run_per_kind(monkeypatch):
   monkeypatch.chdir(REPO)
   for preset, steps, dtype in (("", 300, "bfloat16"), (":smoke", 6, None)):
-    sweep = sweep_lib.load_sweep(f"experiments/data_parallel_sweep.py{preset}")
+    sweep = sweep_lib.load_sweep(f"experiments/specs/data_parallel_sweep.py{preset}")
     (group,) = sweep.groups
     assert [v.label for v in group.variants] == ["dense", "dfss2-4"]
     assert group.overrides["num_train_steps"] == steps
     assert group.overrides.get("model.dtype") == dtype
   with pytest.raises(ValueError, match="unknown preset 'x'"):
-    sweep_lib.load_sweep("experiments/data_parallel_sweep.py:x")
+    sweep_lib.load_sweep("experiments/specs/data_parallel_sweep.py:x")
 
 
 _PER_SHARD_SCRIPT = r"""
@@ -170,7 +170,7 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from lra_sparse import train
 from lra_sparse.attention import dfss
-from lra_sparse.kernels import dfss_reference
+from lra_sparse.kernels.dfss import reference as dfss_reference
 
 seen = []
 class FakeTriton:   # the kernel's contract, the reference's math; records the batch it gets
@@ -222,7 +222,8 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from lra_sparse import train
 from lra_sparse.attention import nystrom
-from lra_sparse.kernels import landmark_attention_pallas as la, pinv_pallas
+from lra_sparse.kernels.nystrom import landmark as la
+from lra_sparse.kernels.nystrom import pinv as pinv_pallas
 
 calls = []
 def spy(name, fn):
@@ -272,7 +273,8 @@ _GRAM_SCRIPT = r"""
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from lra_sparse import train
-from lra_sparse.kernels import dsa_gram, dsa_reference as ref
+from lra_sparse.kernels.dsa import gram as dsa_gram
+from lra_sparse.kernels.dsa import reference as ref
 
 calls = []
 def stand_in(q, k, xp, w_q, w_k, km, ext, has_mask):   # the Gram kernels' sum, in XLA

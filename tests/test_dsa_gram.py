@@ -1,8 +1,8 @@
-"""DSA's L_MSE on the Gram kernels (``lra_sparse.kernels.dsa_gram``).
+"""DSA's L_MSE on the Gram kernels (``lra_sparse.kernels.dsa.gram``).
 
 CPU: the wrapper's algebra (the custom VJP's explicit gradients, padding, the normalisations)
 with each Triton kernel stood in for by numpy code of its documented contract, against the
-XLA Gram form's autodiff (``dsa_reference.prediction_mse``) and the direct [L, L] form.  Also
+XLA Gram form's autodiff (``kernels.dsa.reference.prediction_mse``) and the direct [L, L] form.  Also
 bad inputs.  GPU (marked): the kernels themselves against float64 numpy.
 """
 import functools
@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lra_sparse.kernels import dsa_gram
-from lra_sparse.kernels import dsa_reference as ref
+from lra_sparse.kernels.dsa import gram as dsa_gram
+from lra_sparse.kernels.dsa import reference as ref
 from triton_cpu import interpreted_launch, interpreting, run_interpreted
 
 jax.config.update("jax_enable_x64", False)
@@ -25,10 +25,13 @@ def _real(km, ext, has_mask, length):
   return rows & (np.asarray(km) != 0) if has_mask else rows
 
 
-def _stand_in(module, kernel, args, out_shapes, grid, **kw):
+def _stand_in(kernel, args, out_shapes, grid, **kw):
   """The four kernels' contracts in float64 numpy, including their padded output widths and
   the (hi, lo) parts of their operands (lo unread for an exact X)."""
-  assert module == "dsa_gram_kernels"
+  from lra_sparse.kernels.dsa import gram_kernels  # pylint: disable=import-outside-toplevel
+  assert kernel in (gram_kernels.gram_fwd, gram_kernels.gram_fwd_xp, gram_kernels.gram_bwd_qk,
+                    gram_kernels.gram_bwd_xp), kernel
+  kernel = kernel.__name__
   d, rp, = kw.get("D"), kw["RP"]
   f64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
   join = lambda hi, lo, exact=False: f64(hi) + (0.0 if exact else f64(lo))  # noqa: E731

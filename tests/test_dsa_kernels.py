@@ -1,10 +1,10 @@
 """Tests of DSA's selection rule, its L_MSE and its kernels.
 
-CPU: ``dsa_reference`` (the pure-JAX path) against the rule written again in float64 numpy with
+CPU: ``kernels.dsa.reference`` (the pure-JAX path) against the rule written again in float64 numpy with
 loops (``conftest.np_select``), ties, padding, bit packing, the Gram-matrix L_MSE against
 the direct [L, L] form (values and gradients), and bad inputs.
 CPU also: the kernel wrapper's padding extents (key and dO row) against a numpy loop.
-GPU (marked ``gpu``): ``dsa_triton`` against the reference: the kernel's chosen set equal bit
+GPU (marked ``gpu``): ``kernels.dsa.triton`` against the reference: the kernel's chosen set equal bit
 for bit, outputs and gradients close, every kernel output poisoned (NaN) before the call; with
 padding, the kernels that skip it against the full loops, bit for bit.
 """
@@ -12,6 +12,9 @@ padding, the kernels that skip it against the full loops, bit for bit.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -20,10 +23,16 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from lra_sparse.kernels import dsa_reference as ref
+from lra_sparse.kernels.dsa import reference as ref
+from lra_sparse.ops import softmax
 
-from conftest import check_close, np_philox4x32, np_select, rel_err  # np_select: float64 rule
+from conftest import REPO, check_close, np_philox4x32, np_select, rel_err  # np_select: float64 rule
 from triton_cpu import interpreted_launch, interpreting, run_interpreted
+
+try:  # registers the NaN-filled entry points of launch(..., poison=True) (GPU tests)
+  import poisoned_kernels  # noqa: F401  pylint: disable=unused-import
+except ImportError:   # no triton here: the GPU tests skip
+  pass
 
 HI = jax.lax.Precision.HIGHEST
 
@@ -142,7 +151,7 @@ def test_dropout_key_multiplier_matches_numpy_rule_and_its_statistics():
   a key length that is not a multiple of 8; over ~1M entries the drop share is the rate for
   each of the 8 keys of a Philox call alike, the factor averages 1 (unbiased), and adjacent
   keys and rows are uncorrelated (within 5 standard errors)."""
-  from lra_sparse.kernels import dfss_dropout as dd
+  from lra_sparse.ops import dropout as dd
   seed = np.array([-123456789, 987654321], np.int32)
   got = np.asarray(dd.key_multiplier(jnp.asarray(seed), 2, 3, 9, 70, 0.3))
   np.testing.assert_allclose(got, np_key_multiplier(seed, 2, 3, 9, 70, 0.3), rtol=1e-7)
@@ -166,7 +175,7 @@ def test_reference_with_dropout_matches_numpy_values_and_gradients():
   """attention_under_keep with attention dropout equals float64 numpy attention with the same
   Z: O = (A * Zs) V, dV = (A Zs)^T dO, dS = A * (Zs * dO V^T - rowsum), dQ = dS K / sqrt(d),
   dK = dS^T Q / sqrt(d); a row that keeps nothing gives zeros."""
-  from lra_sparse.kernels import dfss_dropout as dd
+  from lra_sparse.ops import dropout as dd
   rng = np.random.default_rng(11)
   b, l, h, d, rate = 2, 37, 2, 8, 0.25
   q, k, v, ct = (rng.normal(size=(b, l, h, d)) for _ in range(4))
@@ -295,7 +304,7 @@ def test_gram_mse_on_a_gpu_matches_float64(near):
 
 
 def test_bad_inputs_give_one_clear_error():
-  from lra_sparse.kernels import dsa_triton
+  from lra_sparse.kernels.dsa import triton as dsa_triton
   q = jnp.ones((1, 16, 1, 160), jnp.bfloat16)
   bits = jnp.zeros((1, 1, 16, 1), jnp.int32)
   with pytest.raises(ValueError, match="head_dim 160 not in"):
@@ -350,7 +359,7 @@ def test_backend_triton_without_a_gpu_is_one_clear_error():
 def test_padding_extents_match_a_loop():
   """The kernel wrapper's key extents (EXT: one past the last real key) and dO row extents
   (ROWS: one past the last row with a non-zero dO in any head or column), against a loop."""
-  from lra_sparse.kernels import dsa_triton
+  from lra_sparse.kernels.dsa import triton as dsa_triton
   rng = np.random.default_rng(7)
   b, l, h, d = 6, 300, 2, 8
   mask = np.zeros((b, l), bool)
@@ -389,7 +398,7 @@ def test_padding_extents_match_a_loop():
 
 # ----------------------------------------------------------------------------- GPU: kernels
 def _kernels():
-  from lra_sparse.kernels import dsa_triton
+  from lra_sparse.kernels.dsa import triton as dsa_triton
   if not dsa_triton.is_available() and not interpreting():
     pytest.skip("needs a GPU and jax_triton")
   return dsa_triton
@@ -428,9 +437,8 @@ def _attention_reference(keep, mult=None):
 
   def f_ref(q, k, v):
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
-    from lra_sparse.attention import common
-    scores = common.attention_scores(q, k, precision=HI)
-    probs = common.masked_softmax(jnp.where(keep, scores, -jnp.inf), keep)
+    scores = softmax.attention_scores(q, k, precision=HI)
+    probs = softmax.masked_softmax(jnp.where(keep, scores, -jnp.inf), keep)
     if mult is not None:
       probs = probs * mult
     return jnp.einsum("bhqk,bkhd->bqhd", probs, v, precision=HI)
@@ -511,7 +519,7 @@ def _check_key_lists(bits, want, ext, vector):
 def _check_kernels_against_reference(case, ints, rate=0.0, forward="tiles"):
   """Selection bits exactly the reference's; out, dq, dk, dv against full-precision fp32 on
   those bits (outputs poisoned); a fully padded example gives zeros.  rate > 0: attention
-  dropout, the reference multiplied by ``dfss_dropout.key_multiplier`` of the same seed.
+  dropout, the reference multiplied by ``ops.dropout.key_multiplier`` of the same seed.
   forward "gather": the key lists checked against numpy too, then the gathered forward."""
   dt = _kernels()
   dtype, b, l, h, d, vector, sparsity, rank, selection = case
@@ -527,7 +535,7 @@ def _check_kernels_against_reference(case, ints, rate=0.0, forward="tiles"):
   drop = {}
   mult = None
   if rate:
-    from lra_sparse.kernels import dfss_dropout
+    from lra_sparse.ops import dropout as dfss_dropout
     drop = dict(dropout_rate=rate, dropout_seed=dfss_dropout.seed_words(keys[0]))
     mult = dfss_dropout.key_multiplier(drop["dropout_seed"], b, h, l, l, rate)
     assert 0 < float(jnp.mean(mult == 0)) < 2 * rate
@@ -728,6 +736,7 @@ def test_float_selection_rule_of_older_runs_still_runs():
   ranks the float S~ the core sows, on the pure-JAX path."""
   from lra_sparse.attention import AttentionDims, DSAConfig, build_attention
   from lra_sparse.attention import dsa as dsa_lib
+  from lra_sparse.kernels.dsa import reference as dsa_ref
   b, l, h, d, model = 2, 32, 2, 8, 16
   dims = AttentionDims(num_heads=h, head_dim=d, model_dim=model, length=l, dropout_rate=0.0)
   keys = jax.random.split(jax.random.PRNGKey(1), 5)
@@ -739,7 +748,7 @@ def test_float_selection_rule_of_older_runs_still_runs():
   out, state = core.apply({"params": params}, q, k, v, mask=mask, inputs=x,
                           mutable=["intermediates", "aux_metrics"])
   predicted = state["intermediates"]["predicted_scores"][0]
-  keep = np.asarray(dsa_lib.predicted_mask(predicted, mask=mask, sparsity=0.75, vector=4))
+  keep = np.asarray(dsa_ref.predicted_mask(predicted, mask=mask, sparsity=0.75, vector=4))
   s = np.einsum("bqhd,bkhd->bhqk", np.asarray(q, np.float64), np.asarray(k, np.float64))
   s = np.where(keep, s / math.sqrt(d), -np.inf)
   p = np.exp(s - s.max(-1, keepdims=True))
@@ -776,7 +785,7 @@ def test_kernel_source_on_the_cpu_matches_reference():
 def test_interpreted_kernels(monkeypatch, case, ints):
   if not interpreting():
     pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
-  from lra_sparse.kernels import dsa_triton   # pylint: disable=import-outside-toplevel
+  from lra_sparse.kernels.dsa import triton as dsa_triton  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
   _check_kernels_against_reference(case, ints)
 
@@ -787,7 +796,7 @@ def test_interpreted_kernels(monkeypatch, case, ints):
 def test_interpreted_dropout_kernels(monkeypatch, case, deterministic):
   if not interpreting():
     pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
-  from lra_sparse.kernels import dsa_triton   # pylint: disable=import-outside-toplevel
+  from lra_sparse.kernels.dsa import triton as dsa_triton  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
   _check_kernels_against_reference(case[:-1], deterministic, rate=case[-1])
 
@@ -798,22 +807,44 @@ def test_interpreted_dropout_kernels(monkeypatch, case, deterministic):
 def test_interpreted_gather(monkeypatch, case):
   if not interpreting():
     pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
-  from lra_sparse.kernels import dsa_triton   # pylint: disable=import-outside-toplevel
+  from lra_sparse.kernels.dsa import triton as dsa_triton  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
   _check_kernels_against_reference(case[:9], False, rate=case[9] if len(case) > 9 else 0.0,
                                    forward="gather")
 
 
+def _register_report(*args: str) -> dict:
+  """(kernel, dropout) -> (stack bytes, STL, LDL) of the table ``benchmarks/dsa_kernel_registers``
+  prints (head_dim 64, vector 8; sm_90a, compiled on the CPU) when run with ``args``."""
+  result = subprocess.run(
+      [sys.executable, "-m", "benchmarks.dsa_kernel_registers", "--head_dim=64", "--vector=8",
+       *args], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+      text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = {}
+  for line in result.stdout.split("\n\n")[-1].splitlines()[2:]:   # the table's rows
+    kernel, rate, _, _, stack, spills, _ = (c.strip() for c in line.strip("|").split("|"))
+    stl, ldl = spills.split(" / ")
+    report[(kernel, float(rate))] = (int(stack), int(stl), int(ldl))
+  return report
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_runtime_tiles_compile_for_hopper_without_spills(dtype):
-  """Every DSA attention kernel at the tile ``dsa_triton`` launches it with, with and without
+  """Every DSA attention kernel at the tile ``kernels.dsa.triton`` launches it with, with and without
   attention dropout, compiled for sm_90a on the CPU: ptxas spills nothing (no STL / LDL; the
   128x64 forward with dropout spilled, hence its own "fwd_drop" tile)."""
   pytest.importorskip("triton")
-  from benchmarks import dsa_kernel_registers as regs  # pylint: disable=import-outside-toplevel
-  for kernel in ("dsa_fwd", "dsa_fwd_gather", "dsa_bwd_onepass", "dsa_bwd_dkdv", "dsa_bwd_dq"):
-    for rate in (0.0, 0.1):
-      st = regs.kernel_stats(kernel, dtype, 64, 8, rate)
-      assert (st["stl"], st["ldl"], st["stack"]) == (0, 0, 0), (kernel, rate, st)
-  spilling = regs.kernel_stats("dsa_fwd", "bf16", 64, 8, 0.1, (128, 64, 4, 3))
-  assert spilling["stl"] > 0   # the check sees a spill where there is one
+  report = _register_report(f"--dtype={dtype}", "--dropout=0,0.1")
+  kernels = ("dsa_fwd", "dsa_fwd_gather", "dsa_bwd_onepass", "dsa_bwd_dkdv", "dsa_bwd_dq")
+  assert set(report) == {(kernel, rate) for kernel in kernels for rate in (0.0, 0.1)}
+  for key, stats in report.items():
+    assert stats == (0, 0, 0), (key, stats)
+
+
+def test_register_report_sees_a_spill():
+  """The check above sees a spill where there is one: the forward with dropout at 128x64."""
+  pytest.importorskip("triton")
+  report = _register_report("--dtype=bf16", "--kernels=dsa_fwd", "--dropout=0.1",
+                            "--tiles=128:64:4:3")
+  assert report[("dsa_fwd", 0.1)][1] > 0

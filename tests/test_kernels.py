@@ -1,7 +1,7 @@
 """Tests of the DFSS kernels.
 
-CPU: the pure-JAX reference (lra_sparse/kernels/dfss_reference.py) and the shared N:M selection
-(lra_sparse.attention.nm.nm_mask) against a float64 numpy brute force
+CPU: the pure-JAX reference (lra_sparse/kernels/dfss/reference.py) and the shared N:M selection
+(lra_sparse.ops.nm.nm_mask) against a float64 numpy brute force
 (ties, odd lengths, padded rows, fully padded rows, gradients); where triton is installed (not
 in the CPU requirements), the kernels' own N:M selection helper under Triton's interpreter.
 GPU (marked ``gpu``, skipped
@@ -20,10 +20,15 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from lra_sparse.attention.nm import nm_mask
-from lra_sparse.kernels import dfss_reference as ref
+from lra_sparse.ops.nm import nm_mask
+from lra_sparse.kernels.dfss import reference as ref
 from conftest import check_close, np_philox4x32, rel_err
 from triton_cpu import interpreted_launch, interpreting, run_interpreted
+
+try:  # registers the NaN-filled entry points of launch(..., poison=True) (GPU tests)
+  import poisoned_kernels  # noqa: F401  pylint: disable=unused-import
+except ImportError:   # no triton here: the GPU tests skip
+  pass
 
 
 # ----------------------------------------------------------------------------- numpy oracle
@@ -196,9 +201,9 @@ def interpreted_nm_keep():
   import os
   import triton.language as tl
   from triton.runtime import interpreter
-  from lra_sparse.kernels import dfss_reference as anchor
+  from lra_sparse.kernels.dfss import reference as anchor
 
-  path = os.path.join(os.path.dirname(anchor.__file__), "dfss_select.py")
+  path = os.path.join(os.path.dirname(anchor.__file__), "triton_select.py")
   old = os.environ.get("TRITON_INTERPRET")
   os.environ["TRITON_INTERPRET"] = "1"
   try:
@@ -252,7 +257,7 @@ def test_kernel_nm_keep_matches_bruteforce(n, m, interpreted_nm_keep):
 def test_cpu_import_does_not_load_triton():
   import sys
   import lra_sparse.kernels  # noqa: F401
-  from lra_sparse.kernels import dfss_triton
+  from lra_sparse.kernels.dfss import triton as dfss_triton
   if jax.default_backend() != "gpu":
     assert not dfss_triton.is_available()
     assert "jax_triton" not in sys.modules
@@ -273,7 +278,7 @@ def test_unsupported_reason_states_what_the_triton_kernel_runs():
   """The one capability predicate (shapes and dtypes only: runs on a CPU without triton);
   dfss_attention_triton raises ValueError with the same reason before launching anything."""
   import sys
-  from lra_sparse.kernels import dfss_triton
+  from lra_sparse.kernels.dfss import triton as dfss_triton
 
   def arr(shape=(2, 64, 2, 64), dtype=jnp.bfloat16):
     return jax.ShapeDtypeStruct(shape, dtype)
@@ -314,7 +319,7 @@ def test_unsupported_reason_states_what_the_triton_kernel_runs():
 
 # ----------------------------------------------------------------------------- GPU: kernels
 def _need_triton():
-  from lra_sparse.kernels import dfss_triton
+  from lra_sparse.kernels.dfss import triton as dfss_triton
   if not dfss_triton.is_available() and not interpreting():
     pytest.skip("needs a GPU and jax_triton")
   return dfss_triton
@@ -541,7 +546,7 @@ def np_dropout_multiplier(seed, keep, n, m, rate):
 def test_philox_known_answers_and_numpy():
   """Philox-4x32-10 known-answer vectors (Random123's kat_vectors), and the 7-round generator
   the kernels use against a numpy uint64 implementation on random counters and keys."""
-  from lra_sparse.kernels import dfss_dropout as dd
+  from lra_sparse.ops import dropout as dd
   kat = [((0, 0, 0, 0), (0, 0), "6627e8d5 e169c58d bc57ac4c 9b00dbd8"),
          ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, "408f276d 41c83b0e a20bc7c6 6d5451fd"),
          ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
@@ -563,7 +568,7 @@ def test_philox_known_answers_and_numpy():
 def test_dropout_multiplier_matches_numpy_rule(n, m):
   """dfss_dropout.dropout_multiplier (what both backends apply) against the rule written out
   in numpy, on N:M keep masks of random scores with padded keys and ties."""
-  from lra_sparse.kernels import dfss_dropout as dd
+  from lra_sparse.ops import dropout as dd
   rng = np.random.default_rng(n * 10 + m)
   b, h, rows, keys = 2, 3, 9, 16 * m
   scores = rng.integers(-2, 3, (b, h, rows, keys)).astype(np.float32)
@@ -580,7 +585,7 @@ def test_dropout_rate_unbiased_and_uncorrelated(rate):
   """Over ~0.5M kept entries: the drop fraction is rate (to 16-bit resolution) for the first
   and the second kept member of a group alike, the kept factor averages 1 (unbiased), and
   neighbouring decisions are uncorrelated; all within 5 standard errors."""
-  from lra_sparse.kernels import dfss_dropout as dd
+  from lra_sparse.ops import dropout as dd
   scores = jax.random.normal(jax.random.PRNGKey(3), (2, 4, 256, 512))
   keep = nm_mask(scores, 2, 4)
   mult = np.asarray(dd.dropout_multiplier(dd.seed_words(jax.random.PRNGKey(4)), keep, 2, 4,
@@ -611,7 +616,7 @@ def test_dfss_dropout_reference_matches_numpy_values_and_gradients():
   O = (A * Zs) V, and its gradients dV = (A Zs)^T dO, dS = A * (Zs * dO V^T - rowsum),
   dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d)."""
   from lra_sparse.attention.dfss import dfss_attention
-  from lra_sparse.kernels import dfss_dropout as dd
+  from lra_sparse.ops import dropout as dd
   b, l, h, d, n, m, rate = 2, 24, 2, 8, 2, 4, 0.25
   q, k, v = rand_qkv(jax.random.PRNGKey(7), (b, l, h, d))
   ct = jax.random.normal(jax.random.PRNGKey(8), q.shape)
@@ -688,7 +693,7 @@ def test_triton_dropout_matches_reference_with_the_same_mask(case, deterministic
 
 
 def _check_dropout_case(case, deterministic):
-  from lra_sparse.kernels import dfss_dropout as dd
+  from lra_sparse.ops import dropout as dd
   dt = _need_triton()
   dtype, n, m, b, l, h, d, masked, rate = case
   key = zlib.crc32(repr(case).encode()) % (2**31)
@@ -741,7 +746,8 @@ def _interpret_kernels(monkeypatch):
   if not interpreting():
     pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
   # pylint: disable-next=import-outside-toplevel
-  from lra_sparse.kernels import dfss_compressed, dfss_triton
+  from lra_sparse.kernels.dfss import compressed as dfss_compressed
+  from lra_sparse.kernels.dfss import triton as dfss_triton
   launch = interpreted_launch()
   monkeypatch.setattr(dfss_triton, "launch", launch)
   monkeypatch.setattr(dfss_compressed, "launch", launch)
@@ -763,7 +769,7 @@ def test_interpreted_dropout_kernels(monkeypatch, case, deterministic):
 
 
 # ----------------------------------------------------------------------------- Mosaic GPU path
-# lra_sparse/kernels/dfss_mgpu.py: CPU tests of its selection, dropout draws, key permutation
+# lra_sparse/kernels/dfss/mosaic.py: CPU tests of its selection, dropout draws, key permutation
 # and capability predicate (its register-array helpers run as plain jnp); GPU tests (Hopper)
 # against the reference.
 
@@ -777,7 +783,7 @@ def test_mosaic_nm_prune_matches_bruteforce(n, m, selection, ints):
   index, padded keys at the kernels' finite MASKED bias never beat real ones) and leaves them
   as they are; everything else is -inf; its row maxima are the rows' maxima. Small integer
   scores make ties between every pair of members common."""
-  from lra_sparse.kernels import dfss_mgpu
+  from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
   rng = np.random.default_rng(n * 10 + m + 100 * ints)
   s = (rng.integers(-2, 3, (64, 192)) if ints else rng.standard_normal((64, 192)))
   s = s.astype(np.float32)
@@ -796,7 +802,7 @@ def test_mosaic_nm_prune_matches_bruteforce(n, m, selection, ints):
 @pytest.mark.parametrize("m", [2, 4, 8])
 def test_mosaic_key_permutation_layout(m):
   """Inside each 64-key block key g*m + j moves to j*(64/m) + g; unpermute_keys inverts it."""
-  from lra_sparse.kernels import dfss_mgpu
+  from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
   b, l = 2, 192
   keys = np.broadcast_to(np.arange(l), (b, l))
   permuted = np.asarray(dfss_mgpu.permute_keys(jnp.asarray(keys), m))
@@ -817,8 +823,8 @@ def test_mosaic_dropout_draws_match_numpy_rule(monkeypatch, n, m):
   (row, group, head), with holes of padded keys inside groups (padded members kept where a
   group has fewer than n real ones, before real ones) and a row without a real key."""
   from jax.experimental.pallas import mosaic_gpu as plgpu
-  from lra_sparse.kernels import dfss_dropout as dd
-  from lra_sparse.kernels import dfss_mgpu
+  from lra_sparse.ops import dropout as dd
+  from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
   monkeypatch.setattr(plgpu, "broadcasted_iota",
                       lambda dtype, shape, dim, layout=None: jax.lax.broadcasted_iota(
                           dtype, shape, dim))
@@ -853,8 +859,8 @@ def test_mosaic_wide_products_lower_in_a_kernel():
   CUDA on any machine; they run, bit for bit against the limbs, in the GPU dropout tests. The
   scalar products fall back to the limbs."""
   from jax.experimental.pallas import mosaic_gpu as plgpu
-  from lra_sparse.kernels import dfss_dropout as dd
-  from lra_sparse.kernels import dfss_mgpu
+  from lra_sparse.ops import dropout as dd
+  from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
   a, b = dd._MUL_A, jnp.uint32(0xDEADBEEF)  # pylint: disable=protected-access
   assert [int(x) for x in dfss_mgpu._mulhilo_wide(a, b)] == [  # pylint: disable=protected-access
       (a * 0xDEADBEEF) >> 32, (a * 0xDEADBEEF) & 0xFFFFFFFF]
@@ -882,17 +888,6 @@ def test_mosaic_wide_products_lower_in_a_kernel():
   assert "mosaic_gpu" in text
 
 
-def test_dropout_bench_compares_the_wide_and_limb_bits():
-  """bench_dfss_dropout's A/B column: 'yes' for the same bits (gradients too), 'NO' for any
-  difference, '-' when a side fails."""
-  from benchmarks.bench_dfss_dropout import same_bits
-  x = (jnp.arange(6.0).reshape(2, 3),)
-  grads = lambda f: jax.grad(lambda a: jnp.sum(f(a) ** 2))  # noqa: E731
-  assert same_bits(grads(lambda a: a * 2), grads(lambda a: a + a), x) == "yes"
-  assert same_bits(lambda a: (a, a * 2), lambda a: (a, a * 2 + 1e-3), x) == "NO"
-  assert same_bits(lambda a: a, lambda a: a.reshape(7), x) == "-"
-
-
 def _scalar_bitcasts(jaxpr) -> list:
   """The bitcast_convert_type equations on 0-d operands in ``jaxpr`` and every jaxpr nested in
   its equations' parameters."""
@@ -915,8 +910,8 @@ def test_mosaic_dropout_kernel_bitcasts_no_scalars(wide):
   fails to compile (jax 0.11.2, H100: every dropout kernel did, once): the forward kernel with
   dropout, traced here on any machine, must have none (the draws are shared by all three
   kernels)."""
-  from lra_sparse.kernels import dfss_dropout as dd
-  from lra_sparse.kernels import dfss_mgpu
+  from lra_sparse.ops import dropout as dd
+  from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
   x = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)
   seed = dd.seed_words(jax.random.PRNGKey(0))
   tiles = dfss_mgpu.Tiles(wide_products=wide)
@@ -932,7 +927,7 @@ def test_mosaic_unsupported_reason_and_backend_errors():
   import subprocess
   import sys
   from lra_sparse.attention.dfss import dfss_attention
-  from lra_sparse.kernels import dfss_mgpu
+  from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
 
   def arr(shape=(2, 256, 2, 64), dtype=jnp.bfloat16):
     return jax.ShapeDtypeStruct(shape, dtype)
@@ -957,7 +952,7 @@ def test_mosaic_unsupported_reason_and_backend_errors():
     with pytest.raises(ValueError, match=r"backend='mosaic' but the DFSS Mosaic GPU kernel is "
                        r"not available here .*Hopper"):
       dfss_attention(q, q, q, n=2, m=4, backend="mosaic")
-    code = ("import sys; from lra_sparse.kernels import dfss_mgpu; "
+    code = ("import sys; from lra_sparse.kernels.dfss import mosaic; "
             "assert 'jax.experimental.pallas.mosaic_gpu' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -966,7 +961,8 @@ def test_auto_runs_every_head_dim_up_to_128_on_mosaic(monkeypatch):
   """On a Hopper GPU backend='auto' runs head dims up to 128 on the Mosaic GPU kernels, the
   small ones (Pathfinder's 4, Path-X's 8) zero-padded to 64; above 128 neither kernel runs."""
   from lra_sparse.attention import dfss
-  from lra_sparse.kernels import dfss_mgpu, dfss_triton
+  from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
+  from lra_sparse.kernels.dfss import triton as dfss_triton
   monkeypatch.setattr(dfss.jax, "default_backend", lambda: "gpu")
   monkeypatch.setattr(dfss, "_mosaic_module", lambda required: dfss_mgpu)
   monkeypatch.setattr(dfss, "_triton_module", lambda required: dfss_triton)
@@ -984,7 +980,7 @@ def test_mosaic_tile_skip_counts_match_numpy():
   last real key (a dQ CTA whose rows all have dO = 0: none); dK/dV loops over the query tiles
   up to the last row with a non-zero dO (a CTA whose keys all lie past the last real key:
   none)."""
-  from lra_sparse.kernels import dfss_mgpu
+  from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
   tiles = dfss_mgpu.DEFAULT_TILES
   rng = np.random.default_rng(0)
   b, l, h, d = 5, 1024, 2, 8
@@ -1024,7 +1020,7 @@ def test_mosaic_tile_skip_counts_match_numpy():
 
 
 def _need_mosaic():
-  from lra_sparse.kernels import dfss_mgpu
+  from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
   if not dfss_mgpu.is_available():
     pytest.skip("needs a Hopper GPU (Pallas Mosaic GPU)")
   return dfss_mgpu
@@ -1144,7 +1140,7 @@ def test_mosaic_dropout_matches_reference_with_the_same_mask(case):
   that applies dfss_dropout's mask for the same seed (so the Triton kernels and the pure-JAX
   path drop the same entries); the same seed gives the same bits, another seed other ones."""
   mg = _need_mosaic()
-  from lra_sparse.kernels import dfss_dropout as dd
+  from lra_sparse.ops import dropout as dd
   dtype, n, m, b, l, h, d, masked, rate = case
   key = zlib.crc32(repr(case).encode()) % (2**31)
   q, k, v, mask, ct = case_inputs(key, dtype, b, l, h, d, masked)
@@ -1166,7 +1162,7 @@ def test_mosaic_wide_products_draw_the_limbs_bits(case):
   """Philox's high halves as one 64-bit product each (``Tiles.wide_products``) and from 16-bit
   limbs are the same integers, so output and dQ/dK/dV are bit-identical."""
   mg = _need_mosaic()
-  from lra_sparse.kernels import dfss_dropout as dd
+  from lra_sparse.ops import dropout as dd
   dtype, n, m, b, l, h, d, masked, rate = case
   key = zlib.crc32(repr(case).encode()) % (2**31) + 7
   q, k, v, mask, ct = case_inputs(key, dtype, b, l, h, d, masked)
@@ -1191,7 +1187,7 @@ def test_auto_runs_dropout_on_mosaic():
   bits as calling them with the rng's seed words."""
   mg = _need_mosaic()
   from lra_sparse.attention.dfss import dfss_attention
-  from lra_sparse.kernels import dfss_dropout as dd
+  from lra_sparse.ops import dropout as dd
   q, k, v = rand_qkv(jax.random.PRNGKey(6), (2, 700, 2, 64), jnp.bfloat16)
   mask = make_mask(jax.random.PRNGKey(7), 2, 700, full_pad_row=False)
   rng = jax.random.PRNGKey(8)

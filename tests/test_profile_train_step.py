@@ -1,5 +1,7 @@
-"""benchmarks/profile_train_step.py: kernels to model scopes (from the optimized HLO's
-metadata) and the kernel events of a Perfetto trace, on small hand-written inputs."""
+"""lra_sparse/profiling.py (what benchmarks/profile_train_step.py reports): kernels to model
+scopes (from the optimized HLO's metadata) and the kernel events of a Perfetto trace, on small
+hand-written inputs; and benchmarks/bench_train_step.py's --attention_dropout, run as a
+program."""
 import gzip
 import json
 import os
@@ -7,8 +9,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
-from benchmarks import profile_train_step as prof  # noqa: E402
+from lra_sparse import profiling as prof
 
 
 @pytest.mark.parametrize("op_name,scope", [
@@ -51,6 +52,9 @@ def test_fusion_scopes_and_kernel_events(tmp_path):
   with gzip.open(trace_dir / "perfetto_trace.json.gz", "wt") as f:
     json.dump({"traceEvents": events}, f)
   assert list(prof.device_events(str(tmp_path / "trace"))) == [("dsa_fwd", 120.0)]
+  kernels = prof.kernel_times(str(tmp_path / "trace"), 2, scopes)   # a trace of 2 steps
+  assert kernels == {"dsa_fwd": {"ms": 0.06, "calls": 0.5, "scope": "kernel dsa_fwd"}}
+  assert prof.scope_times(kernels) == {"kernel dsa_fwd": 0.06}
   with pytest.raises(RuntimeError, match="no perfetto_trace.json.gz"):
     list(prof.device_events(str(tmp_path / "empty")))
 

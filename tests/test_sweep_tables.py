@@ -676,7 +676,7 @@ EXPERIMENTS = {  # spec -> (runs in full, runs in tiny)
 @pytest.mark.parametrize("preset", ["", "tiny"])
 def test_experiment_specs_expand(name, preset, tmp_path, monkeypatch):
   monkeypatch.chdir(REPO)
-  spec = f"experiments/{name}.py" + (f":{preset}" if preset else "")
+  spec = f"experiments/specs/{name}.py" + (f":{preset}" if preset else "")
   sweep = sweep_lib.load_sweep(spec)
   configs = {config_lib.split_spec_arg(group.config)[0] for group in sweep.groups}
   validate = all(os.path.exists(config) for config in configs)
@@ -698,7 +698,7 @@ def test_experiment_specs_expand(name, preset, tmp_path, monkeypatch):
 
 def test_tiny_listops_spec(tmp_path, monkeypatch):
   monkeypatch.chdir(REPO)
-  runs = sweep_lib.expand_sweep(sweep_lib.load_sweep("experiments/tiny_listops.py"),
+  runs = sweep_lib.expand_sweep(sweep_lib.load_sweep("experiments/specs/tiny_listops.py"),
                                 str(tmp_path))
   assert [run.name for run in runs] == [
       f"listops-tiny__{v}__seed={s}" for v in (
@@ -733,7 +733,7 @@ def test_paper_specs_read_cifar10_and_name_the_tiny_stand_in(name, tmp_path, mon
   Fashion-MNIST, and say so in every such run's name and in the table."""
   monkeypatch.chdir(REPO)
   for preset in ("", "tiny"):
-    spec = f"experiments/{name}.py" + (f":{preset}" if preset else "")
+    spec = f"experiments/specs/{name}.py" + (f":{preset}" if preset else "")
     image_runs = [run for run in _spec_runs(spec, tmp_path / (preset or "full"))
                   if os.path.basename(run.config) == "image.py"]
     assert image_runs
@@ -754,7 +754,7 @@ def test_dfss_table4_bf16_rows_finetune_the_float_dense_run(tmp_path, monkeypatc
   """DFSS Sec. 5.1: bf16 models are fine-tuned from the float model and tested with bf16
   parameters; the float rows train from scratch."""
   monkeypatch.chdir(REPO)
-  runs = _spec_runs("experiments/dfss_table4.py", tmp_path)
+  runs = _spec_runs("experiments/specs/dfss_table4.py", tmp_path)
   by_name = {run.name: run for run in runs}
   bf16 = [run for run in runs if run.overrides.get("model.dtype") == "bfloat16"]
   assert len(bf16) == 5 * 2 * 3
@@ -771,7 +771,7 @@ def test_dfss_table4_bf16_rows_finetune_the_float_dense_run(tmp_path, monkeypatc
   float_runs = [run for run in runs if run.overrides.get("model.dtype") == "float32"]
   assert len(float_runs) == 5 * 2 * 3 and all(not run.depends_on for run in float_runs)
   # The table's bf16 rows take fine-tuned runs only.
-  table = tables.load_table("experiments/dfss_table4.py")
+  table = tables.load_table("experiments/specs/dfss_table4.py")
   rows = {row.label: row.match for row in table.rows}
   assert rows["Transformer (bfloat16)"]["init_from"]("runs/x") is True
   assert rows["Transformer (bfloat16)"]["init_from"]("") is False
@@ -796,26 +796,26 @@ def test_paper_specs_train_with_lras_attention_dropout_and_the_committed_tables_
     return out
 
   for spec in ("dfss_table4", "dsa_table2", "dsa_sparsity"):
-    got = rates(f"experiments/{spec}.py", spec)
+    got = rates(f"experiments/specs/{spec}.py", spec)
     assert got and all(rate == want[name] for name, rate in got), (spec, got)
-    assert {rate for _, rate in rates(f"experiments/{spec}.py:tiny", spec + "_tiny")} == {0.0}
+    assert {rate for _, rate in rates(f"experiments/specs/{spec}.py:tiny", spec + "_tiny")} == {0.0}
   for spec in ("lra_listops", "lra_pixels"):
-    assert {rate for _, rate in rates(f"experiments/{spec}.py", spec)} == {0.0}
+    assert {rate for _, rate in rates(f"experiments/specs/{spec}.py", spec)} == {0.0}
 
 
 def test_dsa_specs_run_text_at_the_papers_4k(tmp_path, monkeypatch):
   monkeypatch.chdir(REPO)
-  for spec in ("experiments/dsa_table2.py", "experiments/dsa_sparsity.py"):
+  for spec in ("experiments/specs/dsa_table2.py", "experiments/specs/dsa_sparsity.py"):
     text = [run for run in _spec_runs(spec, tmp_path / os.path.basename(spec))
             if os.path.basename(run.config) == "text.py"]
     assert text and all(run.overrides["data.max_length"] == 4000 for run in text)
-  table = tables.load_table("experiments/dsa_table2.py")
+  table = tables.load_table("experiments/specs/dsa_table2.py")
   assert table.where["data.max_length"] == 4000
 
 
 def test_dfss_table6_pretrains_the_nystromformer_lra_image_config(tmp_path, monkeypatch):
   monkeypatch.chdir(REPO)
-  runs = _spec_runs("experiments/dfss_table6_nystrom.py", tmp_path)
+  runs = _spec_runs("experiments/specs/dfss_table6_nystrom.py", tmp_path)
   assert {run.config_arg for run in runs} == {"configs/image.py:nystromformer"}
   pretrain = [run for run in runs if not run.depends_on]
   assert len(pretrain) == 3 and all(r.overrides["num_train_steps"] == 35_000 for r in pretrain)
@@ -889,21 +889,21 @@ def get_table():
 
 
 def test_lra_listops_spec_and_committed_table(tmp_path, monkeypatch):
-  """experiments/lra_listops.py: 6 kinds x 3 seeds in bf16 at LRA's ListOps config, a 12-run
-  smoke preset, one row per kind; the committed markdown table is what the committed logs
-  rebuild (rows and cells), so a table cannot drift from its runs."""
+  """experiments/specs/lra_listops.py: 6 kinds x 3 seeds in bf16 at LRA's ListOps config, a
+  12-run smoke preset, one row per kind; the committed markdown table is what the committed
+  logs rebuild (rows and cells), so a table cannot drift from its runs."""
   monkeypatch.chdir(REPO)
-  runs = _spec_runs("experiments/lra_listops.py", tmp_path / "full")
+  runs = _spec_runs("experiments/specs/lra_listops.py", tmp_path / "full")
   assert len(runs) == 18
   assert all(run.overrides["model.dtype"] == "bfloat16" and run.config_arg ==
              "configs/listops.py" for run in runs)
   assert {run.overrides["attention.kind"] for run in runs} == {"dense", "dfss", "nystrom", "dsa"}
-  assert len(_spec_runs("experiments/lra_listops.py:smoke", tmp_path / "smoke")) == 12
+  assert len(_spec_runs("experiments/specs/lra_listops.py:smoke", tmp_path / "smoke")) == 12
   with pytest.raises(ValueError, match="unknown preset 'x'"):
-    sweep_lib.load_sweep("experiments/lra_listops.py:x")
+    sweep_lib.load_sweep("experiments/specs/lra_listops.py:x")
   for preset, out in (("", "lra_listops.md"), (":best_val", "lra_listops_best_val.md")):
     text = tables.make_table("experiments/results/lra_listops",
-                             f"experiments/lra_listops.py{preset}", "markdown",
+                             f"experiments/specs/lra_listops.py{preset}", "markdown",
                              report=tables.Reporter(echo=False))
     with open(os.path.join(REPO, "experiments", "results", out)) as f:
       committed = f.read()
@@ -912,11 +912,11 @@ def test_lra_listops_spec_and_committed_table(tmp_path, monkeypatch):
 
 
 def test_lra_pixels_spec_names_the_image_stand_in(tmp_path, monkeypatch):
-  """experiments/lra_pixels.py: dense and DFSS 2:4 on Pathfinder-32 and on Image, one seed, bf16
-  at LRA's configs; every Image run reads Fashion-MNIST and says so in its name, and the
-  table's Image column is labelled as the stand-in and takes only Fashion-MNIST runs."""
+  """experiments/specs/lra_pixels.py: dense and DFSS 2:4 on Pathfinder-32 and on Image, one
+  seed, bf16 at LRA's configs; every Image run reads Fashion-MNIST and says so in its name, and
+  the table's Image column is labelled as the stand-in and takes only Fashion-MNIST runs."""
   monkeypatch.chdir(REPO)
-  runs = _spec_runs("experiments/lra_pixels.py", tmp_path / "full")
+  runs = _spec_runs("experiments/specs/lra_pixels.py", tmp_path / "full")
   assert sorted((os.path.basename(r.config), r.overrides["attention.kind"]) for r in runs) == [
       ("image.py", "dense"), ("image.py", "dfss"), ("pathfinder.py", "dense"),
       ("pathfinder.py", "dfss")]
@@ -925,10 +925,10 @@ def test_lra_pixels_spec_names_the_image_stand_in(tmp_path, monkeypatch):
     image = os.path.basename(run.config) == "image.py"
     assert ("fmnist-standin" in run.name) == image
     assert (run.overrides.get("data.source") == "fashion_mnist") == image
-  assert len(_spec_runs("experiments/lra_pixels.py:smoke", tmp_path / "smoke")) == 4
+  assert len(_spec_runs("experiments/specs/lra_pixels.py:smoke", tmp_path / "smoke")) == 4
   with pytest.raises(ValueError, match="unknown preset 'x'"):
-    sweep_lib.load_sweep("experiments/lra_pixels.py:x")
-  table = tables.load_table("experiments/lra_pixels.py")
+    sweep_lib.load_sweep("experiments/specs/lra_pixels.py:x")
+  table = tables.load_table("experiments/specs/lra_pixels.py")
   assert [c.label for c in table.columns] == ["Pathfinder-32", "Image (Fashion-MNIST stand-in)"]
   assert table.columns[1].match["data.source"] == "fashion_mnist"
 
@@ -962,12 +962,12 @@ def _device_sweep_spec(tmp_path, listops_dir, steps: int, every: int):
 
 
 def test_device_sweep_deadline_stops_its_own_runs_only(tmp_path, listops_dir):
-  """At the deadline experiments/device_sweep.sh sends Ctrl-C to its sweep and the sweep's
+  """At the deadline scripts/device_sweep.sh sends Ctrl-C to its sweep and the sweep's
   trainer, which saves a checkpoint and stops (the run is left to resume); a process of the
   same name outside the batch is not signalled."""
   spec, env = _device_sweep_spec(tmp_path, listops_dir, 100000, 50)
   root = tmp_path / "r"
-  command = ["bash", os.path.join(REPO, "experiments", "device_sweep.sh"), str(spec), str(root),
+  command = ["bash", os.path.join(REPO, "scripts", "device_sweep.sh"), str(spec), str(root),
              "25", "."]
   with _bystander() as other:
     done = subprocess.run(command, env=dict(env, RETURN_CHECKPOINTS="0"), capture_output=True,
@@ -984,14 +984,14 @@ def test_device_sweep_deadline_stops_its_own_runs_only(tmp_path, listops_dir):
 
 
 def test_device_sweep_carries_checkpoints_to_a_fresh_machine(tmp_path, listops_dir):
-  """experiments/device_sweep.sh returns each root with its runs' newest checkpoint
+  """scripts/device_sweep.sh returns each root with its runs' newest checkpoint
   (roots.p0.tgz); unpacked from CARRY_IN on a "fresh machine" (the root deleted), the run
   resumes from that checkpoint instead of starting over."""
   spec, env = _device_sweep_spec(tmp_path, listops_dir, 8, 4)
   root, out1, out2 = tmp_path / "r", tmp_path / "out1", tmp_path / "out2"
   out1.mkdir()
   out2.mkdir()
-  command = ["bash", os.path.join(REPO, "experiments", "device_sweep.sh"), str(spec), str(root),
+  command = ["bash", os.path.join(REPO, "scripts", "device_sweep.sh"), str(spec), str(root),
              "600", "."]
   with _bystander() as other:
     done = subprocess.run(command, env=dict(env, OUT=str(out1)), capture_output=True,

@@ -1,4 +1,4 @@
-"""Triton kernels run on the CPU by Triton's interpreter, in place of ``dfss_launch.launch``.
+"""Triton kernels run on the CPU by Triton's interpreter, in place of ``kernels.shared.launch.launch``.
 
 Triton's standard library (``tl.zeros``, ...) is itself ``@triton.jit`` code, so the whole
 process must import triton with TRITON_INTERPRET=1 set: ``run_interpreted`` runs the tests it is
@@ -11,7 +11,6 @@ Slow: small shapes only. Needs triton (no GPU).
 from __future__ import annotations
 
 import contextlib
-import importlib
 import importlib.util
 import os
 import subprocess
@@ -113,14 +112,13 @@ def _interpreter_patches():
 
 
 def interpreted_launch():
-  """A ``launch(module, kernel, args, out_shapes, grid, *, num_warps, num_stages, zeroed=(),
+  """A ``launch(kernel, args, out_shapes, grid, *, num_warps, num_stages, zeroed=(),
   **constexprs)`` that runs the kernel source under Triton's interpreter."""
   assert interpreting(), "the interpreter needs TRITON_INTERPRET=1 from the start (run_interpreted)"
 
-  def launch(module, kernel, args, out_shapes, grid, *, num_warps, num_stages, zeroed=(),
-             poison=False, **constexprs):
+  def launch(fn, args, out_shapes, grid, *, num_warps, num_stages, zeroed=(), poison=False,
+             **constexprs):
     del num_warps, num_stages, poison
-    fn = getattr(importlib.import_module(f"lra_sparse.kernels.{module}"), kernel)
     arrays = [i for i, a in enumerate(args) if not isinstance(a, (int, float, np.floating))]
 
     def host(*values):

@@ -7,8 +7,8 @@ from lra_sparse.attention import common
 from lra_sparse.attention.dense import DenseConfig, dense_attention
 from lra_sparse.attention.dfss import DFSSConfig, dfss_attention
 from lra_sparse.attention.dsa import DSAConfig
-from lra_sparse.attention.nm import nm_mask, parse_nm
 from lra_sparse.attention.nystrom import NystromConfig, nystrom_attention
+from lra_sparse.ops.nm import nm_mask, parse_nm
 
 __all__ = ["AUX_LOSS", "AUX_METRICS", "AttentionDims", "KindConfig", "attention_kinds",
            "build_attention", "default_attention_config", "kind_fields",

@@ -14,7 +14,8 @@ import flax.linen as nn
 from lra_sparse.attention import common
 from lra_sparse.attention.registry import (AttentionDims, KindConfig, derived,
                                            register_attention)
-from lra_sparse.kernels.dfss_launch import zero_pad_head_dim
+from lra_sparse.kernels.shared.prologue import zero_pad_head_dim
+from lra_sparse.ops import softmax
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "cudnn_bias", "reference")
 
@@ -72,9 +73,9 @@ def cudnn_attention(q, k, v, mask=None, *, any_mask: bool = False):
 
 def dense_attention_reference(q, k, v, mask=None, *, dropout_rate=0.0, dropout_rng=None):
   """Explicit formulation (used for attention dropout and as the test reference)."""
-  probs = common.masked_softmax(common.attention_scores(q, k, mask))
-  probs = common.dropout_probabilities(probs, dropout_rate, dropout_rng)
-  return common.attend(probs, v)
+  probs = softmax.masked_softmax(softmax.attention_scores(q, k, mask))
+  probs = softmax.dropout_probabilities(probs, dropout_rate, dropout_rng)
+  return softmax.attend(probs, v)
 
 
 def dense_attention(q, k, v, mask=None, *, implementation: str = "auto",

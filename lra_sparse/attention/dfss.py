@@ -9,16 +9,16 @@ mask is piecewise constant; there is no straight-through estimator). A group or 
 real key gives zeros, never NaN, in values and gradients.
 
 Backends: "reference" is pure JAX and runs everywhere; "mosaic" calls the Pallas Mosaic GPU
-kernels in ``lra_sparse/kernels/dfss_mgpu.py`` (Hopper only: bf16/fp16, head dims up to 128,
+kernels in ``lra_sparse/kernels/dfss/mosaic.py`` (Hopper only: bf16/fp16, head dims up to 128,
 run at 64 or 128 with zero padding, M in 2/4/8, attention dropout; the fastest there);
-"triton" calls the fused Triton kernels in ``lra_sparse/kernels/dfss_triton.py`` (any recent
+"triton" calls the fused Triton kernels in ``lra_sparse/kernels/dfss/triton.py`` (any recent
 NVIDIA GPU; every dtype, head dims up to 128, attention dropout). Kernel modules are imported
 lazily, so CPU installs never import Pallas GPU, jax_triton or triton. "auto" on a GPU picks
 Mosaic GPU when it can run the call (small head dims, Pathfinder's 4 too, zero-padded to 64),
 else Triton, else the pure-JAX path, and logs once why it fell back.
 
 Attention dropout (training, rate > 0) acts on the kept probabilities, A <- A * Z / (1 - rate).
-Every backend draws Z by the counter-based rule of ``lra_sparse/kernels/dfss_dropout.py`` from
+Every backend draws Z by the counter-based rule of ``lra_sparse/ops/dropout.py`` from
 one seed per call, so the fused kernels (which never store A and redraw Z in the backward) and
 the pure-JAX path drop exactly the same entries.
 
@@ -30,7 +30,6 @@ pass costs what dense attention's does.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Optional
 
 import jax
@@ -38,9 +37,12 @@ import jax.numpy as jnp
 import flax.linen as nn
 
 from lra_sparse.attention import common
-from lra_sparse.attention.nm import check_nm, nm_mask, parse_nm
 from lra_sparse.attention.registry import AttentionDims, KindConfig, register_attention
-from lra_sparse.kernels import dfss_dropout, dfss_reference
+from lra_sparse.kernels.dfss import mosaic as dfss_mosaic
+from lra_sparse.kernels.dfss import reference as dfss_reference
+from lra_sparse.kernels.dfss import triton as dfss_triton
+from lra_sparse.ops import dropout, sharding, softmax
+from lra_sparse.ops.nm import check_nm, nm_mask, parse_nm
 
 BACKENDS = ("auto", "mosaic", "triton", "reference")
 
@@ -66,13 +68,13 @@ class DFSSConfig(KindConfig):
 
 
 def _triton_module(required: bool) -> Optional[Any]:
-  """``lra_sparse.kernels.dfss_triton`` when usable; else None, or one ValueError if required."""
-  return common.kernel_module("dfss_triton", "DFSS", required)
+  """``lra_sparse.kernels.dfss.triton`` when usable; else None, or one ValueError if required."""
+  return common.usable_kernel(dfss_triton, "DFSS", required)
 
 
 def _mosaic_module(required: bool) -> Optional[Any]:
-  """``lra_sparse.kernels.dfss_mgpu`` when usable; else None, or one ValueError if required."""
-  return common.kernel_module("dfss_mgpu", "DFSS", required, backend="mosaic")
+  """``lra_sparse.kernels.dfss.mosaic`` when usable; else None, or one ValueError if required."""
+  return common.usable_kernel(dfss_mosaic, "DFSS", required, backend="mosaic")
 
 
 def _pick_kernel(backend: str, q, k, v, n: int, m: int):
@@ -105,47 +107,13 @@ def _pick_kernel(backend: str, q, k, v, n: int, m: int):
   return module, "triton" if module is not None else "reference"
 
 
-def dfss_probabilities(q, k, *, n: int, m: int, mask=None):
-  """The DFSS attention matrix A [batch, heads, q_len, k_len] (float32), for analysis."""
-  scores = common.attention_scores(q, k, mask)
-  return common.masked_softmax(scores, nm_mask(scores, n, m))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _dfss_reference(q, k, v, mask, n, m):
-  out, _ = _dfss_reference_fwd(q, k, v, mask, n, m)
-  return out
-
-
-def _dfss_reference_fwd(q, k, v, mask, n, m):
-  probs = dfss_probabilities(q, k, n=n, m=m, mask=mask)
-  return common.attend(probs, v, q.dtype), (q, k, v, mask, probs)
-
-
-def _dfss_reference_bwd(n, m, residuals, d_out):
-  """Masked-softmax backward: probs are 0 at pruned/padded keys, so dS is 0 there too."""
-  del n, m
-  q, k, v, mask, probs = residuals
-  d_out = d_out.astype(jnp.float32)
-  d_v = jnp.einsum("bhqk,bqhd->bkhd", probs, d_out)
-  d_probs = jnp.einsum("bqhd,bkhd->bhqk", d_out, v.astype(jnp.float32))
-  d_scores = probs * (d_probs - jnp.sum(probs * d_probs, axis=-1, keepdims=True))
-  d_scores = d_scores * jnp.float32(q.shape[-1] ** -0.5)
-  d_q = jnp.einsum("bhqk,bkhd->bqhd", d_scores, k.astype(jnp.float32))
-  d_k = jnp.einsum("bhqk,bqhd->bkhd", d_scores, q.astype(jnp.float32))
-  return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
-
-
-_dfss_reference.defvjp(_dfss_reference_fwd, _dfss_reference_bwd)
-
-
 def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str = "auto",
                    dropout_rate: float = 0.0, dropout_rng=None,
                    deterministic_kernels: bool = False):
   """DFSS N:M attention. q, k, v: [batch, length, heads, head_dim]; mask: bool [batch, length]
   key padding (True = real token). Requires 0 < n <= m (n == m keeps every key: dense
   attention) and length % m == 0. Attention dropout (rate > 0 with an rng): every backend
-  drops the same entries for the same rng (``dfss_dropout``). deterministic_kernels: the Triton
+  drops the same entries for the same rng (``ops.dropout``). deterministic_kernels: the Triton
   backward without atomics (bit-reproducible gradients); the Mosaic GPU and pure-JAX paths
   are deterministic either way. backend: see the module docstring.
   """
@@ -166,24 +134,24 @@ def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str =
     mask = mask.astype(bool)
   use_dropout = dropout_rate > 0.0 and dropout_rng is not None
   if use_dropout:
-    dfss_dropout.threshold(dropout_rate)  # one clear error for a rate outside [0, 1)
-  seed = dfss_dropout.seed_words(dropout_rng) if use_dropout else None
+    dropout.threshold(dropout_rate)  # one clear error for a rate outside [0, 1)
+  seed = dropout.seed_words(dropout_rng) if use_dropout else None
   kernel, kind = _pick_kernel(backend, q, k, v, n, m)
   if kind in ("mosaic", "triton"):
     def kernel_call(q, k, v, mask, seed):
       drop = dict(dropout_rate=dropout_rate if use_dropout else 0.0,
-                  dropout_seed=common.shard_dropout_seed(seed))
+                  dropout_seed=sharding.shard_dropout_seed(seed))
       if kind == "mosaic":
         return kernel.dfss_attention_mgpu(q, k, v, n=n, m=m, mask=mask, **drop)
       return kernel.dfss_attention_triton(q, k, v, n=n, m=m, mask=mask,
                                           deterministic=deterministic_kernels, **drop)
-    return common.per_data_shard(kernel_call, q, k, v, mask, seed, replicated=(4,))
+    return sharding.per_data_shard(kernel_call, q, k, v, mask, seed, replicated=(4,))
   if use_dropout:  # plain autodiff through the kernels' reference, with their mask
     return dfss_reference.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask,
                                                    dropout_rate=dropout_rate, dropout_seed=seed)
   if mask is None:
     mask = jnp.ones(k.shape[:2], bool)
-  return _dfss_reference(q, k, v, mask, n, m)
+  return dfss_reference.dfss_attention_xla(q, k, v, mask, n, m)
 
 
 class DFSSAttention(nn.Module):

@@ -4,7 +4,7 @@
     Q~_h = X P W~q_h,  K~_h = X P W~k_h          (W~q_h, W~k_h in R^{k x k}, trainable)
     S~_h = Q~_h K~_h^T / sqrt(head_dim)          (scaled like S; see below)
     M    = top-k of S~ per row (keep ceil((1 - sparsity) * n_real) keys) or S~ >= threshold,
-           decided on int8-rounded Q~, K~ (the selection rule of kernels/dsa_reference.py)
+           decided on int8-rounded Q~, K~ (the selection rule of kernels/dsa/reference.py)
     A    = softmax(S restricted to M) with the REAL scores S = Q K^T / sqrt(head_dim);  O = A V
     loss += mse_weight * L_MSE(S, S~)           (sown as aux_loss "dsa_mse")
 
@@ -31,20 +31,20 @@ Choices (the papers leave these open):
   padding, and weight each example by its padded length. Gradients reach both the predictor
   (W~) and the main q/k projections through S, as the paper's joint update intends.
 - L_MSE is computed from d x d, d x k and k x k Gram matrices (no [L, L] array, forward or
-  backward; ``dsa_reference.prediction_mse``), with Q~, K~ in factored form (XP) W~. On the
+  backward; ``kernels.dsa.reference.prediction_mse``), with Q~, K~ in factored form (XP) W~. On the
   kernel path the Grams and the gradients' length-sized products are Triton kernels with an
-  explicit backward (``kernels/dsa_gram.py``), which read Q, K and XP once each way.
+  explicit backward (``kernels/dsa/gram.py``), which read Q, K and XP once each way.
 - top-k keeps ceil((1 - sparsity) * n_real) keys of each row, where n_real is the number of real
   keys of that example (sparsity 0 is dense). Padded keys are never selected, and query rows
   past the example's last real token (trailing padding, whole row groups) keep no key: their
   outputs are zero. They reach no loss, so the kernels skip their selection and attention.
   The ranking is exact on integers: Q~ rounded to int8 per row, K~ per (example, head),
   their int32 dot products mapped to an 8-bit code per row, ties to the lower key index (why,
-  and the threshold rule: ``lra_sparse.kernels.dsa_reference``). Kernel and pure-JAX paths
+  and the threshold rule: ``lra_sparse.kernels.dsa.reference``). Kernel and pure-JAX paths
   choose the same keys bit for bit.
 - Column-vector granularity V in {1, 4, 8}: V consecutive query rows share the kept columns,
   chosen from the mean of Q~ (hence of S~) over the real rows of the group.
-- Backends (``backend``): "triton" runs ``kernels/dsa_triton.py`` (selection as bits, then a
+- Backends (``backend``): "triton" runs ``kernels/dsa/triton.py`` (selection as bits, then a
   flash-style softmax over the kept keys, forward and backward; no [L, L] float array;
   with vector 4 or 8 the forward can compute only each 64-row block's union of kept keys,
   ``forward``);
@@ -52,7 +52,7 @@ Choices (the papers leave these open):
   (head_dim <= 128, the int8 selection rule), else the pure-JAX path, logged once.
 - Attention dropout (training, rate > 0) acts on the kept probabilities, A <- A * Z / (1 -
   rate), Z drawn per (example, head, query row, key) by the counter-based rule of
-  ``kernels/dfss_dropout.py`` from one seed per call: the kernels (which redraw Z in the
+  ``kernels/dropout.py`` from one seed per call: the kernels (which redraw Z in the
   backward) and the pure-JAX path drop exactly the same entries.
 - Fake quantisation (quant_bits 2/4/8) of X and of W~: symmetric, per tensor (X's scale from
   its real tokens only), straight-through gradient.
@@ -75,10 +75,12 @@ import numpy as np
 import flax.linen as nn
 
 from lra_sparse.attention import common
-from lra_sparse.kernels import dfss_dropout, dsa_gram, dsa_reference
-from lra_sparse.kernels.dsa_reference import keep_counts, static_keep, topk_mask  # noqa: F401
 from lra_sparse.attention.registry import (AUX_LOSS, AUX_METRICS, AttentionDims, KindConfig,
                                            register_attention)
+from lra_sparse.kernels.dsa import gram as dsa_gram
+from lra_sparse.kernels.dsa import reference as dsa_reference
+from lra_sparse.kernels.dsa import triton as dsa_triton
+from lra_sparse.ops import dropout, sharding, softmax
 
 SELECTIONS = ("topk", "threshold")
 QUANT_BITS = (0, 2, 4, 8)
@@ -108,7 +110,7 @@ class DSAConfig(KindConfig):
   selection: str = "topk"          # "topk" | "threshold"
   threshold: float = 0.0           # selection="threshold": keep S~ >= threshold
   # Pure-JAX top-k: "top_k" (lax.top_k) | "radix" (sort-free select); radix was 1.5x slower
-  # per train step on an H100 (experiments/train_step_h100.md). The kernels need neither.
+  # per train step on an H100 (experiments/reports/train_step/listops_h100.md). The kernels need neither.
   topk_algorithm: str = "top_k"
   backend: str = "auto"            # auto | triton | reference (see the module docstring)
   # "int8": rank int8-rounded Q~, K~ (dsa_reference; kernels and pure JAX agree bit for bit) |
@@ -124,7 +126,7 @@ class DSAConfig(KindConfig):
   # "auto" = gather where the union is expected small (``kernel_forward``), else tiles. Same
   # outputs (up to fp32 summation order) and the same backward.
   forward: str = "auto"
-  # L_MSE on the Gram kernels (kernels/dsa_gram.py: padding skipped) when the attention runs
+  # L_MSE on the Gram kernels (kernels/dsa/gram.py: padding skipped) when the attention runs
   # on the kernels | False: the same Gram form in XLA (runs recorded before the kernels).
   mse_kernels: bool = True
 
@@ -153,7 +155,7 @@ class DSAConfig(KindConfig):
     "auto" gathers when a 64-row block's 64 / vector row groups, choosing independently, would
     keep under GATHER_UNION of the keys between them: 1 - sparsity^(64 / vector) for top-k;
     threshold selection (no fixed share) gathers at vector 8 only.  H100
-    (experiments/dsa_kernels_h100.md): the gathered forward was 8% slower than the tiles at
+    (experiments/reports/dsa/README.md): the gathered forward was 8% slower than the tiles at
     V=4 DSA-90 (union 81%), within 2% to 1.6x faster at V=8 DSA-90..99 (57-8%) and V=4 DSA-95
     and DSA-99 (56%, 15%), 2.3x faster at V=8 with a threshold keeping 1%."""
     if self.forward != "auto":
@@ -188,58 +190,8 @@ def projection_seed(module_path) -> int:
   return PROJECTION_SEED * 2**32 + digest
 
 
-def fake_quantize(x, bits: int, valid=None):
-  """Symmetric per-tensor fake quantisation to ``bits`` (0 = identity), straight-through.
-
-  ``valid`` (broadcastable bool) restricts the entries that set the scale (real tokens).
-  """
-  if bits == 0:
-    return x
-  levels = 2 ** (bits - 1) - 1          # INT2 -> {-1, 0, 1}, INT4 -> [-7, 7], INT8 -> [-127, 127]
-  magnitude = jnp.abs(x) if valid is None else jnp.where(valid, jnp.abs(x), 0.0)
-  scale = jax.lax.stop_gradient(jnp.max(magnitude)) / levels
-  scale = jnp.where(scale > 0, scale, 1.0)
-  quantized = jnp.clip(jnp.round(x / scale), -levels, levels) * scale
-  return x + jax.lax.stop_gradient(quantized - x)
-
-
-def predicted_mask(predicted_scores, *, mask=None, sparsity: float = 0.9, vector: int = 1,
-                   selection: str = "topk", threshold: float = 0.0,
-                   topk_algorithm: Optional[str] = None):
-  """A DSA-style mask from a float score matrix S~ [batch, heads, L, L] (bool, same shape;
-  padded keys never kept), for analysis (``lra_sparse.analysis.dsa_ticket``): the top-k or
-  threshold of the float scores themselves.  The core ranks int8-rounded predictor operands
-  instead (``dsa_reference``), so on near-ties the two can keep different keys."""
-  batch, heads, length, _ = predicted_scores.shape
-  scores = jax.lax.stop_gradient(predicted_scores.astype(jnp.float32))
-  if vector > 1:
-    if length % vector:
-      raise ValueError(f"sequence length {length} is not a multiple of the column-vector "
-                       f"size {vector}")
-    rows = (jnp.ones((batch, length), jnp.float32) if mask is None
-            else mask.astype(jnp.float32))
-    rows = rows.reshape(batch, 1, length // vector, vector, 1)
-    grouped = scores.reshape(batch, heads, length // vector, vector, length)
-    scores = (jnp.sum(grouped * rows, axis=3)
-              / jnp.maximum(jnp.sum(rows, axis=3), 1.0))          # [b, h, L/V, L]
-  if mask is not None:
-    scores = jnp.where(mask[:, None, None, :], scores, -jnp.inf)
-  if selection == "topk":
-    keep = topk_mask(scores, keep_counts(mask, sparsity, length), algorithm=topk_algorithm,
-                     max_keep=static_keep(sparsity, length))
-  elif selection == "threshold":
-    keep = scores >= threshold
-  else:
-    raise ValueError(f"unknown DSA selection {selection!r}; choose one of {SELECTIONS}")
-  if vector > 1:
-    keep = jnp.repeat(keep, vector, axis=2)
-  if mask is not None:
-    keep = keep & mask[:, None, None, :]
-  return keep
-
-
 def _kernels(config: DSAConfig, q, k, v):
-  """``lra_sparse.kernels.dsa_triton`` when this call runs on the kernels, else None
+  """``lra_sparse.kernels.dsa.triton`` when this call runs on the kernels, else None
   (backend='auto' logs once why it falls back on a GPU; 'triton' raises instead)."""
   if config.backend == "reference":
     return None
@@ -249,7 +201,7 @@ def _kernels(config: DSAConfig, q, k, v):
   reason = None
   if config.selection_rule != "int8":
     reason = f"selection_rule={config.selection_rule!r} (the kernels rank int8 operands)"
-  kernel = common.kernel_module("dsa_triton", "DSA", required)
+  kernel = common.usable_kernel(dsa_triton, "DSA", required)
   if kernel is not None and reason is None:
     reason = kernel.unsupported_reason(q, v, k=k, vector=config.vector,
                                        forward=config.kernel_forward())
@@ -288,17 +240,17 @@ class DSAAttention(nn.Module):
 
     # Q~ = X P W~q, K~ = X P W~k (fake-quantised operands when quant_bits > 0).
     real_tokens = None if mask is None else mask[..., None]
-    x = fake_quantize(inputs.astype(jnp.float32), config.quant_bits, real_tokens)
+    x = dsa_reference.fake_quantize(inputs.astype(jnp.float32), config.quant_bits, real_tokens)
     xp = jnp.einsum("bld,dk->blk", x, self.projection())
-    w_query = fake_quantize(w_query, config.quant_bits)
-    w_key = fake_quantize(w_key, config.quant_bits)
+    w_query = dsa_reference.fake_quantize(w_query, config.quant_bits)
+    w_key = dsa_reference.fake_quantize(w_key, config.quant_bits)
     q_pred = dsa_reference.LowRank(xp, w_query)      # Q~, K~ in factored form: only the
     k_pred = dsa_reference.LowRank(xp, w_key)        # selection operands expand them
     scale = q.shape[-1] ** -0.5
 
     use_dropout = dims.dropout_rate > 0.0 and not deterministic
     kernel = _kernels(config, q, k, v)
-    seed = dfss_dropout.seed_words(self.make_rng("dropout")) if use_dropout else None
+    seed = dropout.seed_words(self.make_rng("dropout")) if use_dropout else None
     rate = dims.dropout_rate if use_dropout else 0.0
     # lambda * L_MSE(S, S~), from Gram matrices of Q, K and the factors XP, W~: no [L, L]
     # array, and Q~, K~ themselves are not read.
@@ -319,13 +271,13 @@ class DSAAttention(nn.Module):
     select = dict(sparsity=config.sparsity, selection=config.selection,
                   threshold=config.threshold)
     if kernel is not None:
-      bits = common.per_data_shard(
+      bits = sharding.per_data_shard(
           lambda ops, mask: kernel.select_bits(ops, mask, **select), ops, mask)
       if deterministic:
-        oracle = common.per_data_shard(
+        oracle = sharding.per_data_shard(
             lambda ops, mask: kernel.select_bits(ops, mask, sparsity=config.sparsity),
             _oracle_operands(q, k, mask), mask)
-        self.sow(AUX_METRICS, "dsa_hit_rate", hit_rate(bits, oracle, mask=mask,
+        self.sow(AUX_METRICS, "dsa_hit_rate", dsa_reference.hit_rate(bits, oracle, mask=mask,
                                                        vector=config.vector))
       # A = softmax(S restricted to M) with the real S; O = A V.
       def attend(q, k, v, bits, mask, seed):
@@ -333,23 +285,23 @@ class DSAAttention(nn.Module):
                                            deterministic=config.deterministic_kernels,
                                            forward=config.kernel_forward(),
                                            dropout_rate=rate,
-                                           dropout_seed=common.shard_dropout_seed(seed))
-      return common.per_data_shard(attend, q, k, v, bits, mask, seed, replicated=(5,))
+                                           dropout_seed=sharding.shard_dropout_seed(seed))
+      return sharding.per_data_shard(attend, q, k, v, bits, mask, seed, replicated=(5,))
     if float_rule:
-      keep = predicted_mask(predicted, mask=mask, topk_algorithm=config.topk_algorithm,
+      keep = dsa_reference.predicted_mask(predicted, mask=mask, topk_algorithm=config.topk_algorithm,
                             vector=config.vector, **select)[:, :, ::config.vector]
     else:
       keep = dsa_reference.reference_select(ops, mask, topk_algorithm=config.topk_algorithm,
                                             **select)
     if deterministic:
       if float_rule:
-        oracle = oracle_topk_mask(common.attention_scores(q, k), mask=mask,
+        oracle = dsa_reference.oracle_topk_mask(softmax.attention_scores(q, k), mask=mask,
                                   sparsity=config.sparsity)
       else:
         oracle = dsa_reference.reference_select(_oracle_operands(q, k, mask), mask,
                                                 sparsity=config.sparsity,
                                                 topk_algorithm=config.topk_algorithm)
-      self.sow(AUX_METRICS, "dsa_hit_rate", hit_rate(
+      self.sow(AUX_METRICS, "dsa_hit_rate", dsa_reference.hit_rate(
           dsa_reference.pack_bits(keep), dsa_reference.pack_bits(oracle), mask=mask,
           vector=config.vector))
     return dsa_reference.attention_under_keep(
@@ -358,10 +310,10 @@ class DSAAttention(nn.Module):
 
 
 def prediction_mse(q, k, q_pred, k_pred, mask, *, normalization: str, kernels: bool):
-  """L_MSE(S, S~) with Q~, K~ as ``dsa_reference.LowRank`` factors (XP) W~ sharing XP: on the
-  Gram kernels (``kernels/dsa_gram.py``: one pass over Q, K, XP each way, real rows only)
+  """L_MSE(S, S~) with Q~, K~ as ``kernels.dsa.reference.LowRank`` factors (XP) W~ sharing XP: on the
+  Gram kernels (``kernels/dsa/gram.py``: one pass over Q, K, XP each way, real rows only)
   when the attention runs on the kernels and they take the rank, else the same Gram form in
-  XLA (``dsa_reference.prediction_mse``)."""
+  XLA (``kernels.dsa.reference.prediction_mse``)."""
   rank = q_pred.x.shape[-1]
   if kernels and rank <= dsa_gram.MAX_RANK:
     return dsa_gram.prediction_mse(q, k, q_pred.x, q_pred.w, k_pred.w, mask,
@@ -377,28 +329,6 @@ def _oracle_operands(q, k, mask):
   return dsa_reference.selection_operands(q, k, mask, vector=1)
 
 
-def hit_rate(predicted_bits, oracle_bits, *, mask=None, vector: int = 1):
-  """Share of predicted keys (over real query rows) that the oracle (the same rule on the real
-  scores, one row at a time) keeps too.  Bits as ``dsa_triton.select_bits`` returns them:
-  predicted [batch, heads, L / vector, W], oracle [batch, heads, L, W]."""
-  rows = jnp.repeat(predicted_bits, vector, axis=2)
-  if mask is not None:
-    rows = jnp.where(mask[:, None, :, None], rows, 0)
-  count = lambda x: jnp.sum(jax.lax.population_count(x), dtype=jnp.float32)  # noqa: E731
-  return count(rows & oracle_bits) / jnp.maximum(count(rows), 1.0)
-
-
-def oracle_topk_mask(scores, *, mask=None, sparsity: float):
-  """Exact top-k of float scores S per row, the same counts as the predictor (analysis: the
-  float oracle of a score matrix)."""
-  length = scores.shape[-1]
-  scores = jax.lax.stop_gradient(scores.astype(jnp.float32))
-  if mask is not None:
-    scores = jnp.where(mask[:, None, None, :], scores, -jnp.inf)
-  keep = topk_mask(scores, keep_counts(mask, sparsity, length),
-                   max_keep=static_keep(sparsity, length))
-  return keep if mask is None else keep & mask[:, None, None, :]
-
 @register_attention("dsa", DSAConfig)
 def _build_dsa(config: DSAConfig, dims: AttentionDims) -> nn.Module:
   """Checks config.attention.dsa against the model's sizes."""
@@ -411,5 +341,5 @@ def _build_dsa(config: DSAConfig, dims: AttentionDims) -> nn.Module:
   if predictor_rank(config.sigma, dims.model_dim) > dsa_reference.MAX_RANK:
     raise config.error("sigma", f"gives a predictor rank above {dsa_reference.MAX_RANK}")
   if config.backend == "triton":
-    common.kernel_module("dsa_triton", "DSA", required=True)
+    common.usable_kernel(dsa_triton, "DSA", required=True)
   return DSAAttention(dims=dims, config=config)

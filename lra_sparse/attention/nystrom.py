@@ -39,10 +39,16 @@ import jax
 import jax.numpy as jnp
 import flax.linen as nn
 
-from lra_sparse.attention import common, dense
-from lra_sparse.attention.nm import nm_mask, parse_nm
+from lra_sparse.attention import common
+from lra_sparse.attention import dense
 from lra_sparse.attention.registry import (AttentionDims, KindConfig, derived,
                                            register_attention)
+from lra_sparse.kernels.nystrom import landmark as landmark_kernels
+from lra_sparse.kernels.nystrom import length_conv as length_conv_kernel
+from lra_sparse.kernels.nystrom import pinv as pinv_kernel
+from lra_sparse.kernels.nystrom.length_conv import toeplitz_bands
+from lra_sparse.ops import sharding, softmax
+from lra_sparse.ops.nm import nm_mask, parse_nm
 
 
 IMPLEMENTATIONS = ("auto", "xla", "pallas", "cudnn")
@@ -90,7 +96,7 @@ class NystromConfig(KindConfig):
 
 def iterative_pinv(matrix, iters: int = 6, *, fused: bool = False):
   """Moore-Penrose pseudo-inverse of [..., m, m] by the Nystromformer iteration. ``fused``:
-  the iterations in one Pallas program per matrix (``kernels/pinv_pallas``; float32, m in 16,
+  the iterations in one Pallas program per matrix (``kernels/nystrom/pinv.py``; float32, m in 16,
   32, 64, else XLA), the interpreter off a GPU."""
   identity = jnp.eye(matrix.shape[-1], dtype=matrix.dtype)
   magnitude = jnp.abs(matrix)
@@ -98,10 +104,9 @@ def iterative_pinv(matrix, iters: int = 6, *, fused: bool = False):
   max_row_sum = jnp.max(jnp.sum(magnitude, axis=-1))
   z = jnp.swapaxes(matrix, -1, -2) / (max_col_sum * max_row_sum)
   if fused:
-    from lra_sparse.kernels import pinv_pallas  # pylint: disable=import-outside-toplevel
-    if pinv_pallas.supports(matrix):   # (Z_0's maxima stay over the whole batch)
-      return common.per_data_shard(functools.partial(
-          pinv_pallas.iterate, iters=iters, interpret=jax.default_backend() != "gpu"), matrix, z)
+    if pinv_kernel.supports(matrix):   # (Z_0's maxima stay over the whole batch)
+      return sharding.per_data_shard(functools.partial(
+          pinv_kernel.iterate, iters=iters, interpret=jax.default_backend() != "gpu"), matrix, z)
   for _ in range(iters):
     az = matrix @ z
     z = 0.25 * z @ (13 * identity - az @ (15 * identity - az @ (7 * identity - az)))
@@ -152,12 +157,11 @@ def _flash_plan(implementation: str, dtype, head_dim: int, num_landmarks: int, n
                 dropout: bool):
   """How F (.) and B V run: ("pallas" | "cudnn", "pallas" | "cudnn"), or None for the explicit
   XLA formulation; one ValueError where a named implementation cannot run the call."""
-  from lra_sparse.kernels import landmark_attention_pallas as kernels  # pylint: disable=import-outside-toplevel
   if implementation == "xla":
     return None
   half = dtype in (jnp.bfloat16, jnp.float16)
-  fits = (half and kernels.supports(dtype, head_dim, num_landmarks, nm=nm),
-          half and kernels.supports_few_queries(dtype, head_dim, num_landmarks, nm=nm))
+  fits = (half and landmark_kernels.supports(dtype, head_dim, num_landmarks, nm=nm),
+          half and landmark_kernels.supports_few_queries(dtype, head_dim, num_landmarks, nm=nm))
   why = (f"nm={nm}{', dropout_rate > 0' if dropout else ''}, dtype={jnp.dtype(dtype).name}, "
          f"head dim {head_dim}, {num_landmarks} landmarks")
   if implementation == "pallas":
@@ -190,24 +194,23 @@ def _flash_plan(implementation: str, dtype, head_dim: int, num_landmarks: int, n
 def _softmax(logits, nm):
   """Softmax over the last axis, optionally over the N:M-kept entries only (-inf = excluded)."""
   if nm is None:
-    return common.masked_softmax(logits)
+    return softmax.masked_softmax(logits)
   keep = nm_mask(logits, *nm)
-  return common.masked_softmax(jnp.where(keep, logits, -jnp.inf), keep)
+  return softmax.masked_softmax(jnp.where(keep, logits, -jnp.inf), keep)
 
 
 def _flash_nystrom(plan, qz, kz, v, mask, q_land, k_land, pinv_a, nm, mask_holes: bool):
   """F (pinv(A) B V) with F (.) and B V as flash attentions (``plan``: where each runs)."""
-  from lra_sparse.kernels import landmark_attention_pallas as kernels  # pylint: disable=import-outside-toplevel
   interpret = jax.default_backend() != "gpu"     # (CPU: the tests)
   if plan[1] == "pallas":
-    b_v = common.per_data_shard(functools.partial(kernels.few_queries_attention, nm=nm,
+    b_v = sharding.per_data_shard(functools.partial(landmark_kernels.few_queries_attention, nm=nm,
                                                   interpret=interpret), q_land, kz, v, mask)
   else:
     b_v = dense.cudnn_attention(q_land, kz, v, mask, any_mask=mask_holes)       # [b,m,h,d]
     b_v = jnp.where(jnp.any(mask, axis=1)[:, None, None, None], b_v, 0)         # no keys: 0
   right = jnp.einsum("bhnm,bmhd->bnhd", pinv_a, b_v.astype(jnp.float32)).astype(q_land.dtype)
   if plan[0] == "pallas":
-    return common.per_data_shard(functools.partial(kernels.few_keys_attention, nm=nm,
+    return sharding.per_data_shard(functools.partial(landmark_kernels.few_keys_attention, nm=nm,
                                                    interpret=interpret), qz, k_land, right)
   return dense.cudnn_attention(qz, k_land, right)
 
@@ -230,7 +233,7 @@ def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
   (``_flash_plan``). F (pinv(A) B V) and B V are softmax attentions with other lengths --
   queries Q over the m keys K~ with values pinv(A) B V, and the m queries Q~ over the L keys K
   with values V -- so flash attentions compute both without writing F or B, forward and
-  backward: the Pallas kernels of ``kernels/landmark_attention_pallas`` (plain or N:M, which
+  backward: the Pallas kernels of ``kernels/nystrom/landmark.py`` (plain or N:M, which
   they prune inside their score tiles) or cuDNN (plain only). ``mask_holes``: the mask may
   have holes (not only padding at the end of each row), so cuDNN's B V takes it as a bias
   (the Pallas kernel always does).
@@ -294,8 +297,8 @@ def nystrom_attention(q, k, v, *, num_landmarks: int, pinv_iters: int = 6,
   kernel_b = _softmax(logits_b, nm)                                                 # [m x L]
   if dropout:
     rng_f, rng_b = jax.random.split(dropout_rng)
-    kernel_f = common.dropout_probabilities(kernel_f, dropout_rate, rng_f)
-    kernel_b = common.dropout_probabilities(kernel_b, dropout_rate, rng_b)
+    kernel_f = softmax.dropout_probabilities(kernel_f, dropout_rate, rng_f)
+    kernel_b = softmax.dropout_probabilities(kernel_b, dropout_rate, rng_b)
   right = pinv_a @ product("bhml,blhd->bhmd", kernel_b, v)
   out = product("bhlm,bhmd->blhd", kernel_f, right)
   return out[:, :length].astype(q.dtype)
@@ -342,33 +345,19 @@ def banded_length_conv(values, kernel, block: int = 64):
   return out.reshape(batch, blocks * block, heads, dim)[:, :length]
 
 
-def toeplitz_bands(kernel, block: int):
-  """float32 [h, 3, block, block]: the slices T_u[h][i, s] = w[u * block + s - i + K//2 -
-  block, h] of the banded conv (zero off the K taps), kernel [K, h]."""
-  size = kernel.shape[0]
-  row = jnp.arange(block)[:, None]
-  col = jnp.arange(3 * block)[None, :]
-  tap = col - row + size // 2 - block                              # [block, 3 * block]
-  band = jnp.where((tap >= 0) & (tap < size),
-                   jnp.swapaxes(kernel.astype(jnp.float32), 0, 1)[:, jnp.clip(tap, 0, size - 1)],
-                   0.0)                                            # [h, i, 3 * block]
-  return band.reshape(kernel.shape[1], block, 3, block).transpose(0, 2, 1, 3)
-
-
 def depthwise_length_conv(values, kernel, residual=None):
   """The conv skip of the Nystromformer core: values [b, L, h, d], kernel [K, h] -> the float32
   conv; with ``residual`` (the attention output, [b, L, h, d]): residual + conv, summed in
   float32 and returned in residual's dtype.
 
-  On a GPU (head_dim a power of two) a Pallas kernel, ``lra_sparse.kernels.length_conv_pallas``:
+  On a GPU (head_dim a power of two) a Pallas kernel, ``lra_sparse.kernels.nystrom.length_conv``:
   block-banded products on the tensor cores for bf16 / fp16 values, with the residual added in
   the kernel; the one-pass kernel for float32 values. Elsewhere the block-banded products
   above."""
   dim = values.shape[-1]
   if jax.default_backend() == "gpu" and dim & (dim - 1) == 0:
-    from lra_sparse.kernels import length_conv_pallas  # pylint: disable=import-outside-toplevel
     extra = () if residual is None else (residual,)
-    return common.per_data_shard(length_conv_pallas.banded_length_conv, values, kernel,
+    return sharding.per_data_shard(length_conv_kernel.banded_length_conv, values, kernel,
                                  *extra, replicated=(1,))
   conv = banded_length_conv(values, kernel, block=max(64, -(-(kernel.shape[0] // 2) // 16) * 16))
   return conv if residual is None else (residual.astype(jnp.float32) + conv).astype(

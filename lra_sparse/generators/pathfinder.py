@@ -67,7 +67,7 @@ Generator CLI (absl flags)::
 
   python -m lra_sparse.generators.pathfinder --output_dir=data/pathfinder32 --resolution=32 \\
       --difficulty=hard --num_images=200000 --seed=0 [--images_per_batch=1000] \\
-      [--num_workers=1] [--grid=experiments/pathfinder_samples.png] \\
+      [--num_workers=1] [--grid=experiments/reports/pathfinder_samples.png] \\
       [--grid_rows=32:easy,32:intermediate,32:hard,128:hard] [--grid_columns=6]
 
   --output_dir        root of the layout above (the difficulty directory is created inside it;

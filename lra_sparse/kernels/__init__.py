@@ -1,32 +1,19 @@
-"""Sparse-attention kernels: pure-JAX references (run everywhere) and Triton kernels
-(GPU only, called through jax-triton).
+"""Attention kernels, one folder per family, each beside its pure-JAX reference.
 
-Importing this package never imports triton or jax_triton; ``dfss_triton`` imports them
-lazily on first kernel launch, so CPU-only installs work.  Typical use::
+    shared/    what every family uses: ``prologue`` (operand checks, head-dim padding, key
+               extents), ``launch`` (a ``@triton.jit`` function through jax-triton), ``philox``
+               (the Triton source of the dropout draws ``lra_sparse.ops.dropout`` defines)
+    dfss/      DFSS N:M: ``reference`` (pure JAX), ``mosaic`` (Pallas Mosaic GPU, Hopper),
+               ``triton`` (wrapper) over ``triton_kernels`` + ``triton_select`` (source) with
+               ``tiles``, and the paper's compressed SDDMM -> softmax -> SpMM pipeline
+               (``compressed`` over ``compressed_kernels``)
+    dsa/       DSA: ``reference`` (the selection rule and attention under a keep set),
+               ``triton`` (wrapper) over ``select_kernels`` + ``attention_kernels`` with
+               ``tiles``, and ``gram`` over ``gram_kernels`` (the predictor's MSE)
+    nystrom/   Nystromformer's Pallas kernels: ``landmark`` (flash attentions of F and B V),
+               ``pinv`` (the iterative pseudo-inverse), ``length_conv`` (the conv skip)
 
-    from lra_sparse.kernels import dfss_reference, dfss_triton
-    if dfss_triton.is_available() and dfss_triton.unsupported_reason(q, v, 2, 4) is None:
-      out = dfss_triton.dfss_attention_triton(q, k, v, n=2, m=4, mask=mask)
-    else:
-      out = dfss_reference.dfss_attention_reference(q, k, v, n=2, m=4, mask=mask)
+Kernels import only ``lra_sparse.ops`` and each other, never the attention kinds above them.
+Importing a wrapper never imports triton, jax_triton or Pallas' GPU backends: the wrappers
+import their kernel source on first launch.
 """
-
-from lra_sparse.kernels import dfss_reference
-from lra_sparse.kernels import dfss_triton
-from lra_sparse.kernels.dfss_reference import (
-    decompress,
-    dfss_attention_reference,
-    nm_prune_compress,
-)
-from lra_sparse.kernels.dfss_triton import dfss_attention_triton, is_available, unsupported_reason
-
-__all__ = [
-    "dfss_reference",
-    "dfss_triton",
-    "decompress",
-    "dfss_attention_reference",
-    "dfss_attention_triton",
-    "is_available",
-    "nm_prune_compress",
-    "unsupported_reason",
-]

@@ -1,6 +1,6 @@
 r"""Runs a sweep of training runs: one subprocess (or SLURM job) per run, skipping finished ones.
 
-``python -m lra_sparse.sweep --sweep=experiments/<spec>.py[:preset] --root=ROOT`` (see
+``python -m lra_sparse.sweep --sweep=experiments/specs/<spec>.py[:preset] --root=ROOT`` (see
 ``__main__``). A spec file builds its sweep from the names exported here
 (``from lra_sparse.sweep import Group, Sweep``). The modules:
 

@@ -2,9 +2,10 @@
 
 Usage (from the repository root)::
 
-  python -m lra_sparse.sweep --sweep=experiments/dfss_table4.py --root=runs/dfss_table4
-  python -m lra_sparse.sweep --sweep=experiments/dfss_table4.py:tiny --root=runs/t4 --dry_run
-  python -m lra_sparse.sweep --sweep=experiments/dfss_table4.py --root=runs/dfss_table4 --status
+  python -m lra_sparse.sweep --sweep=experiments/specs/dfss_table4.py --root=runs/dfss_table4
+  python -m lra_sparse.sweep --sweep=experiments/specs/dfss_table4.py:tiny --root=runs/t4 --dry_run
+  python -m lra_sparse.sweep --sweep=experiments/specs/dfss_table4.py --root=runs/dfss_table4 \
+      --status
   python -m lra_sparse.sweep ... --parallel=gpus     # one run per local GPU at a time
   python -m lra_sparse.sweep ... --executor=slurm --slurm_partition=gpu   # one SLURM job per run
 
@@ -34,7 +35,7 @@ FLAGS = flags.FLAGS
 
 def define_flags() -> None:
   """Defined only when run as a program: importing this module adds no flags."""
-  flags.DEFINE_string("sweep", None, "Sweep spec: experiments/<name>.py[:preset].")
+  flags.DEFINE_string("sweep", None, "Sweep spec: experiments/specs/<name>.py[:preset].")
   flags.DEFINE_string("root", None, "Sweep root: one workdir per run under it.")
   flags.DEFINE_bool("dry_run", False, "List the runs (state, name, overrides); launch nothing.")
   flags.DEFINE_bool("status", False, "Show finished/running/failed/blocked/pending per run.")

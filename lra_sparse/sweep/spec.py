@@ -1,7 +1,7 @@
 r"""A sweep spec and its expansion into runs.
 
 A sweep spec is a python file whose ``get_sweep(preset="")`` returns a :class:`Sweep`; the
-optional ``:preset`` after the path (``experiments/x.py:tiny``) is passed to it, like the
+optional ``:preset`` after the path (``experiments/specs/x.py:tiny``) is passed to it, like the
 config files. A sweep is a list of :class:`Group`\ s, each one config file (+ preset), fixed
 overrides, and axes: ``product`` (every combination), ``zip`` (lists walked together),
 ``variants`` (a list of override dicts, e.g. dense vs. DFSS 1:2) and ``seeds``; the runs of a

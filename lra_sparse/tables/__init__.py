@@ -1,6 +1,6 @@
 r"""Rebuilds a results table (and a plot) from run logs alone.
 
-``python -m lra_sparse.tables --root=ROOT --spec=experiments/<spec>.py[:preset]`` (see
+``python -m lra_sparse.tables --root=ROOT --spec=experiments/specs/<spec>.py[:preset]`` (see
 ``__main__``); a spec file builds its table from the names exported here
 (``from lra_sparse.tables import Selector, Table``). The modules: ``spec`` (the spec types),
 ``runs`` (reading run workdirs), ``cells`` (placing runs in cells, a cell's text), ``render``

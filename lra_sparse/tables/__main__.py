@@ -2,7 +2,7 @@ r"""The table builder's command line.
 
 Usage (from the repository root)::
 
-  python -m lra_sparse.tables --root=runs/dfss_table4 --spec=experiments/dfss_table4.py \
+  python -m lra_sparse.tables --root=runs/dfss_table4 --spec=experiments/specs/dfss_table4.py \
       --format=markdown [--out=FILE] [--plot=FILE.png]
 
 The table spec is loaded by path (``lra_sparse.tables.spec``); the ``Table`` and ``Selector``
@@ -28,7 +28,7 @@ def define_flags() -> None:
   """Defined only when run as a program, so importing this module (specs do) adds no flags."""
   flags.DEFINE_string("root", None, "Directory searched recursively for run workdirs.")
   flags.DEFINE_string("spec", None,
-                      "Table spec: experiments/<name>.py[:preset] with get_table().")
+                      "Table spec: experiments/specs/<name>.py[:preset] with get_table().")
   flags.DEFINE_enum("format", "markdown", list(RENDERERS), "Output format.")
   flags.DEFINE_string("out", "", "Write the table here instead of stdout.")
   flags.DEFINE_string("plot", "", "Also draw the spec's plot to this PNG file.")

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Runs part of a sweep on a single-GPU machine that is lent for a few minutes at a time:
+# several runs at once on the one GPU (each its own lra_sparse.sweep process, selected by
+# --runs REGEX, with an equal share of GPU memory, under its own root ROOT.pI, since a sweep
+# locks its root), a Ctrl-C to its sweeps and their trainers DEADLINE_S seconds in (each
+# trainer saves its checkpoint and stops; the sweep resumes it next time), then the runs' logs
+# (config.json, metrics.jsonl, result.json, TensorBoard events; no checkpoints) as one tarball
+# in $OUT. Merge the roots' run directories into one directory to build the table.
+#   bash scripts/device_sweep.sh SPEC ROOT DEADLINE_S REGEX [REGEX ...]
+# Environment:
+#   PREPARE    a command that makes the data (default: LRA-size ListOps into data/listops,
+#              when missing), e.g. the Pathfinder-32 generator for experiments/specs/lra_pixels.py.
+#   CARRY_IN   a directory holding the roots.pI.tgz files of an earlier call: unpacked first,
+#              so runs resume from their checkpoints on a fresh machine (runs longer than one
+#              call: pass the files back in a carried, git-ignored directory). Skipped when the
+#              roots already exist (a later call on the same machine: they are newer).
+#   RETURN_CHECKPOINTS  0: no roots.pI.tgz (runs that finish on one machine, or checkpoints
+#              too large to come back); default 1.
+# With $OUT set, each root also comes back as $OUT/roots.pI.tgz: its run directories with the
+# newest checkpoint only (for CARRY_IN next time).
+set -u
+spec=$1; root=$2; deadline=$3; shift 3
+if [ -n "${PREPARE:-}" ]; then
+  bash -c "$PREPARE" > /dev/null || exit 1
+elif [ ! -f data/listops/basic_train.tsv ]; then
+  python -m lra_sparse.generators.listops --output_dir=data/listops --num_train=96000 \
+    --num_val=2000 --num_test=2000 --seed=0 > /dev/null || exit 1
+  md5sum data/listops/*.tsv
+fi
+if [ -n "${CARRY_IN:-}" ] && ! ls -d "$root".p* > /dev/null 2>&1; then
+  for f in "$CARRY_IN"/roots.p*.tgz; do
+    [ -f "$f" ] && { tar xzf "$f" -C / || exit 1; echo "resumed from $f"; }
+  done
+fi
+frac=$(python -c "print(round(0.9 / $#, 2))")
+pids=(); roots=(); i=0
+for re in "$@"; do
+  r="$root.p$i"; i=$((i + 1)); roots+=("$r"); mkdir -p "$r"
+  XLA_PYTHON_CLIENT_MEM_FRACTION=$frac python -m lra_sparse.sweep --sweep="$spec" \
+    --root="$r" --runs="$re" > "$r/sweep.log" 2>&1 &
+  pids+=($!)
+done
+# The watchdog holds no pipe of ours open, so a finished batch returns at once. At the
+# deadline it sends Ctrl-C to these sweeps and to their trainers (children of the sweeps) and
+# to nothing else on the machine; when the batch ends first, its sleep is killed and the "&&"
+# sends nothing (a "pkill -f" by name after a ";" once reached other runs' trainers: the test
+# suite's, through this script's own test).
+(sleep "$deadline" && for p in "${pids[@]}"; do pkill -INT -P "$p"; kill -INT "$p"; done) \
+  > /dev/null 2>&1 < /dev/null &
+watchdog=$!
+wait "${pids[@]}"
+pkill -P "$watchdog" 2>/dev/null; kill "$watchdog" 2>/dev/null
+for r in "${roots[@]}"; do
+  python -m lra_sparse.sweep --sweep="$spec" --root="$r" --status | grep -v pending
+  tail -n 2 "$r/sweep.log"
+done
+[ -n "${OUT:-}" ] || exit 0
+tar czf "$OUT/runs.tgz" --exclude='checkpoints' --exclude='*.lock' "${roots[@]}"
+[ "${RETURN_CHECKPOINTS:-1}" = 1 ] || exit 0
+i=0
+for r in "${roots[@]}"; do
+  for c in "$r"/*/checkpoints; do   # keep the newest step of each run
+    [ -d "$c" ] || continue
+    newest=$(ls "$c" | grep -E '^[0-9]+$' | sort -n | tail -n 1)
+    for d in "$c"/*; do
+      b=$(basename "$d")
+      [[ "$b" =~ ^[0-9]+$ ]] && [ "$b" != "$newest" ] && rm -rf "$d"
+    done
+  done
+  tar czf "$OUT/roots.p$i.tgz" -P --exclude='*.lock' --exclude='sweep_running.json' "$(realpath "$r")"
+  i=$((i + 1))
+done
