@@ -25,7 +25,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-  """Defined only when run as a program, so importing this module (specs do) adds no flags."""
+  """Defined only when run as a program: importing this module adds no flags."""
   flags.DEFINE_string("root", None, "Directory searched recursively for run workdirs.")
   flags.DEFINE_string("spec", None,
                       "Table spec: experiments/specs/<name>.py[:preset] with get_table().")

@@ -1,5 +1,4 @@
-"""Renders a table as text (markdown, LaTeX or CSV); ``make_table`` builds it from a run root.
-"""
+"""Renders a table as text (markdown, LaTeX or CSV); ``make_table`` builds it from a root."""
 from __future__ import annotations
 
 import csv
