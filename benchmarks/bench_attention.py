@@ -72,7 +72,7 @@ def make_kind(kind: str, length: int, x, mask, dims: AttentionDims):
     if not on_gpu:
       return None
     try:
-      from lra_sparse.kernels.dfss import triton as dfss_triton  # pylint: disable=import-outside-toplevel
+      from lra_sparse.kernels.dfss import triton as dfss_triton
     except Exception:  # pylint: disable=broad-except
       return None
     if not dfss_triton.is_available():

@@ -1,7 +1,8 @@
 """DFSS on Hopper: the Mosaic GPU kernels (``kernels.dfss.mosaic``) against cuDNN, XLA dense and the
 Triton DFSS kernels, in ONE process on one GPU.
 
-First a correctness pass (``--check``): outputs and q/k/v gradients of ``kernels.dfss.mosaic`` against the
+First a correctness pass (``--check``): outputs and q/k/v gradients of ``kernels.dfss.mosaic``
+against the
 float32 reference on the same bf16 inputs, with and without a key padding mask, at lengths that
 need padding, for several N:M. Then the timing table: each timed call is one jit chaining
 ``--steps`` attention calls with lax.scan over stacked random inputs (no dispatch cost, every
@@ -91,7 +92,7 @@ def methods(n, m, tiles, length, mask=None):
         lambda q, k, v, t=t: dfss_mgpu.dfss_attention_mgpu(q, k, v, n=n, m=m, mask=mask,
                                                            tiles=t))
   first = next(iter(tiles.values()))
-  if mask is None and dfss_mgpu._padded_length(length, first) == length:  # pylint: disable=protected-access
+  if mask is None and dfss_mgpu._padded_length(length, first) == length:
     # The forward kernel alone, on inputs taken as already permuted (and needing no padding):
     # what the key permutation (two XLA transposes per call) costs is the difference to the
     # row above.

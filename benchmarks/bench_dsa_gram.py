@@ -7,8 +7,10 @@ RANK / 8), each method is timed as ``--steps`` dependent calls chained in one ji
 
   xla        ``kernels.dsa.reference.prediction_mse`` on the factored predictors (XLA's Gram form)
   kernels    ``kernels.dsa.gram.prediction_mse`` of this checkout
-  old        the same function of an older copy (``--old=DIR`` holding its ``kernels.dsa.gram.py`` and
-             ``kernels.dsa.gram_kernels.py``, e.g. from ``git show REV:...`` into the git-ignored .ab/)
+  old        the same function of an older copy (``--old=DIR`` holding its ``kernels.dsa.gram.py``
+  and
+             ``kernels.dsa.gram_kernels.py``, e.g. from ``git show REV:...`` into the git-ignored
+             .ab/)
   tiles:...  this checkout with one kernel's tiles replaced (``--tiles``)
   small ...  this checkout with the k x k products (in XLA, fp32 HIGHEST) at another precision
              (``--small_precisions``: bf16x3 = three bf16 passes on the tensor cores, tf32)

@@ -108,7 +108,7 @@ def kernel_stats(kernel: str, dtype: str, head_dim: int, vector: int, rate: floa
                  tile=None) -> dict:
   """ptxas's registers, stack and spill instructions (``cubin_stats``) of one kernel at
   ``tile`` (BM, BN, warps, stages; default the runtime's)."""
-  from lra_sparse.kernels.dsa import attention_kernels as dsa_attention_kernels  # pylint: disable=import-outside-toplevel
+  from lra_sparse.kernels.dsa import attention_kernels as dsa_attention_kernels
   bm, bn, warps, stages = tile or runtime_tile(kernel, dtype, rate)
   constexprs = dict(D=head_dim, VEC=vector, BM=bm, BN=bn, DROP_T=dfss_dropout.threshold(rate))
   if kernel != "dsa_fwd_gather":

@@ -1,7 +1,8 @@
 """Test entry points of the DFSS and DSA Triton kernels: every output pre-filled with NaN
 (int32: -1).
 
-``lra_sparse.kernels.shared.launch.launch(..., poison=True)`` fills a copy of each output with NaN and aliases it to
+``lra_sparse.kernels.shared.launch.launch(..., poison=True)`` fills a copy of each output with NaN
+and aliases it to
 that output, so an element the kernel does not write stays NaN.  jax-triton 0.3.1 passes an
 aliased input and its output as two parameters (the same memory), so each entry point below
 takes the filled buffers (``*_NAN``, not read) before the outputs and runs the kernel on the

@@ -1040,7 +1040,7 @@ def test_conv_skip_forms_match_numpy(length, size, block):
   values = rng.normal(size=(2, length, 3, 8)).astype(np.float32)
   taps = rng.normal(size=(size, 3)).astype(np.float32)
   want = np_length_conv(values, taps)
-  from lra_sparse.kernels.nystrom.length_conv import length_conv  # pylint: disable=import-outside-toplevel
+  from lra_sparse.kernels.nystrom.length_conv import length_conv
   kernel = functools.partial(length_conv, interpret=jax.default_backend() != "gpu")
   for fn in (functools.partial(nys.banded_length_conv, block=block), nys.grouped_length_conv,
              nys.depthwise_length_conv, kernel):
@@ -1082,7 +1082,7 @@ def test_banded_conv_kernel_matches_numpy(length, size, dim, dtype):
   the cotangent itself, and a half-precision cotangent (one part) for the other gradients.
   Outputs are not pre-zeroed by Pallas, so a row the kernel skipped would be garbage.
   Interpreter on the CPU, the kernels on a GPU."""
-  from lra_sparse.kernels.nystrom.length_conv import banded_length_conv  # pylint: disable=import-outside-toplevel
+  from lra_sparse.kernels.nystrom.length_conv import banded_length_conv
   rng = np.random.default_rng(length + size + dim)
   values = jnp.asarray(rng.normal(size=(2, length, 3, dim)), dtype)
   taps = rng.normal(size=(size, 3)).astype(np.float32)
@@ -1334,7 +1334,7 @@ def test_fused_pinv_matches_the_iteration_and_its_autodiff(m, iters):
 
 
 def test_fused_pinv_rejects_bad_input():
-  from lra_sparse.kernels.nystrom import pinv as pinv_pallas  # pylint: disable=import-outside-toplevel
+  from lra_sparse.kernels.nystrom import pinv as pinv_pallas
   a = jnp.ones((2, 16, 16), jnp.float32)
   for args, match in [((a.astype(jnp.bfloat16), a.astype(jnp.bfloat16), 6), "bfloat16"),
                       ((a[:, :, :12], a[:, :, :12], 6), r"\[2, 16, 12\]"),

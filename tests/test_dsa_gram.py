@@ -2,7 +2,8 @@
 
 CPU: the wrapper's algebra (the custom VJP's explicit gradients, padding, the normalisations)
 with each Triton kernel stood in for by numpy code of its documented contract, against the
-XLA Gram form's autodiff (``kernels.dsa.reference.prediction_mse``) and the direct [L, L] form.  Also
+XLA Gram form's autodiff (``kernels.dsa.reference.prediction_mse``) and the direct [L, L] form. 
+Also
 bad inputs.  GPU (marked): the kernels themselves against float64 numpy.
 """
 import functools

@@ -1,10 +1,12 @@
 """Tests of DSA's selection rule, its L_MSE and its kernels.
 
-CPU: ``kernels.dsa.reference`` (the pure-JAX path) against the rule written again in float64 numpy with
+CPU: ``kernels.dsa.reference`` (the pure-JAX path) against the rule written again in float64 numpy
+with
 loops (``conftest.np_select``), ties, padding, bit packing, the Gram-matrix L_MSE against
 the direct [L, L] form (values and gradients), and bad inputs.
 CPU also: the kernel wrapper's padding extents (key and dO row) against a numpy loop.
-GPU (marked ``gpu``): ``kernels.dsa.triton`` against the reference: the kernel's chosen set equal bit
+GPU (marked ``gpu``): ``kernels.dsa.triton`` against the reference: the kernel's chosen set equal
+bit
 for bit, outputs and gradients close, every kernel output poisoned (NaN) before the call; with
 padding, the kernels that skip it against the full loops, bit for bit.
 """
@@ -831,7 +833,8 @@ def _register_report(*args: str) -> dict:
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_runtime_tiles_compile_for_hopper_without_spills(dtype):
-  """Every DSA attention kernel at the tile ``kernels.dsa.triton`` launches it with, with and without
+  """Every DSA attention kernel at the tile ``kernels.dsa.triton`` launches it with, with and
+  without
   attention dropout, compiled for sm_90a on the CPU: ptxas spills nothing (no STL / LDL; the
   128x64 forward with dropout spilled, hence its own "fwd_drop" tile)."""
   pytest.importorskip("triton")

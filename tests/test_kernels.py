@@ -836,7 +836,7 @@ def test_mosaic_dropout_draws_match_numpy_rule(monkeypatch, n, m):
   bias = np.where(real, 0.0, dfss_mgpu.MASKED).astype(np.float32)
   seed = dd.seed_words(jax.random.PRNGKey(n + m))
   permute = lambda x: dfss_mgpu.permute_keys(jnp.asarray(x)[..., None], m)[..., 0]
-  biased = dfss_mgpu._add_key_bias(permute(s), permute(bias[None])[0], exact_ties=True)  # pylint: disable=protected-access
+  biased = dfss_mgpu._add_key_bias(permute(s), permute(bias[None])[0], exact_ties=True)
   pruned = dfss_mgpu.nm_prune(biased, n, m)
   row_ids = jax.lax.bitcast_convert_type(
       first_row + jnp.broadcast_to(jnp.arange(rows, dtype=jnp.int32)[:, None],
@@ -916,7 +916,7 @@ def test_mosaic_dropout_kernel_bitcasts_no_scalars(wide):
   seed = dd.seed_words(jax.random.PRNGKey(0))
   tiles = dfss_mgpu.Tiles(wide_products=wide)
   jaxpr = jax.make_jaxpr(lambda q, k, v: dfss_mgpu._attn(  # pylint: disable=protected-access
-      q, k, v, None, dfss_mgpu._kernel_seed(seed), 2, 4, 0.125, tiles,  # pylint: disable=protected-access
+      q, k, v, None, dfss_mgpu._kernel_seed(seed), 2, 4, 0.125, tiles,
       dd.threshold(0.1)))(x, x, x)
   assert not _scalar_bitcasts(jaxpr.jaxpr)
 

@@ -1,4 +1,5 @@
-"""Triton kernels run on the CPU by Triton's interpreter, in place of ``kernels.shared.launch.launch``.
+"""Triton kernels run on the CPU by Triton's interpreter, in place of
+``kernels.shared.launch.launch``.
 
 Triton's standard library (``tl.zeros``, ...) is itself ``@triton.jit`` code, so the whole
 process must import triton with TRITON_INTERPRET=1 set: ``run_interpreted`` runs the tests it is

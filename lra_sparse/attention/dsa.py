@@ -110,7 +110,8 @@ class DSAConfig(KindConfig):
   selection: str = "topk"          # "topk" | "threshold"
   threshold: float = 0.0           # selection="threshold": keep S~ >= threshold
   # Pure-JAX top-k: "top_k" (lax.top_k) | "radix" (sort-free select); radix was 1.5x slower
-  # per train step on an H100 (experiments/reports/train_step/listops_h100.md). The kernels need neither.
+  # per train step on an H100 (experiments/reports/train_step/listops_h100.md). The kernels need
+  # neither.
   topk_algorithm: str = "top_k"
   backend: str = "auto"            # auto | triton | reference (see the module docstring)
   # "int8": rank int8-rounded Q~, K~ (dsa_reference; kernels and pure JAX agree bit for bit) |
@@ -288,8 +289,9 @@ class DSAAttention(nn.Module):
                                            dropout_seed=sharding.shard_dropout_seed(seed))
       return sharding.per_data_shard(attend, q, k, v, bits, mask, seed, replicated=(5,))
     if float_rule:
-      keep = dsa_reference.predicted_mask(predicted, mask=mask, topk_algorithm=config.topk_algorithm,
-                            vector=config.vector, **select)[:, :, ::config.vector]
+      keep = dsa_reference.predicted_mask(predicted, mask=mask,
+                                          topk_algorithm=config.topk_algorithm,
+                                          vector=config.vector, **select)[:, :, ::config.vector]
     else:
       keep = dsa_reference.reference_select(ops, mask, topk_algorithm=config.topk_algorithm,
                                             **select)
@@ -310,7 +312,8 @@ class DSAAttention(nn.Module):
 
 
 def prediction_mse(q, k, q_pred, k_pred, mask, *, normalization: str, kernels: bool):
-  """L_MSE(S, S~) with Q~, K~ as ``kernels.dsa.reference.LowRank`` factors (XP) W~ sharing XP: on the
+  """L_MSE(S, S~) with Q~, K~ as ``kernels.dsa.reference.LowRank`` factors (XP) W~ sharing XP: on
+  the
   Gram kernels (``kernels/dsa/gram.py``: one pass over Q, K, XP each way, real rows only)
   when the attention runs on the kernels and they take the rank, else the same Gram form in
   XLA (``kernels.dsa.reference.prediction_mse``)."""

@@ -5,7 +5,8 @@ Dropout acts on the kept probabilities after the softmax, A <- A * Z / (1 - rate
 Bernoulli(1 - rate) mask, as the pure-JAX path of every kind does.  The fused kernels never
 store A, so the forward and the backward must draw the same Z from scratch: Z is a function of
 (seed, batch*head, query row, key) only, never of tile sizes or launch order, and this module
-computes exactly the Z the kernels compute (``kernels.shared.philox`` for Triton; ``kernels.dfss.mosaic``
+computes exactly the Z the kernels compute (``kernels.shared.philox`` for Triton;
+``kernels.dfss.mosaic``
 runs ``philox_rounds`` itself, in registers), so the pure-JAX path and the kernels drop the
 same entries for the same seed.
 

@@ -24,7 +24,7 @@ from lra_sparse.workdir import (ERROR_FILE, LOG_FILE, MANIFEST_FILE, RESULT_FILE
                                 is_finished, last_logged_step, lock_holder, write_json)
 
 FINISHED, RUNNING, FAILED, PENDING, BLOCKED = "finished", "running", "failed", "pending", "blocked"
-INTERRUPTED = "interrupted"         # stopped by Ctrl-C with its checkpoint: the next call resumes it
+INTERRUPTED = "interrupted"         # stopped by Ctrl-C, checkpointed: the next call resumes it
 QUEUED = "queued"                   # a SLURM job for the run waits in the queue
 STATES = (FINISHED, RUNNING, QUEUED, INTERRUPTED, FAILED, BLOCKED, PENDING)
 ERROR_TAIL_LINES = 60

@@ -7,7 +7,8 @@ compressed probabilities A; SpMM multiplies dense(A) with V.  Backward on the co
 dV = dense(A)^T dO (transposed SpMM), dS = A * (dO V^T - delta) sampled at the kept positions
 (SDDMM), dQ = scale * dS K (SpMM) and dK = scale * dS^T Q (transposed SpMM).
 
-Key sub-tiles and the N:M choice are those of the fused kernels (``kernels.dfss.triton_select``).  Operands are
+Key sub-tiles and the N:M choice are those of the fused kernels (``kernels.dfss.triton_select``). 
+Operands are
 [batch, length, heads, head_dim] read in place; LP and KP are the padded row and key counts.
 
 This module imports triton: the launchers in ``kernels.dfss.compressed`` import it on first use.

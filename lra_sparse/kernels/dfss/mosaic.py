@@ -374,7 +374,7 @@ def _dropout_draws(seed_ref, t, n, m, heads, wide_products: bool):
     return None
 
   def draw(s, first_row, first_group):
-    from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
+    from jax.experimental.pallas import mosaic_gpu as plgpu
     shape = (s.shape[0], PERM_BLOCK // m)
     rows = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA) + first_row
     bh = lax.axis_index("batch") * heads + lax.axis_index("heads")

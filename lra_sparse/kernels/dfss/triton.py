@@ -5,7 +5,8 @@ module fine); ``kernels.shared.prologue.launch`` imports them and the kernel sou
 
 Two implementations share one N:M selection (``kernels.dfss.triton_select``):
 
-* ``impl="fused"`` (the default; kernels in ``kernels.dfss.triton_kernels``): a flash-style forward that
+* ``impl="fused"`` (the default; kernels in ``kernels.dfss.triton_kernels``): a flash-style forward
+that
   computes each QK^T tile on the tensor cores, prunes it N:M in registers and runs an online
   softmax over the kept entries only (S and A are never written; only O and a per-row
   log-sum-exp), and a flash-style backward that recomputes the tile, re-applies the same

@@ -49,7 +49,8 @@ _HI = jax.lax.Precision.HIGHEST
 # (rows per step, warps, stages, column block) of the four kernels (forward Grams of Q / K and
 # of XP, the backward's dQ / dK and dXP tiles); at head dims above 64 or ranks above 128 the
 # column blocks and the dXP tiles shrink to bound the registers and the shared memory.
-# Chosen on an H100 (``benchmarks/bench_dsa_gram.py``, ``experiments/reports/dsa/gram_kernels.md``) among
+# Chosen on an H100 (``benchmarks/bench_dsa_gram.py``, ``experiments/reports/dsa/gram_kernels.md``)
+# among
 # tiles that ptxas compiles for sm_90a without spills and whose buffers fit the 227 KiB of
 # shared memory: wider head dims or ranks, and fp32 / fp16 Q and K (two bf16 parts each, so
 # twice the buffers of the dXP loop), take smaller ones.

@@ -8,9 +8,11 @@ With Q~_h = (X P) W~q_h, K~_h = (X P) W~k_h (``kernels.dsa.gram`` has the algebr
     backward  dX_h  = X_h A_h + (X P) M_h           for X = Q and X = K
               d(X P) = (X P) N + sum_h (Q_h P_h + K_h R_h)
 
-The small matrices A, M, N, P, R come from the Grams (XLA, ``kernels.dsa.gram``).  Every product runs
+The small matrices A, M, N, P, R come from the Grams (XLA, ``kernels.dsa.gram``).  Every product
+runs
 on the bf16 tensor cores with fp32 accumulation; an fp32 operand arrives split as hi + lo, two
-bf16 arrays that ``kernels.dsa.gram`` makes once in XLA (about 16 bits of mantissa; L_MSE needs about
+bf16 arrays that ``kernels.dsa.gram`` makes once in XLA (about 16 bits of mantissa; L_MSE needs
+about
 fp32 accuracy because its terms cancel when S~ ~ S), and a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi
 (XLA's BF16_BF16_F32_X3).  A bf16 operand is exact in its hi part (X_EXACT: Q and K in bf16,
 the model's usual case), which saves its lo passes.  Every operand is bf16 in memory, so the

@@ -1,4 +1,5 @@
-"""DSA selection and attention in pure JAX: the reference the Triton kernels (``kernels.dsa.triton``)
+"""DSA selection and attention in pure JAX: the reference the Triton kernels
+(``kernels.dsa.triton``)
 are tested against, and the path that runs everywhere else.
 
 The selection rule (one rule for both paths)
@@ -415,7 +416,8 @@ def unpack_bits(words, length: int):
   return bits.reshape(words.shape[:-1] + (-1,))[..., :length].astype(bool)
 
 
-# ----------------------------------------------------------------------------- predictor and analysis
+# ----------------------------------------------------------------------------- predictor and
+# analysis
 def fake_quantize(x, bits: int, valid=None):
   """Symmetric per-tensor fake quantisation to ``bits`` (0 = identity), straight-through.
 

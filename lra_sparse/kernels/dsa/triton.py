@@ -1,4 +1,5 @@
-"""DSA on the GPU: Triton kernels called from JAX (jax-triton), same rule as ``kernels.dsa.reference``.
+"""DSA on the GPU: Triton kernels called from JAX (jax-triton), same rule as
+``kernels.dsa.reference``.
 
 Two steps, each one launch over batch*heads:
 
@@ -22,7 +23,8 @@ non-zero: a row with dO = 0 adds exactly 0 to dQ, dK and dV).  The skipped tiles
 exactly zero, so outputs and gradients equal the full loops' exactly.  The selection's bits
 past the key extent are written as zero words.
 
-Nothing here imports triton or jax_triton at module import time; ``kernels.shared.prologue.launch`` imports
+Nothing here imports triton or jax_triton at module import time; ``kernels.shared.prologue.launch``
+imports
 them and the kernel source on first use.  Operands are [batch, length, heads, head_dim] as
 jax.nn.dot_product_attention's, read in place.
 """
@@ -116,7 +118,8 @@ def select_bits(ops: dsa_reference.SelectionOperands, mask=None, *, sparsity: fl
                 selection: str = "topk", threshold: float = 0.0, poison: bool = False,
                 tiles: dsa_tiles.Overrides = ()):
   """The kept keys of each row group as bits: int32 [batch, heads, groups, ceil(L / 32)]
-  (``kernels.dsa.reference.unpack_bits`` gives the bool mask of ``kernels.dsa.reference.reference_select``).
+  (``kernels.dsa.reference.unpack_bits`` gives the bool mask of
+  ``kernels.dsa.reference.reference_select``).
   ops: ``kernels.dsa.reference.selection_operands``; mask: bool [batch, length] key padding."""
   from lra_sparse.kernels.dsa import select_kernels  # imports triton
   if selection not in ("topk", "threshold"):

@@ -433,7 +433,8 @@ def _pow2(x: int) -> bool:
 
 def _widened(scale, head_dim: int, *arrays):
   """(scale, arrays zero-padded to the kernels' head dim): the scale stays the true head dim's
-  (``kernels.shared.prologue.zero_pad_head_dim``: zero columns add nothing to q k^T, and the output's
+  (``kernels.shared.prologue.zero_pad_head_dim``: zero columns add nothing to q k^T, and the
+  output's
   padded columns are zero, sliced off by the caller)."""
   scale = float(head_dim ** -0.5 if scale is None else scale)
   width = kernel_head_dim(head_dim, HEAD_DIMS)
