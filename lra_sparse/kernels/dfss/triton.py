@@ -1,7 +1,7 @@
 """DFSS (dynamic N:M sparse attention) on the GPU: Triton kernels called from JAX (jax-triton).
 
 Nothing here imports triton or jax_triton at module import time (CPU installs import this
-module fine); ``kernels.shared.prologue.launch`` imports them and the kernel source on first use.
+module fine); the launching functions import them and their kernel source on first use.
 
 Two implementations share one N:M selection (``kernels.dfss.triton_select``):
 
@@ -191,7 +191,7 @@ def dfss_attention_triton(q, k, v, *, n: int, m: int, mask=None, impl: str = "fu
 def _attention(q, k, v, *, n, m, mask=None, impl="fused", deterministic=False, poison=False,
                dropout_rate=0.0, dropout_seed=None):
   """dfss_attention_triton; poison=True (tests) pre-fills every kernel output with NaN so that
-  an element a kernel does not write shows up (``kernels.shared.prologue.launch``)."""
+  an element a kernel does not write shows up (``kernels.shared.launch.launch``)."""
   reason = unsupported_reason(q, v, n, m, k=k)
   if reason is not None:
     raise ValueError(reason)

@@ -27,7 +27,7 @@ else is k x k work in XLA at full fp32 precision.  H100, ListOps shape (32 x 200
 XLA form (the first kernels, which split fp32 tiles in registers and loaded bf16 rows without
 alignment, took 2.24 ms in the same process; ``experiments/reports/dsa/gram_kernels.md``).
 
-Nothing here imports triton at module import time (``kernels.shared.prologue.launch`` does).
+Nothing here imports triton at module import time (its launching functions do, on first use).
 """
 
 from __future__ import annotations

@@ -23,9 +23,8 @@ non-zero: a row with dO = 0 adds exactly 0 to dQ, dK and dV).  The skipped tiles
 exactly zero, so outputs and gradients equal the full loops' exactly.  The selection's bits
 past the key extent are written as zero words.
 
-Nothing here imports triton or jax_triton at module import time; ``kernels.shared.prologue.launch``
-imports
-them and the kernel source on first use.  Operands are [batch, length, heads, head_dim] as
+Nothing here imports triton or jax_triton at module import time: each launching function imports
+its kernel source, and ``kernels.shared.launch.launch`` jax_triton, on first use.  Operands are [batch, length, heads, head_dim] as
 jax.nn.dot_product_attention's, read in place.
 """
 
