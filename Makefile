@@ -43,7 +43,7 @@ demo: venv
 	rm -rf $(DEMO_RUN)
 	$(PY) -m lra_sparse.main --config=configs/listops.py:tiny --workdir=$(DEMO_RUN) $(DEMO_FLAGS)
 
-# Two pytest workers (pytest-xdist): the suite takes about 9 min on 2 cores instead of 13.
+# Two pytest workers (pytest-xdist): the suite takes about 11 min on 2 cores.
 # Each worker allocates GPU memory as it needs it, not 75% of it up front.
 TEST_WORKERS ?= 2
 test: venv

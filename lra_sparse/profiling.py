@@ -1,5 +1,6 @@
-"""Where a jitted step's device time goes: the GPU kernels of a ``jax.profiler`` trace, by name
-and by model scope.
+"""Profiles: tracing train steps of a run (``ProfileWindow``, ``config.profile_steps``), and where
+a jitted step's device time goes: the GPU kernels of a ``jax.profiler`` trace, by name and by
+model scope.
 
 A trace names a kernel by its XLA fusion, not by the model code. With the optimized HLO of the
 jitted function dumped next to it (``xla_dump_flags``, set in ``XLA_FLAGS`` before the backend
@@ -17,7 +18,11 @@ import gzip
 import json
 import os
 import re
-from typing import Iterator
+from typing import Iterator, Optional
+
+import jax
+
+from lra_sparse.distributed import say
 
 # Threads of a device's trace that repeat its kernels' time as summaries.
 _SUMMARY_THREADS = ("XLA Ops", "XLA Modules", "Steps")
@@ -103,3 +108,67 @@ def scope_times(kernels: dict[str, dict]) -> collections.Counter:
   for k in kernels.values():
     by_scope[k["scope"]] += k["ms"]
   return by_scope
+
+
+# ----------------------------------------------------------------------------- tracing a run
+def parse_profile_steps(text: str) -> Optional[tuple[int, int]]:
+  """``config.profile_steps`` ``"START:STOP"`` -> (START, STOP); ``""`` -> None (no trace)."""
+  if text == "":
+    return None
+  match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text) if isinstance(text, str) else None
+  if match is None:
+    problem = "it is not two integers separated by ':'"
+  elif int(match.group(1)) >= int(match.group(2)):
+    problem = f"START={int(match.group(1))} is not below STOP={int(match.group(2))}"
+  else:
+    return int(match.group(1)), int(match.group(2))
+  raise ValueError(f"config.profile_steps={text!r}: {problem}; use 'START:STOP' with integers "
+                   "0 <= START < STOP (train steps START..STOP-1 are traced), or '' (no trace)")
+
+
+class ProfileWindow:
+  """A ``jax.profiler`` trace of train steps [start, stop) (0-based update indices) in
+  ``log_dir`` (``plugins/profile/<time>/``, as TensorBoard's profile plugin reads it).
+
+  The trainer calls ``before_step`` and ``after_step`` around each train step: the device work
+  before the window is finished before the trace starts, and the outputs of its last step
+  before it stops. A run resumed inside the window traces the rest of it. ``stop`` ends a trace
+  still running (given outputs, it waits for them first): the trainer calls it when a step
+  failed inside the window.
+  """
+
+  def __init__(self, steps: Optional[tuple[int, int]], log_dir: str):
+    self.steps = steps
+    self.log_dir = log_dir
+    self._first: Optional[int] = None      # the first traced step while a trace runs
+    self._last: Optional[int] = None
+
+  def before_step(self, step: int, state) -> None:
+    if self.steps is None or self._first is not None:
+      return
+    start, stop = self.steps
+    if start <= step < stop:
+      jax.block_until_ready(state)
+      jax.profiler.start_trace(self.log_dir)
+      self._first = step
+      say(f"profile: tracing train steps {step}..{stop - 1} into {self.log_dir}")
+
+  def after_step(self, step: int, outputs) -> None:
+    if self._first is None:
+      return
+    self._last = step
+    if step + 1 >= self.steps[1]:
+      self.stop(outputs)
+
+  def stop(self, outputs=None) -> None:
+    if self._first is None:
+      return
+    try:
+      if outputs is not None:
+        jax.block_until_ready(outputs)
+    finally:
+      jax.profiler.stop_trace()
+      traced = (f"steps {self._first}..{self._last}" if self._last is not None
+                else "no complete step")
+      self._first = self._last = None
+      say(f"profile: trace of train {traced} written to {self.log_dir}")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import time
 from typing import Any, Optional
 
@@ -39,6 +38,7 @@ from tqdm import tqdm
 
 from lra_sparse import config as config_lib
 from lra_sparse import metric_writers
+from lra_sparse import profiling
 from lra_sparse import workdir as workdir_lib
 from lra_sparse.attention import AUX_LOSS, AUX_METRICS
 from lra_sparse.checkpointing import (all_finite, load_params_from, restore_newest_readable,
@@ -271,69 +271,6 @@ def make_model(config, spec: TaskSpec) -> nn.Module:
                      padding_at_end=spec.padding_at_end)
 
 
-def parse_profile_steps(text: str) -> Optional[tuple[int, int]]:
-  """``config.profile_steps`` ``"START:STOP"`` -> (START, STOP); ``""`` -> None (no trace)."""
-  if text == "":
-    return None
-  match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text) if isinstance(text, str) else None
-  if match is None:
-    problem = "it is not two integers separated by ':'"
-  elif int(match.group(1)) >= int(match.group(2)):
-    problem = f"START={int(match.group(1))} is not below STOP={int(match.group(2))}"
-  else:
-    return int(match.group(1)), int(match.group(2))
-  raise ValueError(f"config.profile_steps={text!r}: {problem}; use 'START:STOP' with integers "
-                   "0 <= START < STOP (train steps START..STOP-1 are traced), or '' (no trace)")
-
-
-class ProfileWindow:
-  """A ``jax.profiler`` trace of train steps [start, stop) (0-based update indices) in
-  ``log_dir`` (``plugins/profile/<time>/``, as TensorBoard's profile plugin reads it).
-
-  The trainer calls ``before_step`` and ``after_step`` around each train step: the device work
-  before the window is finished before the trace starts, and the outputs of its last step
-  before it stops. A run resumed inside the window traces the rest of it. ``stop`` ends a trace
-  still running (given outputs, it waits for them first): the trainer calls it when a step
-  failed inside the window.
-  """
-
-  def __init__(self, steps: Optional[tuple[int, int]], log_dir: str):
-    self.steps = steps
-    self.log_dir = log_dir
-    self._first: Optional[int] = None      # the first traced step while a trace runs
-    self._last: Optional[int] = None
-
-  def before_step(self, step: int, state) -> None:
-    if self.steps is None or self._first is not None:
-      return
-    start, stop = self.steps
-    if start <= step < stop:
-      jax.block_until_ready(state)
-      jax.profiler.start_trace(self.log_dir)
-      self._first = step
-      say(f"profile: tracing train steps {step}..{stop - 1} into {self.log_dir}")
-
-  def after_step(self, step: int, outputs) -> None:
-    if self._first is None:
-      return
-    self._last = step
-    if step + 1 >= self.steps[1]:
-      self.stop(outputs)
-
-  def stop(self, outputs=None) -> None:
-    if self._first is None:
-      return
-    try:
-      if outputs is not None:
-        jax.block_until_ready(outputs)
-    finally:
-      jax.profiler.stop_trace()
-      traced = (f"steps {self._first}..{self._last}" if self._last is not None
-                else "no complete step")
-      self._first = self._last = None
-      say(f"profile: trace of train {traced} written to {self.log_dir}")
-
-
 def validate_config(config) -> None:
   """Checks of the run-level fields, before any data is read or anything compiles."""
   flat = config_lib.flatten_config(config.to_dict())
@@ -350,7 +287,7 @@ def validate_config(config) -> None:
                      "'bfloat16'")
   if config.init_from and not os.path.isdir(config.init_from):
     raise FileNotFoundError(f"config.init_from={config.init_from!r} is not a directory")
-  profile_steps = parse_profile_steps(config.profile_steps)
+  profile_steps = profiling.parse_profile_steps(config.profile_steps)
   if profile_steps is not None and profile_steps[0] >= config.num_train_steps:
     raise ValueError(f"config.profile_steps={config.profile_steps!r} starts at or after "
                      f"config.num_train_steps={config.num_train_steps}: nothing would be "
@@ -533,11 +470,11 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
       eval_step, eval_cast(state.params), state.model_state, splits[split], config.batch_size,
       batch_sharding, max_batches)
   learning_rate = make_schedule(config.optim, config.num_train_steps)
-  profile_steps = parse_profile_steps(config.profile_steps)
+  profile_steps = profiling.parse_profile_steps(config.profile_steps)
   if profile_steps is not None:     # a window past the run's end stops after its last step
     profile_steps = (profile_steps[0], min(profile_steps[1], config.num_train_steps))
   # Process 0 traces its devices (processes on one host would write the same trace files).
-  profile = ProfileWindow(profile_steps if is_primary() else None,
+  profile = profiling.ProfileWindow(profile_steps if is_primary() else None,
                           os.path.join(workdir, workdir_lib.PROFILE_DIR))
 
   batches = train_dataset(splits["train"], config.batch_size, config.seed)

@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from lra_sparse import config as config_lib
 from lra_sparse import metric_writers
+from lra_sparse import profiling
 from lra_sparse import train
 from lra_sparse import workdir as workdir_lib
 from lra_sparse.data import pipeline
@@ -150,11 +151,11 @@ def test_profile_window_starts_and_stops_around_its_steps(monkeypatch):
   outputs before it stops; a run resumed inside the window traces the rest; stop() without
   outputs ends a trace left running by a failure."""
   calls = []
-  monkeypatch.setattr(train.jax.profiler, "start_trace", lambda d: calls.append(("start", d)))
-  monkeypatch.setattr(train.jax.profiler, "stop_trace", lambda: calls.append(("stop",)))
-  monkeypatch.setattr(train.jax, "block_until_ready", lambda x: calls.append(("block", x)))
+  monkeypatch.setattr(profiling.jax.profiler, "start_trace", lambda d: calls.append(("start", d)))
+  monkeypatch.setattr(profiling.jax.profiler, "stop_trace", lambda: calls.append(("stop",)))
+  monkeypatch.setattr(profiling.jax, "block_until_ready", lambda x: calls.append(("block", x)))
 
-  window = train.ProfileWindow((3, 5), "/w/profile")
+  window = profiling.ProfileWindow((3, 5), "/w/profile")
   for step in range(8):
     window.before_step(step, f"state{step}")
     window.after_step(step, f"out{step}")
@@ -162,25 +163,25 @@ def test_profile_window_starts_and_stops_around_its_steps(monkeypatch):
   assert calls == [("block", "state3"), ("start", "/w/profile"), ("block", "out4"), ("stop",)]
 
   calls.clear()
-  window = train.ProfileWindow((3, 5), "/w/profile")
+  window = profiling.ProfileWindow((3, 5), "/w/profile")
   window.before_step(4, "state4")               # resumed at step 4
   window.after_step(4, "out4")
   assert calls == [("block", "state4"), ("start", "/w/profile"), ("block", "out4"), ("stop",)]
 
   calls.clear()
-  window = train.ProfileWindow((3, 50), "/w/profile")
+  window = profiling.ProfileWindow((3, 50), "/w/profile")
   window.before_step(3, "state3")
   window.after_step(3, "out3")
   window.stop("final")                          # the loop ended inside the window
   assert calls == [("block", "state3"), ("start", "/w/profile"), ("block", "final"), ("stop",)]
 
   calls.clear()
-  window = train.ProfileWindow((3, 50), "/w/profile")
+  window = profiling.ProfileWindow((3, 50), "/w/profile")
   window.before_step(3, "state3")
   window.stop()                                 # the step failed
   window.stop()
   assert calls == [("block", "state3"), ("start", "/w/profile"), ("stop",)]
-  assert train.ProfileWindow(None, "/w/profile").before_step(0, "s") is None
+  assert profiling.ProfileWindow(None, "/w/profile").before_step(0, "s") is None
 
 
 @pytest.mark.parametrize("overrides, message", [
