@@ -34,7 +34,6 @@ from flax import traverse_util
 
 from lra_sparse import cli
 from lra_sparse import workdir as workdir_lib
-from lra_sparse.attention import dsa as dsa_lib
 from lra_sparse.kernels.dsa import reference as dsa_ref
 from lra_sparse.attention import parse_attention_config
 from lra_sparse.ops.softmax import attention_scores, masked_softmax

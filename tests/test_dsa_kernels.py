@@ -737,7 +737,6 @@ def test_float_selection_rule_of_older_runs_still_runs():
   """selection_rule='float' (the rule before the kernels; old config.json files read with it)
   ranks the float S~ the core sows, on the pure-JAX path."""
   from lra_sparse.attention import AttentionDims, DSAConfig, build_attention
-  from lra_sparse.attention import dsa as dsa_lib
   from lra_sparse.kernels.dsa import reference as dsa_ref
   b, l, h, d, model = 2, 32, 2, 8, 16
   dims = AttentionDims(num_heads=h, head_dim=d, model_dim=model, length=l, dropout_rate=0.0)

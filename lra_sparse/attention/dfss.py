@@ -41,8 +41,8 @@ from lra_sparse.attention.registry import AttentionDims, KindConfig, register_at
 from lra_sparse.kernels.dfss import mosaic as dfss_mosaic
 from lra_sparse.kernels.dfss import reference as dfss_reference
 from lra_sparse.kernels.dfss import triton as dfss_triton
-from lra_sparse.ops import dropout, sharding, softmax
-from lra_sparse.ops.nm import check_nm, nm_mask, parse_nm
+from lra_sparse.ops import dropout, sharding
+from lra_sparse.ops.nm import check_nm, parse_nm
 
 BACKENDS = ("auto", "mosaic", "triton", "reference")
 

@@ -67,7 +67,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import zlib
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
