@@ -47,6 +47,16 @@ LEGACY_ATTENTION_KEYS = {
     "nm": "attention.nystrom.nm",
 }
 
+# The model's parameters before they followed LRA's code (LRA_DIFFERENCES.md): what runs
+# recorded before these fields existed ran, and the overrides that keep their specs resumable.
+EARLIER_MODEL = {
+    "model.attention_bias": True,
+    "model.kernel_init": "lecun_normal",
+    "model.mlp_bias_init_std": 0.0,
+    "model.cls_init_std": 0.02,
+    "model.float32_head": False,
+}
+
 # Fields added after runs had been recorded: (key, value, tasks). A config.json without ``key``
 # ran with ``value`` (the behaviour before the field existed, not today's default), so reading
 # it fills ``value`` in: tables then tell old runs from new ones, and a resume under the new
@@ -62,8 +72,9 @@ ADDED_FIELDS = (
     ("model.dual_head", "nli_one_hidden", ("retrieval",)),
     ("data.mask_black_pixels", False, ("image", "pathfinder", "pathx")),
     ("profile_steps", "", None),
+    ("eval_train_mode", False, None),
     ("wandb", {"project": "", "entity": ""}, None),
-)
+) + tuple((key, value, None) for key, value in EARLIER_MODEL.items())
 
 
 def get_base_config() -> ml_collections.ConfigDict:
@@ -95,6 +106,13 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.model.classifier_dim = 1024
   config.model.pad_multiple = 16    # sequence (incl. CLS) padded to a multiple: N:M, kernel tiles
   config.model.dtype = "float32"    # compute dtype: "float32" | "bfloat16"; params stay float32
+  # Parameters as LRA's code makes them (models/transformer/transformer.py, common_layers.py);
+  # each field names the one thing it changes (LRA_DIFFERENCES.md):
+  config.model.attention_bias = False      # q/k/v/out projections have biases (LRA: none)
+  config.model.kernel_init = "xavier_uniform"   # q/k/v/out and MLP kernels | "lecun_normal"
+  config.model.mlp_bias_init_std = 1e-6    # MLP biases N(0, std^2) (LRA 1e-6); 0 = zeros
+  config.model.cls_init_std = 0.0          # CLS token N(0, std^2); 0 = zeros (LRA)
+  config.model.float32_head = True         # classifier head in float32 (LRA) or model.dtype
 
   # kind (a name from lra_sparse.attention.attention_kinds()) and one block per kind:
   # attention.dense.implementation, attention.dfss.{nm, backend, deterministic_kernels},
@@ -122,6 +140,10 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.log_every_steps = 50
   config.init_from = ""             # workdir of a finished run: load its params, then train
   config.eval_dtype = ""            # "" = as trained; "bfloat16" casts params for evaluation
+  # Diagnostic: every periodic evaluation also runs the validation split as in training
+  # (dropout on), recorded as split "val_train_mode" (a gap between the two modes vs bad
+  # parameters). Costs one more validation pass per evaluation.
+  config.eval_train_mode = False
 
   # What a run records besides metrics.jsonl and its TensorBoard copy (lra_sparse.metric_writers);
   # a resumed run may change these. profile_steps "START:STOP": a jax.profiler trace of train

@@ -57,7 +57,10 @@ AUX_COLLECTIONS = (AUX_LOSS, AUX_METRICS)
 # the weights mean. Any other difference from the workdir's config.json is refused.
 RESUMABLE_FIELDS = ("num_train_steps", "eval_every_steps", "log_every_steps",
                     "checkpoint_every_steps", "num_eval_batches", "optim.grad_accum_steps",
-                    "profile_steps", "wandb.project", "wandb.entity")
+                    "profile_steps", "wandb.project", "wandb.entity", "eval_train_mode")
+# fold_in constant of the seed's key that config.eval_train_mode's evaluations draw their
+# dropout from (training draws from a split of the seed's key, another stream).
+TRAIN_MODE_EVAL_STREAM = 0x7E57
 # result.json / metrics.jsonl: the test metrics at the periodic evaluation with the best
 # validation accuracy so far (the first such step on ties), next to the last step's "test".
 BEST_SPLIT = "test_at_best_val"
@@ -221,14 +224,21 @@ def in_mesh(step, mesh: Mesh):
   return call
 
 
-def make_eval_step(model: nn.Module):
-  def eval_step(params, model_state, batch, weights):
+def make_eval_step(model: nn.Module, *, train_mode: bool = False):
+  """Metric sums of one batch: loss, accuracy, the share of examples predicted as each class
+  (``predicted_<c>``, the histogram a collapse to one class shows in) and aux metrics. With
+  ``train_mode`` the model runs as in training (dropout on, drawn from ``rng``): the
+  diagnostic that tells a gap between training and evaluation mode from bad parameters."""
+  def eval_step(params, model_state, batch, weights, rng=None):
     variables = {"params": params, **(model_state or {})}
-    logits, mutated = model.apply(variables, batch, deterministic=True,
+    rngs = {"dropout": rng} if train_mode else None
+    logits, mutated = model.apply(variables, batch, deterministic=not train_mode, rngs=rngs,
                                   mutable=list(AUX_COLLECTIONS))
     loss_sum, correct, count = _cross_entropy(logits, batch["targets"], weights)
     _, aux_metrics = _aux_terms(mutated)
     sums = {"loss": loss_sum, "accuracy": correct, "count": count}
+    predicted = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1]) * weights[:, None]
+    sums.update({f"predicted_{c}": total for c, total in enumerate(jnp.sum(predicted, 0))})
     # Aux metrics are batch means: weight them by the batch's real examples.
     sums.update({name: value * count for name, value in aux_metrics.items()})
     return sums
@@ -236,14 +246,16 @@ def make_eval_step(model: nn.Module):
 
 
 def evaluate(eval_step, params, model_state, arrays, batch_size, batch_sharding,
-             max_batches: int = 0) -> dict[str, float]:
+             max_batches: int = 0, rng=None) -> dict[str, float]:
   """Metric means over ``arrays`` (the first ``max_batches`` batches; 0 = all). With several
-  processes each puts its rows of every batch on its devices; the sums are global."""
+  processes each puts its rows of every batch on its devices; the sums are global. ``rng``:
+  for an ``eval_step`` in train mode (batch b draws its dropout from ``fold_in(rng, b)``)."""
   totals: dict[str, float] = {}
-  for batch, weights in eval_batches(arrays, batch_size, max_batches):
+  for b, (batch, weights) in enumerate(eval_batches(arrays, batch_size, max_batches)):
     batch = put_global_batch(batch, batch_sharding)
     weights = put_global_batch(weights, batch_sharding)
-    sums = jax.device_get(eval_step(params, model_state, batch, weights))
+    extra = () if rng is None else (jax.random.fold_in(rng, b),)
+    sums = jax.device_get(eval_step(params, model_state, batch, weights, *extra))
     for key, value in sums.items():
       totals[key] = totals.get(key, 0.0) + float(value)
   count = totals.pop("count")
@@ -469,6 +481,11 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
   run_eval = lambda split, max_batches: evaluate(
       eval_step, eval_cast(state.params), state.model_state, splits[split], config.batch_size,
       batch_sharding, max_batches)
+  # config.eval_train_mode: the validation split once more as in training (dropout on, a
+  # fixed key per evaluation step), recorded as split "val_train_mode".
+  train_mode_eval = in_mesh(jax.jit(make_eval_step(model, train_mode=True)), mesh) \
+      if config.eval_train_mode else None
+  check_rng = jax.random.fold_in(jax.random.key(config.seed), TRAIN_MODE_EVAL_STREAM)
   learning_rate = make_schedule(config.optim, config.num_train_steps)
   profile_steps = profiling.parse_profile_steps(config.profile_steps)
   if profile_steps is not None:     # a window past the run's end stops after its last step
@@ -507,8 +524,11 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
       window.append(metrics)
       done = step + 1
       if done % config.log_every_steps == 0 or done == config.num_train_steps:
-        means = {k: float(np.mean([float(m[k]) for m in jax.device_get(window)]))
-                 for k in window[0]}
+        fetched = jax.device_get(window)
+        means = {k: float(np.mean([float(m[k]) for m in fetched])) for k in window[0]}
+        # The window's worst step: a spike the mean smooths away.
+        means.update({f"{k}_max": float(np.max([float(m[k]) for m in fetched]))
+                      for k in ("loss", "grad_norm")})
         now = time.perf_counter()
         means["steps_per_sec"] = len(window) / max(now - window_started, 1e-9)
         means["learning_rate"] = float(learning_rate(done - 1))   # of the window's last update
@@ -525,6 +545,11 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
       if evaluates:
         val = run_eval("val", config.num_eval_batches)
         writer.write(done, "val", val)
+        if train_mode_eval is not None:
+          writer.write(done, "val_train_mode", evaluate(
+              train_mode_eval, state.params, state.model_state, splits["val"],
+              config.batch_size, batch_sharding, config.num_eval_batches,
+              rng=jax.random.fold_in(check_rng, done)))
         say(f"step {done}: val " + " ".join(f"{k}={v:.4f}" for k, v in val.items()))
         if best is None or val["accuracy"] > best["val_accuracy"]:
           best = {"step": done, "val_accuracy": val["accuracy"], **run_eval("test", 0)}

@@ -11,6 +11,7 @@ The sweep places one run per GPU (CUDA_VISIBLE_DEVICES), so both run at once; ea
 rebuilt from the runs' logs. LRA's ListOps model in bf16, 300 steps: a check of the placement,
 not an accuracy result. Preset "smoke": the tiny CPU model for 6 steps (used by the tests).
 """
+from lra_sparse.config import EARLIER_MODEL
 from lra_sparse.sweep import Group, Sweep, Variant
 from lra_sparse.tables import Selector, Table
 
@@ -30,8 +31,8 @@ def _steps(preset: str) -> dict:
 
 def get_sweep(preset: str = "") -> Sweep:
   overrides = dict(_steps(preset), **{"data.data_dir": DATA_DIR})
-  if not preset:
-    overrides["model.dtype"] = "bfloat16"
+  if not preset:     # the committed runs: bf16, the model's earlier parameters
+    overrides.update({"model.dtype": "bfloat16", **EARLIER_MODEL})
   return Sweep(name="data_parallel" + (f"_{preset}" if preset else ""),
                groups=[Group(config="configs/listops.py" + (":tiny" if preset else ""),
                              overrides=overrides,

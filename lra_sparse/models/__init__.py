@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from lra_sparse.attention import parse_attention_config
-from lra_sparse.models.encoder import (ClassifierHead, Encoder, compute_dtype, padded_length,
+from lra_sparse.models.encoder import (ClassifierHead, Encoder, head_dtype, padded_length,
                                        validate_model_config)
 
 # config.model.dual_head (configs/retrieval.py): how the dual encoder combines its two pooled
@@ -51,7 +51,7 @@ class DualClassifierHead(nn.Module):
 
   @nn.compact
   def __call__(self, u, v):
-    dtype = compute_dtype(self.model_config)
+    dtype = head_dtype(self.model_config)
     width = self.model_config.classifier_dim
     y = jnp.concatenate([u, v], axis=-1)
     y = nn.relu(nn.Dense(width, dtype=dtype, name="mlp")(y))

@@ -5,12 +5,21 @@ normal(stddev=1.0), as LRA), position embeddings (fixed sinusoidal, or learned w
 config learns them: ``config.model.pos_emb``), pre-LayerNorm blocks (attention, MLP) with
 dropout, final LayerNorm, CLS or mean pooling.
 
+Parameters start as LRA's (``models/transformer/transformer.py``,
+``models/layers/common_layers.py``): q/k/v/out projections without bias and with
+xavier_uniform kernels, MLP kernels xavier_uniform with biases N(0, 1e-6), the CLS token zeros,
+the classifier head in float32. Each is one ``config.model`` field away from this codebase's
+earlier choices (``attention_bias``, ``kernel_init``, ``mlp_bias_init_std``, ``cls_init_std``,
+``float32_head``); runs recorded before the fields existed read them back with the earlier
+values (``lra_sparse.config.ADDED_FIELDS``). LRA_DIFFERENCES.md lists every remaining
+difference from LRA's code.
+
 Masking: a token equal to ``pad_id`` is masked as a key in every layer and left out of mean
 pooling (the mean is over the kept positions; a row with none pools to zeros, never NaN).
 Pixel tasks mask black pixels this way by default, as LRA's ``inputs > 0``
-(``lra_sparse.data.common``). Two things differ from LRA's code on purpose: the CLS token is
-always a real token (LRA's CLS takes the mask of the first pixel, so a black first pixel masks
-it), and LRA's mean pooling averages all positions, masked ones included.
+(``lra_sparse.data.common``). LRA also masks padded queries; a padded query's output never
+reaches a real position (it is masked as a key everywhere, and CLS and mean pooling read real
+positions only), so masking keys alone gives the same logits.
 """
 from __future__ import annotations
 
@@ -24,6 +33,19 @@ from lra_sparse.attention import AttentionDims, build_attention
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 POS_EMBS = ("sinusoidal", "learned")
+# config.model.kernel_init of the q/k/v/out projections and the MLP: LRA's xavier_uniform, or
+# lecun_normal (Flax's Dense default, this codebase's choice before it followed LRA).
+KERNEL_INITS = {"xavier_uniform": nn.initializers.xavier_uniform,
+                "lecun_normal": nn.initializers.lecun_normal}
+
+
+def kernel_init(model_config):
+  return KERNEL_INITS[model_config.kernel_init]()
+
+
+def normal_or_zeros(stddev: float):
+  """N(0, stddev^2), or zeros for stddev 0."""
+  return nn.initializers.normal(stddev) if stddev > 0 else nn.initializers.zeros
 
 
 def sinusoidal_positions(length: int, dim: int) -> np.ndarray:
@@ -41,6 +63,11 @@ def compute_dtype(model_config) -> Any:
   if model_config.dtype not in DTYPES:
     raise ValueError(f"config.model.dtype={model_config.dtype!r}; choose one of {list(DTYPES)}")
   return DTYPES[model_config.dtype]
+
+
+def head_dtype(model_config) -> Any:
+  """The classifier head's compute dtype: float32 (LRA, ``float32_head``) or the model's."""
+  return jnp.float32 if model_config.float32_head else compute_dtype(model_config)
 
 
 def padded_length(max_length: int, model_config) -> int:
@@ -63,6 +90,16 @@ def validate_model_config(model_config) -> None:
   for name in ("dropout_rate", "attention_dropout_rate"):
     if not 0.0 <= mc[name] < 1.0:
       raise ValueError(f"config.model.{name}={mc[name]} must be in [0, 1)")
+  if mc.kernel_init not in KERNEL_INITS:
+    raise ValueError(f"config.model.kernel_init={mc.kernel_init!r}; choose one of "
+                     f"{list(KERNEL_INITS)}")
+  for name in ("attention_bias", "float32_head"):
+    if not isinstance(mc[name], bool):
+      raise ValueError(f"config.model.{name}={mc[name]!r} must be True or False")
+  for name in ("mlp_bias_init_std", "cls_init_std"):
+    if isinstance(mc[name], bool) or not isinstance(mc[name], (int, float)) or mc[name] < 0:
+      raise ValueError(f"config.model.{name}={mc[name]!r} must be a number >= 0 "
+                       "(0 = zeros)")
   if mc.pos_emb not in POS_EMBS:
     raise ValueError(f"config.model.pos_emb={mc.pos_emb!r}; choose one of {POS_EMBS}")
   if mc.pos_emb == "sinusoidal" and mc.emb_dim % 2:
@@ -85,11 +122,12 @@ class MultiHeadAttention(nn.Module):
     dims = AttentionDims(num_heads=mc.num_heads, head_dim=head_dim, model_dim=mc.emb_dim,
                          length=self.length, dropout_rate=mc.attention_dropout_rate,
                          dtype=dtype)
-    project = lambda name: nn.DenseGeneral((mc.num_heads, head_dim), dtype=dtype, name=name)
+    dense = dict(dtype=dtype, use_bias=mc.attention_bias, kernel_init=kernel_init(mc))
+    project = lambda name: nn.DenseGeneral((mc.num_heads, head_dim), name=name, **dense)
     q, k, v = project("query")(x), project("key")(x), project("value")(x)
     out = build_attention(self.attention_config, dims)(
         q, k, v, mask=mask, inputs=x, deterministic=deterministic)
-    return nn.DenseGeneral(mc.emb_dim, axis=(-2, -1), dtype=dtype, name="out")(out)
+    return nn.DenseGeneral(mc.emb_dim, axis=(-2, -1), name="out", **dense)(out)
 
 
 class EncoderBlock(nn.Module):
@@ -106,10 +144,12 @@ class EncoderBlock(nn.Module):
         y, mask, deterministic)
     x = x + nn.Dropout(mc.dropout_rate)(y, deterministic=deterministic)
     y = nn.LayerNorm(dtype=dtype)(x)
-    y = nn.Dense(mc.mlp_dim, dtype=dtype)(y)
+    mlp = dict(dtype=dtype, kernel_init=kernel_init(mc),
+               bias_init=normal_or_zeros(mc.mlp_bias_init_std))
+    y = nn.Dense(mc.mlp_dim, **mlp)(y)
     y = nn.gelu(y)
     y = nn.Dropout(mc.dropout_rate)(y, deterministic=deterministic)
-    y = nn.Dense(mc.emb_dim, dtype=dtype)(y)
+    y = nn.Dense(mc.emb_dim, **mlp)(y)
     return x + nn.Dropout(mc.dropout_rate)(y, deterministic=deterministic)
 
 
@@ -132,7 +172,7 @@ class Encoder(nn.Module):
     x = nn.Embed(self.vocab_size, mc.emb_dim, embedding_init=nn.initializers.normal(1.0),
                  name="embed")(tokens)
     if mc.pooling == "cls":
-      cls = self.param("cls", nn.initializers.normal(0.02), (1, 1, mc.emb_dim))
+      cls = self.param("cls", normal_or_zeros(mc.cls_init_std), (1, 1, mc.emb_dim))
       x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, mc.emb_dim)), x], axis=1)
       mask = jnp.concatenate([jnp.ones((x.shape[0], 1), bool), mask], axis=1)
     extra = length - x.shape[1]
@@ -161,6 +201,6 @@ class ClassifierHead(nn.Module):
 
   @nn.compact
   def __call__(self, features):
-    dtype = compute_dtype(self.model_config)
+    dtype = head_dtype(self.model_config)
     y = nn.relu(nn.Dense(self.model_config.classifier_dim, dtype=dtype)(features))
     return nn.Dense(self.num_classes, dtype=jnp.float32)(y).astype(jnp.float32)

@@ -1,0 +1,78 @@
+"""Why LRA's ListOps recipe collapses: one factor at a time, several seeds, on a GPU.
+
+Every run is ``configs/listops.py`` with no override (LRA's protocol: fp32, dropout 0.1,
+attention dropout 0.1, lr 0.05 rsqrt, warmup 1000, Adam (0.9, 0.98, 1e-9), weight decay 0.1,
+5000 steps) except the factor its arm names, in fp32 or bf16 (group). Dense attention trains
+with attention dropout on XLA's explicit attention. Each evaluation also runs the validation
+split as in training (``eval_train_mode``: dropout on), to tell a gap between the two modes
+from bad parameters; evaluations record the predicted-class histogram and train windows their
+worst step (``grad_norm_max``, ``loss_max``).
+
+Data: generated ListOps at LRA's sizes (``lra_listops.py`` gives the command; seed 0).
+Sweep:  python -m lra_sparse.sweep --sweep=experiments/specs/listops_recipe.py[:short] \\
+          --root=runs/listops_recipe --parallel=gpus [--runs=REGEX]
+Table:  python -m lra_sparse.tables --root=runs/listops_recipe \\
+          --spec=experiments/specs/listops_recipe.py[:short] --format=markdown
+Presets: "" 5000 steps, evaluation every 250; "short": 2000 steps (the warmup's peak and the
+first 1000 steps of decay, where most collapses start), evaluation every 200; "best_val" and
+"short_best_val": the same runs, the table of test accuracy at the best validation step;
+"smoke": the tiny CPU preset for 20 steps.
+"""
+from experiments.specs._tiny import TINY_SEEDS, tiny_steps
+from lra_sparse.config import EARLIER_MODEL
+from lra_sparse.sweep import Group, Sweep, Variant
+from lra_sparse.tables import Selector, Table
+
+SEEDS = (0, 1, 2, 3, 4)
+PRESETS = ("", "short", "best_val", "short_best_val", "smoke")
+ARMS = (  # (row label, run-name label, overrides): one factor each against "lra"
+    ("LRA's recipe (the default config)", "lra", {}),
+    ("model's earlier parameters (biases, lecun_normal, CLS N(0, 0.02))", "earlier-model",
+     EARLIER_MODEL),
+    ("attention dropout 0", "attn-dropout0", {"model.attention_dropout_rate": 0.0}),
+    ("gradient clipping at norm 1", "clip1", {"optim.grad_clip_norm": 1.0}),
+    ("peak learning rate halved (0.025 rsqrt)", "lr0.025", {"optim.learning_rate": 0.025}),
+    ("Adam b2 0.999, eps 1e-6", "adam-b2-0.999", {"optim.b2": 0.999, "optim.eps": 1e-6}),
+)
+DTYPES = (("fp32", "float32"), ("bf16", "bfloat16"))
+
+
+def _check(preset: str) -> str:
+  if preset not in PRESETS:
+    raise ValueError(f"unknown preset {preset!r} for experiments/specs/listops_recipe.py; "
+                     f"known: {', '.join(repr(p) for p in PRESETS)}")
+  return preset.removesuffix("best_val").rstrip("_")
+
+
+def _schedule(length: str) -> dict:
+  if length == "smoke":
+    return dict(tiny_steps(20), eval_train_mode=True)
+  steps, every = (2000, 200) if length == "short" else (5000, 250)
+  return {"num_train_steps": steps, "eval_every_steps": every, "checkpoint_every_steps": 500,
+          "log_every_steps": 10, "eval_train_mode": True}
+
+
+def get_sweep(preset: str = "") -> Sweep:
+  length = _check(preset)
+  smoke = length == "smoke"
+  suffix = f"_{length}" if length else ""
+  return Sweep(
+      name="listops_recipe" + suffix,
+      groups=[Group(config="configs/listops.py" + (":tiny" if smoke else ""), name=name,
+                    overrides=dict(_schedule(length), **{"model.dtype": dtype}),
+                    variants=[Variant(label, match) for _, label, match in ARMS],
+                    seeds=TINY_SEEDS if smoke else SEEDS)
+              for name, dtype in DTYPES])
+
+
+def get_table(preset: str = "") -> Table:
+  length = _check(preset)
+  best_val = preset.endswith("best_val")
+  steps = {"": "5000 steps", "short": "2000 steps", "smoke": "tiny, 20 steps"}[length]
+  return Table(
+      title=f"ListOps, LRA's recipe one factor at a time ({steps}): test accuracy (%) "
+            + ("at the best validation step" if best_val else "at the last step"),
+      split="test_at_best_val" if best_val else "test",
+      rows=[Selector(label, {"model.dtype": dtype, **match})
+            for _, dtype in DTYPES for label, _, match in ARMS],
+      columns=[Selector("ListOps", {"task": "listops"})])

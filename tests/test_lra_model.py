@@ -1,0 +1,194 @@
+"""The model's parameters are LRA's (LRA_DIFFERENCES.md), each one field away from the earlier
+choice; runs recorded before the fields existed read back what they ran; the evaluation
+diagnostics (predicted-class histogram, train-mode validation, window maxima)."""
+from __future__ import annotations
+
+import json
+import os
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lra_sparse import config as config_lib
+from lra_sparse import train, workdir as workdir_lib
+from lra_sparse.config import load_config_file
+from lra_sparse.data import get_task
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WIDTH, MLP = 64, 128          # fans where xavier_uniform and lecun_normal have different ranges
+EARLIER = {"model.attention_bias": True, "model.kernel_init": "lecun_normal",
+           "model.mlp_bias_init_std": 0.0, "model.cls_init_std": 0.02,
+           "model.float32_head": False}
+
+
+def _config(**overrides):
+  config = load_config_file(os.path.join(REPO, "configs", "listops.py"))
+  config.task = "synthetic"
+  config.update_from_flattened_dict({
+      "data.max_length": 24, "model.num_layers": 2, "model.num_heads": 4,
+      "model.emb_dim": WIDTH, "model.qkv_dim": WIDTH, "model.mlp_dim": MLP,
+      "model.classifier_dim": MLP, **overrides})
+  return config_lib.run_config(config)
+
+
+def _model_and_params(seed=0, **overrides):
+  config = _config(**overrides)
+  spec = get_task(config.task).spec(config)
+  model = train.make_model(config, spec)
+  tokens = np.random.default_rng(seed).integers(1, spec.vocab_size, (3, 24)).astype(np.int32)
+  params = model.init(jax.random.key(seed), {"inputs": tokens}, deterministic=True)["params"]
+  return model, flax.core.unfreeze(params), tokens
+
+
+def _flat(params):
+  return {"/".join(path): value for path, value in
+          flax.traverse_util.flatten_dict(params).items()}
+
+
+def _xavier_bound(kernel, fan_in_axes):
+  fan_in = int(np.prod([kernel.shape[a] for a in fan_in_axes]))
+  fan_out = kernel.size // fan_in
+  return np.sqrt(6.0 / (fan_in + fan_out))
+
+
+def _kernels(flat):
+  """(name, kernel, fan-in axes) of every q/k/v/out projection and MLP layer."""
+  for name, value in flat.items():
+    if not name.endswith("kernel") or "block_" not in name:
+      continue
+    if "/attention/out/" in name:
+      yield name, np.asarray(value), (0, 1)             # [heads, head_dim, emb]
+    elif "/attention/" in name or "Dense" in name:
+      yield name, np.asarray(value), (0,)
+
+
+def test_default_projections_have_no_bias():
+  _, params, _ = _model_and_params()
+  flat = _flat(params)
+  attention = [name for name in flat if "/attention/" in name]
+  assert attention and all(name.endswith("kernel") for name in attention), attention
+  _, params, _ = _model_and_params(**{"model.attention_bias": True})
+  assert sum(name.endswith("bias") for name in _flat(params) if "/attention/" in name) == 8
+
+
+def test_default_kernels_are_xavier_uniform():
+  _, params, _ = _model_and_params()
+  kernels = list(_kernels(_flat(params)))
+  assert len(kernels) == 2 * 6      # per block: query, key, value, out, two MLP layers
+  for name, kernel, fan_in_axes in kernels:
+    bound = _xavier_bound(kernel, fan_in_axes)
+    # U(-b, b): every entry inside, the largest near b, variance b^2 / 3.
+    assert np.abs(kernel).max() <= bound, name
+    assert np.abs(kernel).max() > 0.95 * bound, name
+    assert kernel.std() == pytest.approx(bound / np.sqrt(3), rel=0.08), name
+
+
+def test_lecun_normal_kernels_reach_past_the_xavier_bound():
+  _, params, _ = _model_and_params(**{"model.kernel_init": "lecun_normal"})
+  for name, kernel, fan_in_axes in _kernels(_flat(params)):
+    fan_in = int(np.prod([kernel.shape[a] for a in fan_in_axes]))
+    assert kernel.std() == pytest.approx(fan_in ** -0.5, rel=0.08), name
+    assert np.abs(kernel).max() > 1.1 * _xavier_bound(kernel, fan_in_axes), name
+
+
+def test_mlp_biases_start_at_lra_normal_1e6_and_cls_at_zeros():
+  _, params, _ = _model_and_params()
+  flat = _flat(params)
+  biases = [np.asarray(v) for n, v in flat.items() if "Dense" in n and n.endswith("bias")
+            and "block_" in n]
+  assert len(biases) == 4
+  values = np.concatenate(biases)
+  assert np.all(values != 0) and values.std() == pytest.approx(1e-6, rel=0.1)
+  assert np.all(np.asarray(params["encoder"]["cls"]) == 0)
+  _, params, _ = _model_and_params(**{"model.mlp_bias_init_std": 0.0,
+                                      "model.cls_init_std": 0.02})
+  flat = _flat(params)
+  assert all(np.all(np.asarray(v) == 0) for n, v in flat.items()
+             if "Dense" in n and n.endswith("bias") and "block_" in n)
+  assert np.asarray(params["encoder"]["cls"]).std() == pytest.approx(0.02, rel=0.2)
+
+
+@pytest.mark.parametrize("float32_head, expected", [(True, jnp.float32),
+                                                    (False, jnp.bfloat16)])
+def test_classifier_head_runs_in_float32_in_a_bf16_model(float32_head, expected):
+  model, params, tokens = _model_and_params(**{"model.dtype": "bfloat16",
+                                               "model.float32_head": float32_head})
+  _, state = model.apply({"params": params}, {"inputs": tokens}, deterministic=True,
+                         capture_intermediates=True)
+  hidden = state["intermediates"]["head"]["Dense_0"]["__call__"][0]
+  assert hidden.dtype == expected
+
+
+def test_padded_queries_do_not_change_the_logits():
+  """LRA masks padded queries as well as keys; masking keys alone gives the same logits: the
+  same examples with 40 more padding tokens at the end (their positions come after every
+  real one) give the same logits."""
+  model, params, tokens = _model_and_params()
+  tokens[:, 18:] = 0                                     # real tokens first, then padding
+  logits = model.apply({"params": params}, {"inputs": tokens}, deterministic=True)
+  config = _config(**{"data.max_length": 64})
+  longer = train.make_model(config, get_task(config.task).spec(config))
+  padded = np.pad(tokens, ((0, 0), (0, 40)))
+  logits_padded = longer.apply({"params": params}, {"inputs": padded}, deterministic=True)
+  np.testing.assert_allclose(logits_padded, logits, rtol=2e-5, atol=2e-5)
+
+
+def test_a_run_recorded_before_the_fields_reads_back_the_earlier_model(tmp_path):
+  stored = json.loads(_config().to_json_best_effort())
+  for key in EARLIER:
+    del stored["model"][key.split(".")[1]]
+  (tmp_path / "config.json").write_text(json.dumps(stored))
+  model_config = workdir_lib.read_config(str(tmp_path))["model"]
+  assert {k: model_config[k.split(".")[1]] for k in EARLIER} == EARLIER
+  _, params, _ = _model_and_params(**EARLIER)
+  assert any(n.endswith("bias") for n in _flat(params) if "/attention/" in n)
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"model.kernel_init": "he_normal"}, "config.model.kernel_init='he_normal'"),
+    ({"model.cls_init_std": -0.1}, "config.model.cls_init_std=-0.1 must be a number >= 0"),
+    ({"model.mlp_bias_init_std": -1e-6},
+     "config.model.mlp_bias_init_std=-1e-06 must be a number >= 0"),
+])
+def test_bad_init_fields_are_one_clear_error(override, message):
+  config = _config()
+  config.update_from_flattened_dict(override)
+  with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    train.make_model(config, get_task(config.task).spec(config))
+
+
+def _records(workdir, split):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [r for r in map(json.loads, f) if r["split"] == split]
+
+
+def test_evaluations_record_the_predicted_class_histogram_and_train_mode(tmp_path,
+                                                                         tiny_config):
+  config = tiny_config(num_train_steps=10, eval_every_steps=5, log_every_steps=5,
+                       eval_train_mode=True, **{"model.dropout_rate": 0.3})
+  train.train_and_evaluate(config, str(tmp_path))
+  for split in ("val", "test", "val_train_mode"):
+    for record in _records(tmp_path, split):
+      shares = [record[f"predicted_{c}"] for c in range(10) if f"predicted_{c}" in record]
+      assert len(shares) >= 2 and sum(shares) == pytest.approx(1.0, abs=1e-6), split
+      # accuracy is the share of examples predicted right: at most the shares summed
+      assert 0 <= record["accuracy"] <= 1
+  val, checks = _records(tmp_path, "val"), _records(tmp_path, "val_train_mode")
+  assert [r["step"] for r in checks] == [r["step"] for r in val] == [5, 10]
+  # Dropout 0.3 on: the train-mode pass sees other activations than the evaluation.
+  assert all(c["loss"] != v["loss"] for c, v in zip(checks, val))
+  for record in _records(tmp_path, "train"):
+    assert record["grad_norm_max"] >= record["grad_norm"] > 0
+    assert record["loss_max"] >= record["loss"]
+
+
+def test_train_mode_evaluation_without_dropout_is_the_evaluation(tmp_path, tiny_config):
+  config = tiny_config(num_train_steps=5, eval_every_steps=5, eval_train_mode=True)
+  assert config.model.dropout_rate == 0 and config.model.attention_dropout_rate == 0
+  train.train_and_evaluate(config, str(tmp_path))
+  (val,), (check,) = _records(tmp_path, "val"), _records(tmp_path, "val_train_mode")
+  assert check["loss"] == pytest.approx(val["loss"], rel=1e-5)
+  assert check["accuracy"] == val["accuracy"]
