@@ -550,7 +550,10 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
               train_mode_eval, state.params, state.model_state, splits["val"],
               config.batch_size, batch_sharding, config.num_eval_batches,
               rng=jax.random.fold_in(check_rng, done)))
-        say(f"step {done}: val " + " ".join(f"{k}={v:.4f}" for k, v in val.items()))
+        shares = [v for k, v in val.items() if k.startswith("predicted_")]
+        say(f"step {done}: val " + " ".join(f"{k}={v:.4f}" for k, v in val.items()
+                                            if not k.startswith("predicted_"))
+            + f" (most predicted class: {max(shares):.1%} of examples)")
         if best is None or val["accuracy"] > best["val_accuracy"]:
           best = {"step": done, "val_accuracy": val["accuracy"], **run_eval("test", 0)}
           writer.write(done, BEST_SPLIT, {k: v for k, v in best.items() if k != "step"})

@@ -192,3 +192,23 @@ def test_train_mode_evaluation_without_dropout_is_the_evaluation(tmp_path, tiny_
   (val,), (check,) = _records(tmp_path, "val"), _records(tmp_path, "val_train_mode")
   assert check["loss"] == pytest.approx(val["loss"], rel=1e-5)
   assert check["accuracy"] == val["accuracy"]
+
+
+def test_eval_mode_gaps_names_gaps_and_collapses(tmp_path):
+  """scripts/eval_mode_gaps on a hand-written log: a gap where evaluation mode falls below
+  the train-mode pass, a collapse where both fall after the run had learned, nothing at the
+  start (not yet learned)."""
+  from scripts import eval_mode_gaps  # pylint: disable=import-outside-toplevel
+  run = tmp_path / "run"
+  run.mkdir()
+  history = [(200, 0.167, 0.167), (400, 0.35, 0.34), (600, 0.17, 0.33), (800, 0.21, 0.20)]
+  lines = []
+  for step, val, check in history:
+    lines.append({"step": step, "split": "val", "accuracy": val, "predicted_0": 0.9,
+                  "predicted_1": 0.1})
+    lines.append({"step": step, "split": "val_train_mode", "accuracy": check})
+  (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+  row = eval_mode_gaps.describe(str(run), gap=0.05, low=0.25, learned=0.30)
+  assert row[1].startswith("unfinished (step 800)")
+  assert row[3] == "600: 0.170 / 0.330 (0.90)"
+  assert row[4] == "800: 0.210 / 0.200 (0.90)"

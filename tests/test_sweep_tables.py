@@ -865,7 +865,8 @@ def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
              "attention": {"kind": "dsa", "dsa": {"mse_normalization": "eq6",
                                                   "selection_rule": "int8",
                                                   "mse_kernels": True}},
-             "profile_steps": "3:5", "wandb": {"project": "p", "entity": ""}}
+             "profile_steps": "3:5", "eval_train_mode": True,
+             "wandb": {"project": "p", "entity": ""}}
   assert config_lib.upgrade_legacy_config(current) == current
 
 

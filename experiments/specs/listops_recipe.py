@@ -19,7 +19,10 @@ first 1000 steps of decay, where most collapses start), evaluation every 200; "b
 "smoke": the tiny CPU preset for 20 steps.
 """
 from experiments.specs._tiny import TINY_SEEDS, tiny_steps
-from lra_sparse.config import EARLIER_MODEL
+from lra_sparse.config import EARLIER_MODEL, get_base_config
+
+_BASE = get_base_config()
+LRA_MODEL = {key: _BASE.model[key.split(".")[1]] for key in EARLIER_MODEL}
 from lra_sparse.sweep import Group, Sweep, Variant
 from lra_sparse.tables import Selector, Table
 
@@ -35,6 +38,11 @@ ARMS = (  # (row label, run-name label, overrides): one factor each against "lra
     ("Adam b2 0.999, eps 1e-6", "adam-b2-0.999", {"optim.b2": 0.999, "optim.eps": 1e-6}),
 )
 DTYPES = (("fp32", "float32"), ("bf16", "bfloat16"))
+# What every factor is when its arm leaves it alone (configs/listops.py): a row matches runs
+# whose factors all have these values but its own.
+DEFAULTS = {"model.attention_dropout_rate": 0.1, "optim.grad_clip_norm": 0.0,
+            "optim.learning_rate": 0.05, "optim.b2": 0.98, "optim.eps": 1e-9,
+            **{key: value for key, value in LRA_MODEL.items()}}
 
 
 def _check(preset: str) -> str:
@@ -70,9 +78,10 @@ def get_table(preset: str = "") -> Table:
   best_val = preset.endswith("best_val")
   steps = {"": "5000 steps", "short": "2000 steps", "smoke": "tiny, 20 steps"}[length]
   return Table(
-      title=f"ListOps, LRA's recipe one factor at a time ({steps}): test accuracy (%) "
+      title=f"ListOps, LRA's recipe one factor at a time ({steps}; LRA's Transformer: "
+            "36.37 at 5000 steps): test accuracy (%) "
             + ("at the best validation step" if best_val else "at the last step"),
       split="test_at_best_val" if best_val else "test",
-      rows=[Selector(label, {"model.dtype": dtype, **match})
-            for _, dtype in DTYPES for label, _, match in ARMS],
+      rows=[Selector(f"{name}: {label}", {"model.dtype": dtype, **DEFAULTS, **match})
+            for name, dtype in DTYPES for label, _, match in ARMS],
       columns=[Selector("ListOps", {"task": "listops"})])
