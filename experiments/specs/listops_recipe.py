@@ -14,9 +14,11 @@ Sweep:  python -m lra_sparse.sweep --sweep=experiments/specs/listops_recipe.py[:
 Table:  python -m lra_sparse.tables --root=runs/listops_recipe \\
           --spec=experiments/specs/listops_recipe.py[:short] --format=markdown
 Presets: "" 5000 steps, evaluation every 250; "short": 2000 steps (the warmup's peak and the
-first 1000 steps of decay, where most collapses start), evaluation every 200; "best_val" and
-"short_best_val": the same runs, the table of test accuracy at the best validation step;
-"smoke": the tiny CPU preset for 20 steps.
+first 1000 steps of decay, where most collapses start), evaluation every 200; "tiny": the tiny
+CPU preset (``make demo``'s data) with LRA's dropout and attention dropout, 800 steps,
+evaluation every 50 (on a CPU both modes run XLA's attention: a mode gap there is not cuDNN's);
+"best_val", "short_best_val", "tiny_best_val": the same runs, the table of test accuracy at the
+best validation step; "smoke": the tiny CPU preset for 20 steps.
 """
 from experiments.specs._tiny import TINY_SEEDS, tiny_steps
 from lra_sparse.config import EARLIER_MODEL, get_base_config
@@ -27,7 +29,7 @@ from lra_sparse.sweep import Group, Sweep, Variant
 from lra_sparse.tables import Selector, Table
 
 SEEDS = (0, 1, 2, 3, 4)
-PRESETS = ("", "short", "best_val", "short_best_val", "smoke")
+PRESETS = ("", "short", "best_val", "short_best_val", "tiny", "tiny_best_val", "smoke")
 ARMS = (  # (row label, run-name label, overrides): one factor each against "lra"
     ("LRA's recipe (the default config)", "lra", {}),
     ("model's earlier parameters (biases, lecun_normal, CLS N(0, 0.02))", "earlier-model",
@@ -36,12 +38,18 @@ ARMS = (  # (row label, run-name label, overrides): one factor each against "lra
     ("gradient clipping at norm 1", "clip1", {"optim.grad_clip_norm": 1.0}),
     ("peak learning rate halved (0.025 rsqrt)", "lr0.025", {"optim.learning_rate": 0.025}),
     ("Adam b2 0.999, eps 1e-6", "adam-b2-0.999", {"optim.b2": 0.999, "optim.eps": 1e-6}),
+    # Dense evaluates on cuDNN in bf16 while attention dropout trains on XLA's explicit
+    # attention: this arm evaluates on XLA too, to tell a mode gap of the dropout from one of
+    # the two implementations.
+    ("evaluation on XLA too (not cuDNN)", "xla-eval", {"attention.dense.implementation": "xla"}),
 )
 DTYPES = (("fp32", "float32"), ("bf16", "bfloat16"))
+TINY_LEARNING_RATE = 0.05      # configs/listops.py:tiny
 # What every factor is when its arm leaves it alone (configs/listops.py): a row matches runs
 # whose factors all have these values but its own.
 DEFAULTS = {"model.attention_dropout_rate": 0.1, "optim.grad_clip_norm": 0.0,
             "optim.learning_rate": 0.05, "optim.b2": 0.98, "optim.eps": 1e-9,
+            "attention.dense.implementation": "auto",
             **{key: value for key, value in LRA_MODEL.items()}}
 
 
@@ -55,6 +63,9 @@ def _check(preset: str) -> str:
 def _schedule(length: str) -> dict:
   if length == "smoke":
     return dict(tiny_steps(20), eval_train_mode=True)
+  if length == "tiny":   # the tiny preset (its dropouts: _tiny_arm), on a CPU
+    return {"num_train_steps": 800, "eval_every_steps": 50, "checkpoint_every_steps": 400,
+            "log_every_steps": 10, "eval_train_mode": True}
   steps, every = (2000, 200) if length == "short" else (5000, 250)
   return {"num_train_steps": steps, "eval_every_steps": every, "checkpoint_every_steps": 500,
           "log_every_steps": 10, "eval_train_mode": True}
@@ -62,26 +73,39 @@ def _schedule(length: str) -> dict:
 
 def get_sweep(preset: str = "") -> Sweep:
   length = _check(preset)
-  smoke = length == "smoke"
+  tiny = length in ("smoke", "tiny")
   suffix = f"_{length}" if length else ""
   return Sweep(
       name="listops_recipe" + suffix,
-      groups=[Group(config="configs/listops.py" + (":tiny" if smoke else ""), name=name,
+      groups=[Group(config="configs/listops.py" + (":tiny" if tiny else ""), name=name,
                     overrides=dict(_schedule(length), **{"model.dtype": dtype}),
-                    variants=[Variant(label, match) for _, label, match in ARMS],
-                    seeds=TINY_SEEDS if smoke else SEEDS)
+                    variants=[Variant(label, _tiny_arm(match) if tiny else match)
+                              for _, label, match in ARMS],
+                    seeds=TINY_SEEDS if length == "smoke" else SEEDS)
               for name, dtype in DTYPES])
+
+
+def _tiny_arm(match: dict) -> dict:
+  """An arm on the tiny preset: LRA's dropout and attention dropout (the preset has none)
+  unless the arm sets them; a halved learning rate halves the preset's 0.05."""
+  arm = {key: (TINY_LEARNING_RATE / 2 if key == "optim.learning_rate" else value)
+         for key, value in match.items()}
+  return {"model.dropout_rate": 0.1, "model.attention_dropout_rate": 0.1, **arm}
 
 
 def get_table(preset: str = "") -> Table:
   length = _check(preset)
   best_val = preset.endswith("best_val")
-  steps = {"": "5000 steps", "short": "2000 steps", "smoke": "tiny, 20 steps"}[length]
+  tiny = length in ("smoke", "tiny")
+  defaults = dict(DEFAULTS, **({"optim.learning_rate": TINY_LEARNING_RATE} if tiny else {}))
+  steps = {"": "5000 steps", "short": "2000 steps", "tiny": "tiny preset on a CPU, 800 steps",
+           "smoke": "tiny, 20 steps"}[length]
   return Table(
       title=f"ListOps, LRA's recipe one factor at a time ({steps}; LRA's Transformer: "
             "36.37 at 5000 steps): test accuracy (%) "
             + ("at the best validation step" if best_val else "at the last step"),
       split="test_at_best_val" if best_val else "test",
-      rows=[Selector(f"{name}: {label}", {"model.dtype": dtype, **DEFAULTS, **match})
+      rows=[Selector(f"{name}: {label}", {"model.dtype": dtype, **defaults,
+                                          **(_tiny_arm(match) if tiny else match)})
             for name, dtype in DTYPES for label, _, match in ARMS],
       columns=[Selector("ListOps", {"task": "listops"})])
