@@ -614,6 +614,89 @@ def test_dsa_fake_quantization():
   np.testing.assert_array_equal(np.asarray(dsa_ref.fake_quantize(x, 0)), np.asarray(x))
 
 
+def test_dsa_selection_is_float_topk_where_the_margin_exceeds_its_resolution():
+  """The int8 rule against true top-k of the float scores S~ = Q~ K~^T: on every row whose
+  gap between the last kept and the first dropped float score exceeds what the rule can
+  blur (int8 rounding of both operands, then an 8-bit code per row), the two keep the same
+  keys. The bound comes from the float operands alone; most rows qualify."""
+  rng = np.random.default_rng(5)
+  rank, sparsity = 8, 0.75
+  q_pred = rng.normal(size=(B, L, H, rank))
+  k_pred = rng.normal(size=(B, L, H, rank))
+  mask = _mask()
+  ops = dsa_ref.selection_operands(jnp.asarray(q_pred, jnp.float32),
+                                   jnp.asarray(k_pred, jnp.float32), jnp.asarray(mask))
+  keep = np.asarray(dsa_ref.reference_select(ops, jnp.asarray(mask), sparsity=sparsity))
+  scores = np.einsum("bqhk,blhk->bhql", q_pred, k_pred)
+  checked = 0
+  for b in range(B):
+    n_real = int(mask[b].sum())
+    need = max(1, math.ceil((1 - sparsity) * n_real - 1e-6))
+    k_amax = np.abs(k_pred[b, :n_real]).max(axis=(0, 2))                 # per head
+    for h in range(H):
+      for r in range(n_real):
+        row = scores[b, h, r, :n_real]
+        q_amax = np.abs(q_pred[b, r, h]).max()
+        dq, dk = q_amax / 254, k_amax[h] / 254                           # half an int8 step
+        # |q.k - q8.k8 * scale| per key, from the operands' rounding
+        err = (np.abs(q_pred[b, r, h]).sum() * dk + np.abs(k_pred[b, :n_real, h]).sum(-1) * dq
+               + rank * dq * dk)
+        span = (row + err).max() - (row - err).min()
+        step = max(2 * span / 256, q_amax * k_amax[h] / 127 ** 2)      # one code, in S~ units
+        order = np.argsort(-row, kind="stable")
+        kept, dropped = order[:need], order[need:]
+        if (row - err)[kept].min() - (row + err)[dropped].max() <= step:
+          continue
+        checked += 1
+        want = set(kept)
+        assert set(np.flatnonzero(keep[b, h, r])) == want, (b, h, r)
+      assert not keep[b, h, :, n_real:].any()
+  assert checked >= 20, checked         # of the 84 real rows x heads
+
+
+def np_fake_quantize(x, bits, valid=None):
+  """Symmetric per-tensor rounding to 2^(bits-1) - 1 levels, in float64 numpy; the scale
+  from the entries ``valid`` marks."""
+  x = np.asarray(x, np.float64)
+  if bits == 0:
+    return x
+  levels = 2 ** (bits - 1) - 1
+  scale = np.max(np.abs(x) if valid is None else np.where(valid, np.abs(x), 0.0)) / levels
+  return np.clip(np.round(x / scale), -levels, levels) * scale
+
+
+@pytest.mark.parametrize("quant_bits,vector", [(2, 1), (4, 4), (8, 8)])
+def test_dsa_quantised_module_follows_the_numpy_chain(quant_bits, vector):
+  """The module's prediction path step by step in numpy: quantise X (scale from real tokens)
+  and W~, project with the fixed P, select with the rule, attend with the real scores. A
+  module that skipped the quantisation, or quantised with another scale, keeps other keys."""
+  q, k, v, x = _dsa_inputs(11)
+  mask = _mask()
+  x = np.where(mask[..., None], x, 3.0 * x)   # padding's largest inputs must not set the scale
+  core = build_attention(_config("dsa", quant_bits=quant_bits, vector=vector, sparsity=0.75),
+                         _dims())
+  params = _init(core, q, k, v, mask=jnp.asarray(mask), inputs=x)["params"]
+  projection = np.asarray(core.apply({"params": params}, method=lambda mdl: mdl.projection()))
+  xq = np_fake_quantize(x, quant_bits, mask[..., None]) @ projection
+  q_pred = np.einsum("blk,hkj->blhj", xq,
+                     np_fake_quantize(params["predictor_query"], quant_bits))
+  k_pred = np.einsum("blk,hkj->blhj", xq, np_fake_quantize(params["predictor_key"], quant_bits))
+  keep = np_select(q_pred.astype(np.float32), k_pred.astype(np.float32), mask, vector=vector,
+                   sparsity=0.75)
+  out = _apply(core, {"params": params}, q, k, v, mask=jnp.asarray(mask), inputs=x,
+               mutable=["aux_loss", "aux_metrics"])[0]
+  real = mask[:, :, None, None]
+  want = np_dsa_attention(q, k, v, keep, vector)
+  np.testing.assert_allclose(np.where(real, np.asarray(out), 0), np.where(real, want, 0),
+                             rtol=1e-4, atol=1e-4)
+  unquantised = np_select(np.einsum("blk,hkj->blhj", x.astype(np.float64) @ projection,
+                                    np.asarray(params["predictor_query"], np.float64)),
+                          np.einsum("blk,hkj->blhj", x.astype(np.float64) @ projection,
+                                    np.asarray(params["predictor_key"], np.float64)),
+                          mask, vector=vector, sparsity=0.75)
+  assert np.any(unquantised != keep)      # the check can tell a skipped quantisation
+
+
 @pytest.mark.parametrize("quant_bits,vector,selection,dropout", [(2, 8, "topk", 0.0),
                                                                  (8, 4, "threshold", 0.1)])
 def test_dsa_core_variants_finite(quant_bits, vector, selection, dropout):

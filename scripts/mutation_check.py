@@ -1,0 +1,113 @@
+"""Mutation check: deliberate one-line bugs, each applied alone, must fail a named CPU test.
+
+Each mutation replaces one exact snippet of a source file (it must occur once: a snippet that no
+longer matches the code is an error naming it), runs its test with pytest, and restores the
+file whatever happens. Prints one line per mutation: caught or NOT caught.
+
+  python -m scripts.mutation_check [--only=SUBSTRING]
+"""
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+from absl import app, flags
+
+ONLY = flags.DEFINE_string("only", "", "Run the mutations whose name contains this.")
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+MUTATIONS = [  # (name, file, snippet, replacement, the test that must fail)
+  ("LRA kernel init reverted to lecun_normal", "lra_sparse/config.py",
+   'config.model.kernel_init = "xavier_uniform"', 'config.model.kernel_init = "lecun_normal"',
+   "tests/test_lra_model.py::test_default_kernels_are_xavier_uniform"),
+  ("attention biases back on by default", "lra_sparse/config.py",
+   "config.model.attention_bias = False", "config.model.attention_bias = True",
+   "tests/test_lra_model.py::test_default_projections_have_no_bias"),
+  ("CLS starts N(0, 0.02) again", "lra_sparse/config.py",
+   "config.model.cls_init_std = 0.0 ", "config.model.cls_init_std = 0.02",
+   "tests/test_lra_model.py::test_mlp_biases_start_at_lra_normal_1e6_and_cls_at_zeros"),
+  ("MLP biases zeros again", "lra_sparse/models/encoder.py",
+   "bias_init=normal_or_zeros(mc.mlp_bias_init_std))", "bias_init=nn.initializers.zeros)",
+   "tests/test_lra_model.py::test_mlp_biases_start_at_lra_normal_1e6_and_cls_at_zeros"),
+  ("classifier head in the compute dtype", "lra_sparse/models/encoder.py",
+   "return jnp.float32 if model_config.float32_head else compute_dtype(model_config)",
+   "return compute_dtype(model_config)",
+   "tests/test_lra_model.py::test_classifier_head_runs_in_float32_in_a_bf16_model"),
+  ("old runs not read back with the earlier model", "lra_sparse/config.py",
+   ") + tuple((key, value, None) for key, value in EARLIER_MODEL.items())", ")",
+   "tests/test_lra_model.py::test_a_run_recorded_before_the_fields_reads_back_the_earlier_model"),
+  ("key mask applied to queries instead (dense, XLA)", "lra_sparse/attention/dense.py",
+   "bias_mask = None if mask is None else mask[:, None, None, :]",
+   "bias_mask = None if mask is None else mask[:, None, :, None]",
+   "tests/test_lra_model.py::test_padded_queries_do_not_change_the_logits"),
+  ("train-mode evaluation without dropout", "lra_sparse/train.py",
+   "logits, mutated = model.apply(variables, batch, deterministic=not train_mode, rngs=rngs,",
+   "logits, mutated = model.apply(variables, batch, deterministic=True, rngs=rngs,",
+   "tests/test_lra_model.py::test_evaluations_record_the_predicted_class_histogram_and_train_mode"),
+  ("predicted-class histogram unweighted (padding rows counted)", "lra_sparse/train.py",
+   "predicted = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1]) * weights[:, None]",
+   "predicted = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1])",
+   "tests/test_lra_model.py::test_predicted_class_histogram_counts_real_examples_only"),
+  ("cosine schedule one warmup step late", "lra_sparse/train.py",
+   "warmup = min(int(oc.warmup_steps), max(num_train_steps - 1, 0))",
+   "warmup = min(int(oc.warmup_steps) + 1, max(num_train_steps - 1, 0))",
+   "tests/test_training_behaviour.py::test_cosine_schedule_is_linear_warmup_then_half_cosine_to_zero"),
+  ("gradient clipping dropped", "lra_sparse/train.py",
+   "  if oc.grad_clip_norm > 0:\n    return optax.chain", "  if False:\n    return optax.chain",
+   "tests/test_training_behaviour.py::test_gradient_clipping_rescales_a_large_gradient_to_the_norm"),
+  ("pad_multiple ignored", "lra_sparse/models/encoder.py",
+   "multiple = max(1, int(model_config.pad_multiple))", "multiple = 1",
+   "tests/test_training_behaviour.py::test_pad_multiple_pads_the_sequence_without_changing_the_logits"),
+  ("init_from copies nothing", "lra_sparse/checkpointing.py",
+   "      merged[path] = jnp.asarray(old[path], value.dtype)", "      merged[path] = value",
+   "tests/test_training_behaviour.py::test_fine_tuning_a_dense_run_into_another_kind"),
+  ("DSA predictor input not quantised", "lra_sparse/attention/dsa.py",
+   "x = dsa_reference.fake_quantize(inputs.astype(jnp.float32), config.quant_bits, real_tokens)",
+   "x = inputs.astype(jnp.float32)",
+   "tests/test_attention_kinds.py::test_dsa_quantised_module_follows_the_numpy_chain"),
+  ("DSA quantisation scale taken over padding too", "lra_sparse/attention/dsa.py",
+   "x = dsa_reference.fake_quantize(inputs.astype(jnp.float32), config.quant_bits, real_tokens)",
+   "x = dsa_reference.fake_quantize(inputs.astype(jnp.float32), config.quant_bits)",
+   "tests/test_attention_kinds.py::test_dsa_quantised_module_follows_the_numpy_chain"),
+  ("DSA key predictor weight not quantised", "lra_sparse/attention/dsa.py",
+   "w_key = dsa_reference.fake_quantize(w_key, config.quant_bits)", "w_key = w_key",
+   "tests/test_attention_kinds.py::test_dsa_quantised_module_follows_the_numpy_chain"),
+]
+MUTATIONS += [
+  ("DSA codes rank the lowest scores first", "lra_sparse/kernels/dsa/reference.py",
+   "return jnp.where(valid, (s - lo) >> shift, -1)", "return jnp.where(valid, (hi - s) >> shift, -1)",
+   "tests/test_attention_kinds.py::test_dsa_selection_is_float_topk_where_the_margin_exceeds_its_resolution"),
+  ("DSA keep count rounded down", "lra_sparse/kernels/dsa/reference.py",
+   "return jnp.maximum(jnp.ceil((1.0 - sparsity) * n_real - 1e-6), 1.0).astype(jnp.int32)",
+   "return jnp.maximum(jnp.floor((1.0 - sparsity) * n_real - 1e-6), 1.0).astype(jnp.int32)",
+   "tests/test_attention_kinds.py::test_dsa_selection_is_float_topk_where_the_margin_exceeds_its_resolution"),
+]
+
+
+def main(argv):
+  del argv
+  missed = 0
+  for name, path, old, new, test in MUTATIONS:
+    if ONLY.value and ONLY.value not in name:
+      continue
+    source = REPO / path
+    text = source.read_text()
+    if text.count(old) != 1:
+      raise app.UsageError(f"mutation {name!r}: its snippet occurs {text.count(old)} times in "
+                           f"{path} (the code changed: update the mutation)")
+    source.write_text(text.replace(old, new))
+    try:
+      result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p",
+                               "no:cacheprovider", test], cwd=REPO, capture_output=True,
+                              text=True, timeout=900, check=False)
+    finally:
+      source.write_text(text)
+    caught = result.returncode != 0
+    missed += not caught
+    print(f"{'caught    ' if caught else 'NOT caught'} | {name} | {path} | {test}", flush=True)
+  sys.exit(1 if missed else 0)
+
+
+if __name__ == "__main__":
+  app.run(main)
