@@ -82,6 +82,16 @@ MUTATIONS += [
    "return jnp.maximum(jnp.ceil((1.0 - sparsity) * n_real - 1e-6), 1.0).astype(jnp.int32)",
    "return jnp.maximum(jnp.floor((1.0 - sparsity) * n_real - 1e-6), 1.0).astype(jnp.int32)",
    "tests/test_attention_kinds.py::test_dsa_selection_is_float_topk_where_the_margin_exceeds_its_resolution"),
+  ("attention dropout without the 1 / (1 - rate) rescale (pure JAX)", "lra_sparse/ops/softmax.py",
+   "return jnp.where(keep, probs / (1.0 - rate), 0.0)", "return jnp.where(keep, probs, 0.0)",
+   "tests/test_attention_kinds.py::test_attention_dropout_drops_at_its_rate_and_rescales_by_one_over_keep"),
+  ("attention dropout at half its rate (pure JAX)", "lra_sparse/ops/softmax.py",
+   "keep = jax.random.bernoulli(rng, 1.0 - rate, probs.shape)",
+   "keep = jax.random.bernoulli(rng, 1.0 - rate / 2, probs.shape)",
+   "tests/test_attention_kinds.py::test_attention_dropout_drops_at_its_rate_and_rescales_by_one_over_keep"),
+  ("Philox dropout threshold at half the rate (DFSS, DSA)", "lra_sparse/ops/dropout.py",
+   "t = int(round(rate * _HALF))", "t = int(round(rate * _HALF / 2))",
+   "tests/test_attention_kinds.py::test_attention_dropout_drops_at_its_rate_and_rescales_by_one_over_keep"),
 ]
 
 

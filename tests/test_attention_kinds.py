@@ -313,6 +313,36 @@ def test_dfss_core_dropout_and_deterministic():
   assert not np.allclose(np.asarray(dropped), np.asarray(out))
 
 
+@pytest.mark.parametrize("kind, fields", [("dense", {}),
+                                          ("dfss", {"n": 1, "m": 2, "backend": "reference"}),
+                                          ("dsa", {"sparsity": 0.5})])
+def test_attention_dropout_drops_at_its_rate_and_rescales_by_one_over_keep(kind, fields):
+  """With V the identity over keys (head_dim = L), each output row is the row of attention
+  probabilities after dropout: every entry is 0 or exactly p / (1 - rate) of the
+  deterministic pass, and the share of kept probabilities that were dropped is the rate
+  (within 4.5 binomial standard deviations)."""
+  rate, length = 0.3, L
+  q, k, _ = _qkv(12, shape=(B, L, H, length))
+  v = np.broadcast_to(np.eye(length, dtype=np.float32)[None, :, None, :], (B, L, H, length))
+  mask = jnp.asarray(_mask())
+  x = np.random.default_rng(4).normal(size=(B, L, 16)).astype(np.float32)
+  extra = {"inputs": x} if kind == "dsa" else {}
+  core = build_attention(_config(kind, **fields), _dims(head_dim=length, dropout=rate))
+  params = _init(core, q, k, v, mask=mask, **extra)
+  mutable = ["aux_loss", "aux_metrics"] if kind == "dsa" else False
+  run = lambda **kw: np.asarray(_apply(core, params, q, k, v, mask=mask, mutable=mutable,
+                                       **extra, **kw)[0] if mutable else
+                                _apply(core, params, q, k, v, mask=mask, **extra, **kw))
+  probs = run(deterministic=True)
+  dropped = run(deterministic=False, rngs={"dropout": jax.random.PRNGKey(5)})
+  real = np.asarray(mask)[:, :, None, None] & (probs > 0)   # real query rows, kept keys
+  kept = np.isclose(dropped, probs / (1 - rate), rtol=1e-5, atol=0)
+  assert np.all(kept | (dropped == 0))
+  n = int(real.sum())
+  share = float(np.sum(real & (dropped == 0))) / n
+  assert n > 500 and abs(share - rate) < 4.5 * math.sqrt(rate * (1 - rate) / n), (share, n)
+
+
 def test_dense_with_attention_dropout_never_ignores_an_explicit_cudnn():
   """Training with attention dropout runs the explicit formulation; an explicit cuDNN choice
   (which has no dropout) is one error instead of being silently replaced."""
