@@ -92,6 +92,10 @@ MUTATIONS += [
   ("Philox dropout threshold at half the rate (DFSS, DSA)", "lra_sparse/ops/dropout.py",
    "t = int(round(rate * _HALF))", "t = int(round(rate * _HALF / 2))",
    "tests/test_attention_kinds.py::test_attention_dropout_drops_at_its_rate_and_rescales_by_one_over_keep"),
+  ("every kind builds dense attention", "lra_sparse/attention/registry.py",
+   "return _REGISTRY[kind_config.KIND].build(kind_config, dims)",
+   "return _REGISTRY[\"dense\"].build(_REGISTRY[\"dense\"].config_class(), dims)",
+   "tests/test_training_behaviour.py::test_each_kind_builds_its_own_attention"),
 ]
 
 

@@ -123,3 +123,33 @@ def test_fine_tuning_a_dense_run_into_another_kind(tmp_path, tiny_config, kind, 
   assert np.isfinite(result["test"]["loss"])
   with open(tmp_path / kind / "config.json") as f:
     assert json.load(f)["attention"]["kind"] == kind
+
+
+KINDS = {"dense": {}, "dfss": {"attention.dfss.nm": "2:4"},
+         "nystrom": {"attention.nystrom.num_landmarks": 8},
+         "dsa": {"attention.dsa.sparsity": 0.75}}
+
+
+def test_each_kind_builds_its_own_attention(tiny_config):
+  """The model a config builds runs the attention its kind names: with every shared
+  parameter equal, the four kinds give four different sets of logits (a model that ignored
+  config.attention and built dense would repeat dense's)."""
+  logits = {}
+  shared = None
+  for kind, overrides in KINDS.items():
+    config = config_lib.run_config(tiny_config(**{"attention.kind": kind, **overrides}))
+    spec = get_task(config.task).spec(config)
+    model = train.make_model(config, spec)
+    tokens = np.random.default_rng(1).integers(1, spec.vocab_size, (4, config.data.max_length))
+    batch = {"inputs": tokens.astype(np.int32)}
+    variables = flax.core.unfreeze(model.init(jax.random.key(0), batch, deterministic=True))
+    flat = flax.traverse_util.flatten_dict(variables["params"])
+    if shared is None:
+      shared = flat
+    flat.update({path: value for path, value in shared.items() if path in flat})
+    variables["params"] = flax.traverse_util.unflatten_dict(flat)
+    logits[kind] = np.asarray(model.apply(variables, batch, deterministic=True))
+  kinds = list(KINDS)
+  for i, a in enumerate(kinds):
+    for b in kinds[i + 1:]:
+      assert not np.allclose(logits[a], logits[b], atol=1e-4), (a, b)
