@@ -168,3 +168,12 @@ def np_philox4x32(c, key, rounds):
     k0 = (k0 + np.uint64(0x9E3779B9)) & mask
     k1 = (k1 + np.uint64(0xBB67AE85)) & mask
   return c
+
+
+def checkpoint_params(workdir) -> dict:
+  """The params of the newest checkpoint in ``workdir`` (nested, as saved)."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  manager = ocp.CheckpointManager(os.path.join(workdir, "checkpoints"))
+  params = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore())["params"]
+  manager.close()
+  return params

@@ -161,8 +161,7 @@ def test_bad_init_fields_are_one_clear_error(override, message):
 
 
 def _records(workdir, split):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [r for r in map(json.loads, f) if r["split"] == split]
+  return [r for _, r in workdir_lib.read_metrics(str(workdir)) if r["split"] == split]
 
 
 def test_evaluations_record_the_predicted_class_histogram_and_train_mode(tmp_path,

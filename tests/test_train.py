@@ -14,6 +14,8 @@ import pytest
 from lra_sparse import train
 from lra_sparse.data import pipeline
 
+from conftest import checkpoint_params
+
 
 def _read_metrics(workdir):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
@@ -149,14 +151,6 @@ def test_rsqrt_schedule_matches_lra_formula():
     np.testing.assert_allclose(float(schedule(step)), expected, rtol=1e-6)
 
 
-def _checkpoint_params(workdir):
-  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
-  manager = ocp.CheckpointManager(os.path.join(workdir, "checkpoints"))
-  params = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore())["params"]
-  manager.close()
-  return params
-
-
 def test_init_from_copies_shared_params_and_eval_dtype(tmp_path, tiny_config):
   base = tiny_config(num_train_steps=10)
   pre_result = train.train_and_evaluate(base, str(tmp_path / "pre"))
@@ -168,7 +162,7 @@ def test_init_from_copies_shared_params_and_eval_dtype(tmp_path, tiny_config):
   records = _read_metrics(tmp_path / "ft")
   init = [r for r in records if r["split"] == "init_from"]
   assert init and init[0]["fresh_params"] == 0 and init[0]["unused_params"] == 0
-  pre, ft = _checkpoint_params(tmp_path / "pre"), _checkpoint_params(tmp_path / "ft")
+  pre, ft = checkpoint_params(tmp_path / "pre"), checkpoint_params(tmp_path / "ft")
   assert jax.tree.structure(pre) == jax.tree.structure(ft)
   for a, b in zip(jax.tree.leaves(pre), jax.tree.leaves(ft)):
     np.testing.assert_array_equal(a, b)
@@ -353,7 +347,7 @@ def test_eval_dtype_bfloat16_evaluates_parameters_cast_to_bf16(tmp_path, tiny_co
   assert seen
   want = ({"bfloat16"}, "bfloat16") if eval_dtype else ({"float32"}, "float32")
   assert all(record == want for record in seen), seen
-  params = _checkpoint_params(tmp_path / "run")
+  params = checkpoint_params(tmp_path / "run")
   assert {str(np.asarray(x).dtype) for x in jax.tree.leaves(params)} == {"float32"}
 
 

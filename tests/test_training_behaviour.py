@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
-import orbax.checkpoint as ocp
 import pytest
 
 from lra_sparse import config as config_lib
 from lra_sparse import train
+from lra_sparse import workdir as workdir_lib
 from lra_sparse.data import get_task
 from lra_sparse.models import padded_length
+
+from conftest import checkpoint_params
 
 
 @pytest.mark.parametrize("warmup, total", [(10, 100), (0, 50), (30, 31)])
@@ -89,10 +89,7 @@ def test_pad_multiple_pads_the_sequence_without_changing_the_logits(tiny_config)
 
 
 def _params(workdir):
-  manager = ocp.CheckpointManager(os.path.join(workdir, "checkpoints"))
-  params = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore())["params"]
-  manager.close()
-  return {"/".join(k): v for k, v in flax.traverse_util.flatten_dict(params).items()}
+  return flax.traverse_util.flatten_dict(checkpoint_params(workdir), sep="/")
 
 
 @pytest.mark.parametrize("kind, overrides, fresh_marker", [
@@ -108,8 +105,8 @@ def test_fine_tuning_a_dense_run_into_another_kind(tmp_path, tiny_config, kind, 
   finetune = tiny_config(num_train_steps=4, init_from=str(tmp_path / "dense"),
                          **{"attention.kind": kind, "optim.learning_rate": 0.0, **overrides})
   result = train.train_and_evaluate(finetune, str(tmp_path / kind))
-  with open(tmp_path / kind / "metrics.jsonl") as f:
-    init = [r for r in map(json.loads, f) if r["split"] == "init_from"]
+  init = [r for _, r in workdir_lib.read_metrics(str(tmp_path / kind))
+          if r["split"] == "init_from"]
   dense, tuned = _params(str(tmp_path / "dense")), _params(str(tmp_path / kind))
   fresh = sorted(set(tuned) - set(dense))
   assert init[0]["fresh_params"] == len(fresh) and init[0]["unused_params"] == 0

@@ -50,7 +50,7 @@ TINY_LEARNING_RATE = 0.05      # configs/listops.py:tiny
 DEFAULTS = {"model.attention_dropout_rate": 0.1, "optim.grad_clip_norm": 0.0,
             "optim.learning_rate": 0.05, "optim.b2": 0.98, "optim.eps": 1e-9,
             "attention.dense.implementation": "auto",
-            **{key: value for key, value in LRA_MODEL.items()}}
+            **LRA_MODEL}
 
 
 def _check(preset: str) -> str:
