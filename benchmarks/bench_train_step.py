@@ -9,6 +9,7 @@
 Random tokens (no data needed; --min_real_length pads them as a loader does), the full trainer
 step (forward, backward, AdamW update), median wall time of --reps steps after --warmup steps,
 all variants in one process. Attention dropout is 0 unless --attention_dropout says otherwise
+(or a variant ends in /drop=RATE, e.g. bf16:auto/drop=0.1 beside bf16:cudnn/drop=0)
 (the task configs' default is LRA's 0.1, which no cuDNN variant can train with).
 The flags and the step builders are ``benchmarks.harness``'s (bench_nystrom,
 bench_data_parallel and profile_train_step build the same steps).

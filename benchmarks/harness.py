@@ -373,8 +373,10 @@ def swapped(module, **values):
 # --------------------------------------------------------------------------- train steps
 def make_config(variant: str, *, config_path: str = LISTOPS_CONFIG, batch=None,
                 length=None, overrides=()) -> ml_collections.ConfigDict:
-  """The config of one ``dtype:attention`` variant (``--variants``), with ``overrides``."""
+  """The config of one ``dtype:attention[/drop=RATE]`` variant (``--variants``), with
+  ``overrides``; ``/drop=RATE`` sets this variant's attention dropout rate (after them)."""
   dtype, attention = variant.split(":", 1)
+  attention, _, rate = attention.partition("/drop=")
   config = load_config_file(config_path)
   config.model.dtype = {"fp32": "float32", "bf16": "bfloat16"}[dtype]
   for item in overrides:
@@ -400,6 +402,8 @@ def make_config(variant: str, *, config_path: str = LISTOPS_CONFIG, batch=None,
                                      else type(current)(value))
   else:
     config.attention.dense.implementation = attention
+  if rate:
+    config.model.attention_dropout_rate = float(rate)
   return config
 
 

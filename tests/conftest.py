@@ -170,6 +170,25 @@ def np_philox4x32(c, key, rounds):
   return c
 
 
+def np_key_multiplier(seed, b, h, rows, keys, rate):
+  """The attention dropout rule written out with numpy (every backend of every kind draws
+  it): the draw of key j in row r (batch*heads index bh) is 16-bit half j % 2 of output
+  (j % 8) // 2 of Philox-4x32-7((j // 8, r, bh, 0), seed); dropped when below
+  round(rate 2^16), else scaled by 2^16 / (2^16 - T). float64 [b, h, rows, keys]."""
+  t_drop = int(round(rate * 65536))
+  key = [int(x) & 0xFFFFFFFF for x in np.asarray(seed)]
+  bh, r, j = np.meshgrid(np.arange(b * h), np.arange(rows), np.arange(keys), indexing="ij")
+  words = np_philox4x32((j // 8, r, bh, 0 * j), key, 7)
+  word = np.choose((j % 8) // 2, words)
+  half = np.where(j % 2 == 0, word & np.uint64(0xFFFF), word >> np.uint64(16))
+  return np.where(half >= t_drop, 65536 / (65536 - t_drop), 0.0).reshape(b, h, rows, keys)
+
+
+def np_dropout_multiplier(seed, keep, rate):
+  """``np_key_multiplier`` on the entries a kind keeps (bool [b, h, rows, keys]), 0 elsewhere."""
+  return np.where(keep, np_key_multiplier(seed, *keep.shape, rate), 0.0)
+
+
 def checkpoint_params(workdir) -> dict:
   """The params of the newest checkpoint in ``workdir`` (nested, as saved)."""
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel

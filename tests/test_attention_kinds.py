@@ -16,7 +16,7 @@ from lra_sparse.attention import dsa as dsa_lib
 from lra_sparse.kernels.dsa import reference as dsa_ref
 from lra_sparse.ops import nm as nm_lib
 
-from conftest import np_select  # the rule again, in float64 numpy
+from conftest import np_key_multiplier, np_select  # the rules again, in float64 numpy
 
 # Jitted entry points: one compilation per shape instead of one per primitive (eager mode).
 dfss_attention = jax.jit(dfss_attention, static_argnames=("n", "m", "backend", "dropout_rate"))
@@ -361,7 +361,7 @@ def test_dense_with_attention_dropout_never_ignores_an_explicit_cudnn():
   for implementation in ("cudnn", "cudnn_bias"):
     core = build_attention(_config("dense", implementation=implementation), _dims(dropout=0.5))
     with pytest.raises(ValueError, match=rf"implementation='{implementation}' cannot apply "
-                                         r"attention dropout \(model.attention_dropout_rate=0.5\)"):
+                                         r"attention dropout \(rate 0.5\)"):
       _apply(core, params, q, k, v, mask=mask, deterministic=False, rngs=rngs)
 
 
@@ -1038,7 +1038,8 @@ def _cudnn_stand_in(calls):
 
 
 def test_auto_gives_cudnn_masks_with_holes_as_a_bias(monkeypatch):
-  """With mask_holes (the model builder sets it for pixel tasks) "auto" on a GPU gives cuDNN
+  """With mask_holes (the model builder sets it for pixel tasks) "auto" on a GPU other than a
+  Hopper gives cuDNN
   the key mask as a bias, dense and the Nystromformer's B V alike, else as sequence lengths;
   cuDNN stood in for by XLA (CPU). The Nystromformer's result equals its explicit form on the
   real rows, and a fully masked example still gives zeros."""
@@ -1046,6 +1047,7 @@ def test_auto_gives_cudnn_masks_with_holes_as_a_bias(monkeypatch):
   calls = []
   monkeypatch.setattr(dense_lib.jax.nn, "dot_product_attention", _cudnn_stand_in(calls))
   monkeypatch.setattr(dense_lib, "_on_gpu", lambda: True)
+  monkeypatch.setattr(dense_lib, "_mosaic_runs", lambda q, k, v: False)   # not a Hopper
   rng = np.random.default_rng(8)
   mask = rng.random((3, 30)) < 0.6
   mask[2] = False
@@ -1064,6 +1066,74 @@ def test_auto_gives_cudnn_masks_with_holes_as_a_bias(monkeypatch):
   assert np.all(np.isfinite(got)) and np.all(got[2] == 0)
   np.testing.assert_allclose(np.where(real, got, 0), np.where(real, want, 0), rtol=3e-2,
                              atol=3e-2)
+
+
+def test_dense_auto_routes_dropout_and_holes_to_the_mosaic_kernels(monkeypatch):
+  """On a Hopper in half precision, "auto" runs the Mosaic GPU kernels while training with
+  attention dropout (with the rate and rng it was given) and for masks with holes, cuDNN
+  otherwise; float32 with dropout runs XLA; 'mosaic' off a Hopper is one clear error."""
+  from lra_sparse.attention import dense as dense_lib  # pylint: disable=import-outside-toplevel
+  calls = []
+  monkeypatch.setattr(dense_lib.jax.nn, "dot_product_attention", _cudnn_stand_in(calls))
+  monkeypatch.setattr(dense_lib, "_on_gpu", lambda: True)
+  monkeypatch.setattr(dense_lib, "_mosaic_runs", lambda q, k, v: True)
+
+  def mosaic_stand_in(q, k, v, mask=None, *, dropout_rate=0.0, dropout_rng=None):
+    calls.append(("mosaic", dropout_rate, dropout_rng is not None))
+    return dense_lib.dense_attention_reference(q, k, v, mask, dropout_rate=dropout_rate,
+                                               dropout_rng=dropout_rng)
+
+  monkeypatch.setattr(dense_lib, "mosaic_attention", mosaic_stand_in)
+  mask = jnp.asarray(np.random.default_rng(2).random((3, 30)) < 0.6)
+  q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in _qkv(26, (3, 30, H, 16)))
+  rng = jax.random.PRNGKey(0)
+  dense_attention(q, k, v, mask, dropout_rate=0.1, dropout_rng=rng)
+  assert calls[-1] == ("mosaic", 0.1, True)
+  dense_attention(q, k, v, mask, mask_holes=True)
+  assert calls[-1] == ("mosaic", 0.0, False)
+  dense_attention(q, k, v, mask)
+  assert calls[-1] == "lengths"
+  calls.clear()
+  q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
+  dense_attention(q32, k32, v32, mask, dropout_rate=0.1, dropout_rng=rng)
+  assert calls == []                        # XLA's explicit attention, no kernel
+  monkeypatch.undo()
+  with pytest.raises(ValueError, match="backend='mosaic' but the dense Mosaic GPU kernel is "
+                                       "not available here"):
+    dense_attention(q, k, v, mask, implementation="mosaic")
+
+
+def test_dense_dropout_on_xla_is_the_kernels_mask_in_float64():
+  """Dense attention with dropout on XLA equals float64 numpy attention with the counter-based
+  mask every kernel draws for the seed ``seed_words(rng)`` (conftest.np_key_multiplier):
+  values and gradients, padded keys and a fully padded example included."""
+  from lra_sparse.attention import dense as dense_lib  # pylint: disable=import-outside-toplevel
+  from lra_sparse.ops import dropout as dd  # pylint: disable=import-outside-toplevel
+  b, l, h, d, rate = 2, 21, 2, 8, 0.3
+  q, k, v, ct = (np.asarray(x, np.float64) for x in list(_qkv(27, (b, l, h, d))) + [
+      np.random.default_rng(3).normal(size=(b, l, h, d))])
+  mask = np.random.default_rng(4).random((b, l)) < 0.7
+  mask[1] = False
+  rng = jax.random.PRNGKey(6)
+  f = lambda q, k, v: dense_lib.dense_attention(  # noqa: E731
+      q, k, v, jnp.asarray(mask), implementation="xla", dropout_rate=rate, dropout_rng=rng)
+  with jax.default_matmul_precision("highest"):
+    out, vjp = jax.vjp(f, *(jnp.asarray(x, jnp.float32) for x in (q, k, v)))
+    grads = vjp(jnp.asarray(ct, jnp.float32))
+  zs = np_key_multiplier(np.asarray(dd.seed_words(rng)), b, h, l, l, rate)
+  s = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
+  real = np.broadcast_to(mask[:, None, None, :], s.shape)
+  e = np.where(real, np.exp(s - s.max(-1, keepdims=True)), 0.0)
+  a = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
+  np.testing.assert_allclose(out, np.einsum("bhqk,bkhd->bqhd", a * zs, v), atol=2e-5)
+  dp = np.einsum("bqhd,bkhd->bhqk", ct, v) * zs
+  ds = a * (dp - np.sum(a * dp, -1, keepdims=True))
+  want = (np.einsum("bhqk,bkhd->bqhd", ds, k) / math.sqrt(d),
+          np.einsum("bhqk,bqhd->bkhd", ds, q) / math.sqrt(d),
+          np.einsum("bhqk,bqhd->bkhd", a * zs, ct))
+  for got, w in zip(grads, want):
+    np.testing.assert_allclose(got, w, atol=5e-5)
+  assert not np.asarray(out)[1].any()
 
 
 def _check_value_and_grads(got, want, what=""):

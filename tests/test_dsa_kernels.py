@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from lra_sparse.kernels.dsa import reference as ref
 from lra_sparse.ops import softmax
 
-from conftest import REPO, check_close, np_philox4x32, np_select, rel_err  # np_select: float64 rule
+from conftest import REPO, check_close, np_key_multiplier, np_select, rel_err  # np_select: float64 rule
 from triton_cpu import interpreted_launch, interpreting, run_interpreted
 
 try:  # registers the NaN-filled entry points of launch(..., poison=True) (GPU tests)
@@ -133,19 +133,6 @@ def test_pack_unpack_bits_roundtrip():
   np.testing.assert_array_equal(np.asarray(ref.unpack_bits(words, 96))[..., 70:], False)
   word = np.asarray(ref.pack_bits(jnp.asarray(np.eye(32, dtype=bool)[31])))
   assert word.tolist() == [-2 ** 31]                   # bit 31 is the sign bit
-
-
-def np_key_multiplier(seed, b, h, rows, keys, rate):
-  """The per-key dropout rule written out with numpy: the draw of key j in row r (batch*heads
-  index bh) is 16-bit half j % 2 of output (j % 8) // 2 of Philox((j // 8, r, bh, 0), seed);
-  dropped when below round(rate 2^16), else scaled by 2^16 / (2^16 - T)."""
-  t_drop = int(round(rate * 65536))
-  key = [int(x) & 0xFFFFFFFF for x in np.asarray(seed)]
-  bh, r, j = np.meshgrid(np.arange(b * h), np.arange(rows), np.arange(keys), indexing="ij")
-  words = np_philox4x32((j // 8, r, bh, 0 * j), key, 7)
-  word = np.choose((j % 8) // 2, words)
-  half = np.where(j % 2 == 0, word & np.uint64(0xFFFF), word >> np.uint64(16))
-  return np.where(half >= t_drop, 65536 / (65536 - t_drop), 0.0).reshape(b, h, rows, keys)
 
 
 def test_dropout_key_multiplier_matches_numpy_rule_and_its_statistics():

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 
 from lra_sparse.ops.nm import nm_mask
 from lra_sparse.kernels.dfss import reference as ref
-from conftest import check_close, np_philox4x32, rel_err
+from conftest import (check_close, np_dropout_multiplier, np_key_multiplier, np_philox4x32,
+                      rel_err)
 from triton_cpu import interpreted_launch, interpreting, run_interpreted
 
 try:  # registers the NaN-filled entry points of launch(..., poison=True) (GPU tests)
@@ -521,28 +522,6 @@ def test_triton_grad_through_model_jit():
 
 
 # ----------------------------------------------------------------------------- attention dropout
-def np_dropout_multiplier(seed, keep, n, m, rate):
-  """The dfss_dropout rule written out per (row, group) with numpy: word t of group g of row r
-  (batch*heads index bh) is output t % 4 of Philox((g, r, bh, t // 4), seed); the kept member
-  of rank j reads 16-bit half j % 2 of word j // 2; dropped when that half < round(rate 2^16)."""
-  t_drop = int(round(rate * 65536))
-  b, h, rows, keys = keep.shape
-  key = [int(x) & 0xFFFFFFFF for x in np.asarray(seed)]
-  out = np.zeros(keep.shape, np.float64)
-  bh, r, g = np.meshgrid(np.arange(b * h), np.arange(rows), np.arange(keys // m), indexing="ij")
-  words = [np_philox4x32((g, r, bh, t // 4), key, 7)[t % 4] for t in range((n + 1) // 2)]
-  kept = keep.reshape(b * h, rows, keys // m, m)
-  rank = np.zeros(kept.shape[:-1], np.int64)
-  for i in range(m):
-    word = np.choose(np.minimum(rank // 2, len(words) - 1), words)
-    half = np.where(rank % 2 == 0, word & np.uint64(0xFFFF), word >> np.uint64(16))
-    survive = kept[..., i] & (half >= t_drop)
-    out.reshape(b * h, rows, keys // m, m)[..., i] = np.where(survive,
-                                                               65536 / (65536 - t_drop), 0.0)
-    rank += kept[..., i]
-  return out
-
-
 def test_philox_known_answers_and_numpy():
   """Philox-4x32-10 known-answer vectors (Random123's kat_vectors), and the 7-round generator
   the kernels use against a numpy uint64 implementation on random counters and keys."""
@@ -566,49 +545,47 @@ def test_philox_known_answers_and_numpy():
 
 @pytest.mark.parametrize("n,m", [(2, 4), (1, 2), (3, 4), (5, 8), (2, 8), (9, 16)])
 def test_dropout_multiplier_matches_numpy_rule(n, m):
-  """dfss_dropout.dropout_multiplier (what both backends apply) against the rule written out
-  in numpy, on N:M keep masks of random scores with padded keys and ties."""
+  """ops.dropout.dropout_multiplier (what every backend applies) against the rule written out
+  in numpy, on N:M keep masks of random scores with padded keys and ties; an entry's draw does
+  not depend on which keys its row keeps (the same factor under another keep mask)."""
   from lra_sparse.ops import dropout as dd
   rng = np.random.default_rng(n * 10 + m)
-  b, h, rows, keys = 2, 3, 9, 16 * m
+  b, h, rows, keys = 2, 3, 9, 16 * m + 3
   scores = rng.integers(-2, 3, (b, h, rows, keys)).astype(np.float32)
   scores[0, :, :, keys - 3:] = -np.inf
-  keep = np_keep(scores, n, m)
+  keep = np_keep(scores[..., :16 * m], n, m)
+  keep = np.concatenate([keep, rng.random((b, h, rows, 3)) < 0.5], axis=-1)
   seed = np.array([rng.integers(-2**31, 2**31), rng.integers(-2**31, 2**31)], np.int32)
-  got = np.asarray(dd.dropout_multiplier(jnp.asarray(seed), jnp.asarray(keep), n, m, 0.3))
-  np.testing.assert_allclose(got, np_dropout_multiplier(seed, keep, n, m, 0.3), rtol=1e-7)
+  got = np.asarray(dd.dropout_multiplier(jnp.asarray(seed), jnp.asarray(keep), 0.3))
+  np.testing.assert_allclose(got, np_dropout_multiplier(seed, keep, 0.3), rtol=1e-7)
   assert not got[~keep].any()
+  every = np.asarray(dd.dropout_multiplier(jnp.asarray(seed), jnp.ones(keep.shape, bool), 0.3))
+  np.testing.assert_array_equal(got[keep], every[keep])
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.3])
 def test_dropout_rate_unbiased_and_uncorrelated(rate):
-  """Over ~0.5M kept entries: the drop fraction is rate (to 16-bit resolution) for the first
-  and the second kept member of a group alike, the kept factor averages 1 (unbiased), and
-  neighbouring decisions are uncorrelated; all within 5 standard errors."""
+  """Over ~1M entries: the drop share is the rate (to 16-bit resolution) for every slot of a
+  Philox call (key % 8) alike, the factor averages 1 (unbiased), and decisions are uncorrelated
+  between neighbouring keys, neighbouring rows, the heads of one example and the examples of
+  one batch (same row and key); all within 5 standard errors."""
   from lra_sparse.ops import dropout as dd
-  scores = jax.random.normal(jax.random.PRNGKey(3), (2, 4, 256, 512))
-  keep = nm_mask(scores, 2, 4)
-  mult = np.asarray(dd.dropout_multiplier(dd.seed_words(jax.random.PRNGKey(4)), keep, 2, 4,
-                                          rate))
-  keep = np.asarray(keep)
+  b, h, rows, keys = 4, 4, 128, 512
+  mult = np.asarray(dd.key_multiplier(dd.seed_words(jax.random.PRNGKey(4)), b, h, rows, keys,
+                                      rate))
   p = dd.threshold(rate) / 65536
   assert abs(p - rate) < 1e-5
-  kept = mult[keep]
-  se = math.sqrt(p * (1 - p) / kept.size)
-  assert abs(np.mean(kept == 0) - p) < 5 * se
-  assert abs(np.mean(kept) - 1.0) < 5 * se / (1 - p)
-  kg = keep.reshape(-1, 4)
-  first = kg & (np.cumsum(kg, -1) == 1)
-  second = kg & ~first
-  for member in (first, second):
-    dropped = (mult.reshape(-1, 4) == 0)[member]
-    assert abs(dropped.mean() - p) < 5 * math.sqrt(p * (1 - p) / dropped.size)
+  se = math.sqrt(p * (1 - p) / mult.size)
+  assert abs(np.mean(mult == 0) - p) < 5 * se
+  assert abs(np.mean(mult) - 1.0) < 5 * se / (1 - p)
+  for slot in range(8):
+    dropped = mult[..., slot::8] == 0
+    assert abs(dropped.mean() - p) < 5 * math.sqrt(p * (1 - p) / dropped.size), slot
   d = (mult == 0).astype(np.float64)
-  pairs = [(d[..., :-1, :][keep[..., :-1, :] & keep[..., 1:, :]],
-            d[..., 1:, :][keep[..., :-1, :] & keep[..., 1:, :]]),          # adjacent rows
-           (d.reshape(-1, 4)[:, :][first], d.reshape(-1, 4)[second])]     # same group
-  for a, b in pairs:
-    assert abs(np.corrcoef(a, b)[0, 1]) < 5 / math.sqrt(a.size)
+  pairs = {"keys": (d[..., :-1], d[..., 1:]), "rows": (d[..., :-1, :], d[..., 1:, :]),
+           "heads": (d[:, :-1], d[:, 1:]), "examples": (d[:-1], d[1:])}
+  for name, (a, c) in pairs.items():
+    assert abs(np.corrcoef(a.ravel(), c.ravel())[0, 1]) < 5 / math.sqrt(a.size), name
 
 
 def test_dfss_dropout_reference_matches_numpy_values_and_gradients():
@@ -630,7 +607,7 @@ def test_dfss_dropout_reference_matches_numpy_values_and_gradients():
   s = np.einsum("blhd,bkhd->bhlk", q64, k64) / math.sqrt(d)
   s = np.where(np.asarray(mask)[:, None, None, :], s, -np.inf)
   keep = np_keep(s, n, m)
-  zs = np_dropout_multiplier(np.asarray(dd.seed_words(rng)), keep, n, m, rate)
+  zs = np_dropout_multiplier(np.asarray(dd.seed_words(rng)), keep, rate)
   t = np.where(keep, s, -np.inf)
   e = np.exp(t - t.max(-1, keepdims=True))
   a = e / e.sum(-1, keepdims=True)
@@ -815,13 +792,12 @@ def test_mosaic_key_permutation_layout(m):
   np.testing.assert_array_equal(dfss_mgpu.unpermute_keys(dfss_mgpu.permute_keys(x, m), m), x)
 
 
-@pytest.mark.parametrize("n,m", [(1, 2), (2, 4), (3, 4), (2, 8), (7, 8)])
+@pytest.mark.parametrize("n,m", [(1, 2), (2, 4), (3, 4), (2, 8), (7, 8), (8, 8)])
 def test_mosaic_dropout_draws_match_numpy_rule(monkeypatch, n, m):
-  """The Mosaic kernels' dropout draws (``_add_key_bias`` with exact ties, then
-  ``_dropout_multiplier`` on the pruned, permuted score tile at a key offset, run as plain jnp:
-  iota without a register layout) equal the numpy rule of the other backends at the same
-  (row, group, head), with holes of padded keys inside groups (padded members kept where a
-  group has fewer than n real ones, before real ones) and a row without a real key."""
+  """The Mosaic kernels' dropout draws (``_dropout_multiplier`` on the pruned, permuted score
+  tile at a key offset, run as plain jnp: iota without a register layout) equal the numpy rule
+  of every other backend at the same (row, key, head) on the kept entries, with holes of
+  padded keys inside groups; n = m = 8 is dense attention with dropout (nothing pruned)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from lra_sparse.ops import dropout as dd
   from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
@@ -832,23 +808,22 @@ def test_mosaic_dropout_draws_match_numpy_rule(monkeypatch, n, m):
   rows, first_row, tile_start, keys, bh, rate = 64, 192, 256, 128, 5, 0.3
   s = rng.standard_normal((rows, keys)).astype(np.float32)
   real = rng.random(keys) < 0.5                        # holes in every group
-  real[:m] = [False] * (m - 1) + [True]                # padded members before a real one
   bias = np.where(real, 0.0, dfss_mgpu.MASKED).astype(np.float32)
   seed = dd.seed_words(jax.random.PRNGKey(n + m))
   permute = lambda x: dfss_mgpu.permute_keys(jnp.asarray(x)[..., None], m)[..., 0]
-  biased = dfss_mgpu._add_key_bias(permute(s), permute(bias[None])[0], exact_ties=True)
+  biased = dfss_mgpu._add_key_bias(permute(s), permute(bias[None])[0])  # pylint: disable=protected-access
   pruned = dfss_mgpu.nm_prune(biased, n, m)
   row_ids = jax.lax.bitcast_convert_type(
       first_row + jnp.broadcast_to(jnp.arange(rows, dtype=jnp.int32)[:, None],
                                    (rows, 64 // m)), jnp.uint32)
   got = dfss_mgpu._dropout_multiplier(  # pylint: disable=protected-access
-      pruned, row_ids, jnp.int32(tile_start // m), jnp.int32(bh),
-      dd.round_keys(*jax.lax.bitcast_convert_type(seed, jnp.uint32)), n, m, dd.threshold(rate))
+      pruned, row_ids, jnp.int32(tile_start), jnp.int32(bh),
+      dd.round_keys(*jax.lax.bitcast_convert_type(seed, jnp.uint32)), m, dd.threshold(rate))
   got = np.asarray(dfss_mgpu.unpermute_keys(got[..., None], m))[..., 0]
   kept = np_keep(np.where(real[None], s, -np.inf), n, m)  # the reference's keep mask
   keep = np.zeros((1, bh + 1, first_row + rows, tile_start + keys), bool)
   keep[0, bh, first_row:, tile_start:] = kept
-  want = np_dropout_multiplier(seed, keep, n, m, rate)[0, bh, first_row:, tile_start:]
+  want = np_dropout_multiplier(seed, keep, rate)[0, bh, first_row:, tile_start:]
   np.testing.assert_allclose(np.where(kept, got, 0.0), want, rtol=1e-6)
   assert 0.55 < (want[kept & real[None]] > 0).mean() < 0.85   # rate 0.3: ~30% dropped
 
@@ -905,7 +880,8 @@ def _scalar_bitcasts(jaxpr) -> list:
 
 
 @pytest.mark.parametrize("wide", [False, True])
-def test_mosaic_dropout_kernel_bitcasts_no_scalars(wide):
+@pytest.mark.parametrize("n,m", [(2, 4), (8, 8)])      # (8, 8): dense with dropout
+def test_mosaic_dropout_kernel_bitcasts_no_scalars(wide, n, m):
   """Mosaic GPU's warpgroup lowering turns a 0-d bitcast_convert_type into a vector, which
   fails to compile (jax 0.11.2, H100: every dropout kernel did, once): the forward kernel with
   dropout, traced here on any machine, must have none (the draws are shared by all three
@@ -916,7 +892,7 @@ def test_mosaic_dropout_kernel_bitcasts_no_scalars(wide):
   seed = dd.seed_words(jax.random.PRNGKey(0))
   tiles = dfss_mgpu.Tiles(wide_products=wide)
   jaxpr = jax.make_jaxpr(lambda q, k, v: dfss_mgpu._attn(  # pylint: disable=protected-access
-      q, k, v, None, dfss_mgpu._kernel_seed(seed), 2, 4, 0.125, tiles,
+      q, k, v, None, dfss_mgpu._kernel_seed(seed), n, m, 0.125, tiles,
       dd.threshold(0.1)))(x, x, x)
   assert not _scalar_bitcasts(jaxpr.jaxpr)
 
@@ -1126,8 +1102,8 @@ MOSAIC_DROPOUT_CASES = [
     (jnp.bfloat16, 2, 4, 2, 1000, 2, 64, True, 0.1),
     (jnp.bfloat16, 2, 4, 1, 2048, 2, 64, False, 0.1),
     (jnp.bfloat16, 1, 2, 2, 130, 2, 128, False, 0.2),
-    (jnp.bfloat16, 3, 4, 1, 257, 2, 64, True, 0.3),    # two words per group
-    (jnp.float16, 7, 8, 1, 300, 2, 64, True, 0.5),     # four words, ranks up to 6
+    (jnp.bfloat16, 3, 4, 1, 257, 2, 64, True, 0.3),
+    (jnp.float16, 7, 8, 1, 300, 2, 64, True, 0.5),
     (jnp.bfloat16, 2, 8, 3, 700, 2, 64, "holes", 0.1),
 ]
 
@@ -1137,7 +1113,7 @@ MOSAIC_DROPOUT_CASES = [
                          ids=lambda c: _case_id(c[:8]) + f"-p{c[8]}")
 def test_mosaic_dropout_matches_reference_with_the_same_mask(case):
   """Attention dropout inside the Mosaic kernels: output and dQ/dK/dV equal the reference
-  that applies dfss_dropout's mask for the same seed (so the Triton kernels and the pure-JAX
+  that applies ops.dropout's mask for the same seed (so the Triton kernels and the pure-JAX
   path drop the same entries); the same seed gives the same bits, another seed other ones."""
   mg = _need_mosaic()
   from lra_sparse.ops import dropout as dd
@@ -1179,6 +1155,96 @@ def test_mosaic_wide_products_draw_the_limbs_bits(case):
   for name, a, r in zip(("out", "dq", "dk", "dv"), wide, limbs):
     assert np.isfinite(a).all(), name
     np.testing.assert_array_equal(a, r, err_msg=name)
+
+
+def np_dense(q, k, v, mask, ct, seed=None, rate=0.0):
+  """float64 numpy dense attention with dropout by the kernels' rule (np_key_multiplier):
+  (out, dq, dk, dv); a row with no real key gives zeros."""
+  q, k, v, ct = (np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)
+                 for x in (q, k, v, ct))
+  b, l, h, d = q.shape
+  s = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
+  real = np.ones((b, l), bool) if mask is None else np.asarray(mask, bool)
+  real = np.broadcast_to(real[:, None, None, :], s.shape)
+  s = np.where(real, s, -np.inf)
+  top = s.max(-1, keepdims=True)
+  e = np.where(real, np.exp(s - np.where(np.isfinite(top), top, 0.0)), 0.0)
+  a = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
+  zs = np_key_multiplier(seed, b, h, l, l, rate) if rate else 1.0
+  out = np.einsum("bhqk,bkhd->bqhd", a * zs, v)
+  dp = np.einsum("bqhd,bkhd->bhqk", ct, v) * zs
+  ds = a * (dp - np.sum(a * dp, -1, keepdims=True))
+  return (out, np.einsum("bhqk,bkhd->bqhd", ds, k) / math.sqrt(d),
+          np.einsum("bhqk,bqhd->bkhd", ds, q) / math.sqrt(d),
+          np.einsum("bhqk,bqhd->bkhd", a * zs, ct))
+
+
+MOSAIC_DENSE_CASES = [
+    # dtype, batch, length, heads, head_dim, masked, rate
+    (jnp.bfloat16, 2, 1000, 2, 64, True, 0.1),
+    (jnp.bfloat16, 1, 2048, 2, 64, False, 0.1),
+    (jnp.bfloat16, 3, 700, 2, 64, "holes", 0.0),     # holes, no dropout (Pathfinder eval)
+    (jnp.bfloat16, 3, 700, 2, 4, "holes", 0.2),      # Pathfinder-32's head dim, its masks
+    (jnp.bfloat16, 2, 257, 2, 8, True, 0.1),         # Path-X's head dim
+    (jnp.float16, 2, 300, 2, 32, True, 0.3),
+    (jnp.bfloat16, 2, 130, 2, 128, False, 0.1),
+    (jnp.bfloat16, 2, 200, 1, 128, True, 0.0),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", MOSAIC_DENSE_CASES, ids=lambda c: _case_id(
+    (c[0], 0, 0) + c[1:6]) + f"-p{c[6]}")
+def test_mosaic_dense_matches_float64(case):
+  """Dense attention on the Mosaic kernels (nothing pruned) against float64 numpy with the
+  same dropout mask (the rule every backend draws): output and dQ/dK/dV, masks with holes, a
+  fully padded example (zeros, zero gradients), head dims 4 to 128; the same seed gives the
+  same bits, another seed other ones."""
+  mg = _need_mosaic()
+  from lra_sparse.ops import dropout as dd
+  dtype, b, l, h, d, masked, rate = case
+  key = zlib.crc32(repr(case).encode()) % (2**31)
+  q, k, v, mask, ct = case_inputs(key, dtype, b, l, h, d, masked)
+  seed = dd.seed_words(jax.random.PRNGKey(key + 3)) if rate else None
+  run = jax.jit(lambda q, k, v, seed: mg.dense_attention_mgpu(
+      q, k, v, mask=mask, dropout_rate=rate, dropout_seed=seed))
+  out, vjp = jax.vjp(lambda q, k, v: run(q, k, v, seed), q, k, v)
+  got = [out] + list(vjp(ct))
+  want = np_dense(q, k, v, mask, ct, None if seed is None else np.asarray(seed), rate)
+  for name, a, r in zip(("out", "dq", "dk", "dv"), got, want):
+    a = np.asarray(a.astype(jnp.float32))
+    assert np.isfinite(a).all(), f"{name}: non-finite elements"
+    e = rel_err(a, r)
+    print(f"dense {case} {name} rel_err={e:.2e}")
+    assert e < 2e-2, (name, e)
+    if masked and b > 1 and not np.asarray(mask)[-1].any():
+      assert np.all(a[-1] == 0.0), name
+  if rate:
+    np.testing.assert_array_equal(np.asarray(run(q, k, v, seed)), np.asarray(out))
+    other = np.asarray(run(q, k, v, dd.seed_words(jax.random.PRNGKey(key + 4))))
+    assert not np.array_equal(other, np.asarray(out))
+
+
+@pytest.mark.gpu
+def test_dense_auto_trains_dropout_on_mosaic_with_the_xla_mask():
+  """dense_attention 'auto' with dropout on a Hopper in bf16 runs the Mosaic kernels (the
+  same bits as calling them with the rng's seed words), and XLA's dense path with the same
+  rng drops the same entries (its float32 result agrees to bf16 accuracy)."""
+  mg = _need_mosaic()
+  from lra_sparse.attention.dense import dense_attention
+  from lra_sparse.ops import dropout as dd
+  q, k, v = rand_qkv(jax.random.PRNGKey(16), (2, 700, 2, 64), jnp.bfloat16)
+  mask = make_mask(jax.random.PRNGKey(17), 2, 700, full_pad_row=False)
+  rng = jax.random.PRNGKey(18)
+  auto = jax.jit(lambda q, k, v: dense_attention(q, k, v, mask, dropout_rate=0.1,
+                                                 dropout_rng=rng))(q, k, v)
+  direct = jax.jit(lambda q, k, v: mg.dense_attention_mgpu(
+      q, k, v, mask=mask, dropout_rate=0.1, dropout_seed=dd.seed_words(rng)))(q, k, v)
+  np.testing.assert_array_equal(np.asarray(auto), np.asarray(direct))
+  with jax.default_matmul_precision("highest"):
+    xla = dense_attention(*(x.astype(jnp.float32) for x in (q, k, v)), mask,
+                          implementation="xla", dropout_rate=0.1, dropout_rng=rng)
+  assert rel_err(np.asarray(auto.astype(jnp.float32)), np.asarray(xla)) < 2e-2
 
 
 @pytest.mark.gpu

@@ -1,7 +1,11 @@
 """Dense softmax attention: softmax(Q K^T / sqrt(d) + padding) V.
 
-Attention dropout runs through the explicit formulation (XLA): ``jax.nn.dot_product_attention``,
-the supported JAX entry to cuDNN's fused attention, has no dropout argument.
+Paths: cuDNN's flash attention (``jax.nn.dot_product_attention``), the Mosaic GPU flash kernels
+of ``kernels.dfss.mosaic`` with nothing pruned (Hopper, bf16/fp16: attention dropout and key
+masks with holes, both of which JAX's cuDNN entry lacks or takes only as an [L, L] bias), and
+XLA's explicit attention (everywhere). Attention dropout draws the counter-based mask of
+``ops.dropout`` on every path that has it, so the Mosaic kernels and XLA drop the same entries
+for the same rng.
 """
 from __future__ import annotations
 
@@ -14,21 +18,24 @@ import flax.linen as nn
 from lra_sparse.attention import common
 from lra_sparse.attention.registry import (AttentionDims, KindConfig, derived,
                                            register_attention)
+from lra_sparse.kernels.dfss import mosaic as mosaic_kernels
 from lra_sparse.kernels.shared.prologue import zero_pad_head_dim
-from lra_sparse.ops import softmax
+from lra_sparse.ops import dropout, sharding, softmax
 
-IMPLEMENTATIONS = ("auto", "xla", "cudnn", "cudnn_bias", "reference")
+IMPLEMENTATIONS = ("auto", "xla", "cudnn", "cudnn_bias", "mosaic", "reference")
 
 
 @dataclasses.dataclass(frozen=True)
 class DenseConfig(KindConfig):
   """``config.attention.dense``."""
   KIND = "dense"
-  # auto: cuDNN on a GPU for half precision (as "cudnn", or as "cudnn_bias" when mask_holes),
-  # else XLA | xla | cudnn (key padding as sequence lengths: padding at the end of each row) |
-  # cudnn_bias (any key mask, as an additive [batch, 1, L, L] bias: holes allowed, L^2 bias
-  # memory per example) | reference (explicit einsum/softmax; also what attention dropout
-  # runs through)
+  # auto: on a GPU in half precision, the Mosaic GPU kernels (Hopper) while training with
+  # attention dropout or when mask_holes, else cuDNN (as "cudnn", or "cudnn_bias" with holes
+  # off Hopper); XLA otherwise | xla | cudnn (key padding as sequence lengths: padding at the
+  # end of each row; no dropout) | cudnn_bias (any key mask, as an additive [batch, 1, L, L]
+  # bias: L^2 bias memory per example; no dropout) | mosaic (Hopper, bf16/fp16: any key mask,
+  # dropout) | reference (explicit einsum/softmax, XLA; what attention dropout runs through
+  # where the Mosaic kernels do not)
   implementation: str = "auto"
   # The task's key masks may have holes (pixel tasks masking black pixels). Set by the model
   # builder from the task (lra_sparse.models.attention_for_masks), not by hand.
@@ -72,43 +79,107 @@ def cudnn_attention(q, k, v, mask=None, *, any_mask: bool = False):
 
 
 def dense_attention_reference(q, k, v, mask=None, *, dropout_rate=0.0, dropout_rng=None):
-  """Explicit formulation (used for attention dropout and as the test reference)."""
+  """Explicit formulation (XLA; attention dropout by ``ops.dropout``'s mask; the test
+  reference)."""
   probs = softmax.masked_softmax(softmax.attention_scores(q, k, mask))
   probs = softmax.dropout_probabilities(probs, dropout_rate, dropout_rng)
   return softmax.attend(probs, v)
 
 
-def dense_attention(q, k, v, mask=None, *, implementation: str = "auto",
-                    mask_holes: bool = False):
-  """Dense attention with the semantics of ``jax.nn.dot_product_attention``.
+def _mosaic_module(required: bool):
+  return common.usable_kernel(mosaic_kernels, "dense", required, backend="mosaic")
 
-  q, k, v: ``[batch, length, heads, head_dim]``; mask: bool ``[batch, length]`` key padding
-  (True = real token). ``implementation``: "xla", "cudnn" (GPU, bf16/fp16; padding must sit at
-  the end of each row, as the text loaders produce), "cudnn_bias" (GPU, bf16/fp16; any mask,
-  holes included, as an [batch, 1, L, L] bias), "reference" (explicit einsum/softmax, safe
-  for fully padded rows), or "auto" (cuDNN on a GPU for half precision, else XLA; with
-  ``mask_holes`` cuDNN takes the mask as "cudnn_bias" does, else as "cudnn" does).
-  """
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"unknown dense attention implementation {implementation!r}; "
-                     f"choose one of {IMPLEMENTATIONS}")
+
+def mosaic_attention(q, k, v, mask=None, *, dropout_rate: float = 0.0, dropout_rng=None):
+  """Dense attention on the Mosaic GPU kernels (``dense_attention_mgpu``), once per data
+  shard; attention dropout (rate > 0 with an rng) by ``ops.dropout``'s mask for the seed
+  ``dropout.seed_words(rng)``, as ``dense_attention_reference`` draws it."""
+  use_dropout = dropout_rate > 0.0 and dropout_rng is not None
+  seed = dropout.seed_words(dropout_rng) if use_dropout else None
+
+  def kernel_call(q, k, v, mask, seed):
+    return mosaic_kernels.dense_attention_mgpu(
+        q, k, v, mask=mask, dropout_rate=dropout_rate if use_dropout else 0.0,
+        dropout_seed=sharding.shard_dropout_seed(seed))
+
+  return sharding.per_data_shard(kernel_call, q, k, v, mask, seed, replicated=(4,))
+
+
+def _mosaic_runs(q, k, v) -> bool:
+  """True when 'auto' can put this call on the Mosaic GPU kernels (logs once why not)."""
+  if not _on_gpu() or _mosaic_module(required=False) is None:
+    return False
+  reason = mosaic_kernels.dense_unsupported_reason(q, v, k=k)
+  if reason:
+    common.warn_once(f"dense attention 'auto': the Mosaic GPU kernels cannot run q {q.shape} "
+                     f"{q.dtype} ({reason}); using XLA for dropout and masks with holes")
+  return not reason
+
+
+def _check_operands(q, k, v, mask):
   if q.ndim != 4 or k.shape != q.shape[:1] + k.shape[1:] or v.shape[:-1] != k.shape[:-1]:
     raise ValueError(f"q, k, v must be [batch, length, heads, head_dim]; got "
                      f"{q.shape}, {k.shape}, {v.shape}")
   if mask is not None and mask.shape != k.shape[:2]:
     raise ValueError(f"mask must be bool [batch, length] = {k.shape[:2]}, got {mask.shape}")
+
+
+def dense_attention(q, k, v, mask=None, *, implementation: str = "auto",
+                    mask_holes: bool = False, dropout_rate: float = 0.0, dropout_rng=None):
+  """Dense attention with the semantics of ``jax.nn.dot_product_attention``, and attention
+  dropout (rate > 0 with an rng) by ``ops.dropout``'s mask.
+
+  q, k, v: ``[batch, length, heads, head_dim]``; mask: bool ``[batch, length]`` key padding
+  (True = real token). ``implementation``: "xla", "cudnn" (GPU, bf16/fp16; padding must sit at
+  the end of each row, as the text loaders produce), "cudnn_bias" (GPU, bf16/fp16; any mask,
+  holes included, as an [batch, 1, L, L] bias), "mosaic" (Hopper, bf16/fp16; any mask,
+  dropout), "reference" (explicit einsum/softmax, safe for fully padded rows), or "auto"
+  (on a GPU in half precision: Mosaic GPU with dropout or ``mask_holes`` where it runs, else
+  cuDNN; XLA otherwise). cuDNN has no dropout: asking for it with dropout is an error.
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"unknown dense attention implementation {implementation!r}; "
+                     f"choose one of {IMPLEMENTATIONS}")
+  _check_operands(q, k, v, mask)
+  use_dropout = dropout_rate > 0.0 and dropout_rng is not None
+  if use_dropout:
+    dropout.threshold(dropout_rate)   # one clear error for a rate outside [0, 1)
+  if implementation == "mosaic":
+    _mosaic_module(required=True)
+    reason = mosaic_kernels.dense_unsupported_reason(q, v, k=k)
+    if reason:
+      raise ValueError(f"dense attention: implementation='mosaic' cannot run this call: "
+                       f"{reason}; use 'auto' or 'xla'")
+    return mosaic_attention(q, k, v, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+  if use_dropout:
+    if implementation in ("cudnn", "cudnn_bias"):
+      raise ValueError(
+          f"dense attention implementation={implementation!r} cannot apply attention dropout "
+          f"(rate {dropout_rate}): cuDNN has none through JAX's API; use 'auto' (the Mosaic GPU "
+          "kernels on Hopper, else XLA), 'mosaic' or 'xla', or attention_dropout_rate=0")
+    if implementation == "auto" and _half(q) and _mosaic_runs(q, k, v):
+      return mosaic_attention(q, k, v, mask, dropout_rate=dropout_rate,
+                              dropout_rng=dropout_rng)
+    return dense_attention_reference(q, k, v, mask, dropout_rate=dropout_rate,
+                                     dropout_rng=dropout_rng)
   if implementation == "reference":
     return dense_attention_reference(q, k, v, mask)
   if implementation in ("cudnn", "cudnn_bias"):
     return cudnn_attention(q, k, v, mask, any_mask=implementation == "cudnn_bias")
-  if implementation == "auto" and _on_gpu() and q.dtype in (jnp.bfloat16, jnp.float16):
+  if implementation == "auto" and _on_gpu() and _half(q):
+    if mask_holes and mask is not None and _mosaic_runs(q, k, v):
+      return mosaic_attention(q, k, v, mask)
     try:
       return cudnn_attention(q, k, v, mask, any_mask=mask_holes)
     except Exception as error:  # noqa: BLE001  cuDNN refuses at trace time: XLA runs it
       common.warn_once(f"dense attention: cuDNN cannot run q {q.shape} {q.dtype} "
-                 f"({str(error).splitlines()[0][:120]}); using XLA")
+                       f"({str(error).splitlines()[0][:120]}); using XLA")
   bias_mask = None if mask is None else mask[:, None, None, :]
   return jax.nn.dot_product_attention(q, k, v, mask=bias_mask, implementation="xla")
+
+
+def _half(q) -> bool:
+  return q.dtype in (jnp.bfloat16, jnp.float16)
 
 
 class DenseAttention(nn.Module):
@@ -119,23 +190,15 @@ class DenseAttention(nn.Module):
   @nn.compact
   def __call__(self, q, k, v, *, mask, inputs=None, deterministic=True):
     del inputs
-    if self.dims.dropout_rate > 0.0 and not deterministic:
-      implementation = self.config.implementation
-      if implementation in ("cudnn", "cudnn_bias"):
-        raise ValueError(
-            f"config.attention.dense.implementation={implementation!r} cannot apply attention "
-            f"dropout (model.attention_dropout_rate={self.dims.dropout_rate}): cuDNN has none "
-            "through JAX's API; use implementation='auto' (XLA while training with dropout) "
-            "or attention_dropout_rate=0")
-      if implementation == "auto" and _on_gpu():
-        common.warn_once("dense attention: attention dropout runs on XLA's explicit attention "
-                         "(cuDNN has no dropout through JAX); evaluation stays on cuDNN")
-      return dense_attention_reference(q, k, v, mask, dropout_rate=self.dims.dropout_rate,
-                                       dropout_rng=self.make_rng("dropout"))
+    use_dropout = self.dims.dropout_rate > 0.0 and not deterministic
     return dense_attention(q, k, v, mask, implementation=self.config.implementation,
-                           mask_holes=self.config.mask_holes)
+                           mask_holes=self.config.mask_holes,
+                           dropout_rate=self.dims.dropout_rate if use_dropout else 0.0,
+                           dropout_rng=self.make_rng("dropout") if use_dropout else None)
 
 
 @register_attention("dense", DenseConfig)
 def _build_dense(config: DenseConfig, dims: AttentionDims) -> nn.Module:
+  if config.implementation == "mosaic":
+    _mosaic_module(required=True)
   return DenseAttention(dims=dims, config=config)

@@ -1,37 +1,31 @@
-"""Attention dropout for the fused kernels (DFSS, DSA): one counter-based mask shared by the
-Triton kernels, the DFSS Mosaic GPU kernels and JAX.
+"""Attention dropout for every kind and every backend: one counter-based keep bit per
+(example, head, query row, key), shared by the Triton kernels, the Mosaic GPU kernels and JAX.
 
-Dropout acts on the kept probabilities after the softmax, A <- A * Z / (1 - rate) with Z a
+Dropout acts on the probabilities after the softmax, A <- A * Z / (1 - rate) with Z a
 Bernoulli(1 - rate) mask, as the pure-JAX path of every kind does.  The fused kernels never
 store A, so the forward and the backward must draw the same Z from scratch: Z is a function of
-(seed, batch*head, query row, key) only, never of tile sizes or launch order, and this module
-computes exactly the Z the kernels compute (``kernels.shared.philox`` for Triton;
-``kernels.dfss.mosaic``
-runs ``philox_rounds`` itself, in registers), so the pure-JAX path and the kernels drop the
-same entries for the same seed.
+(seed, batch*head, query row, key) only, never of tile sizes, launch order, or which keys a
+sparse kind keeps.  This module computes exactly the Z the kernels compute
+(``kernels.shared.philox`` for Triton; ``kernels.dfss.mosaic`` runs ``philox_rounds`` itself,
+in registers), so every backend of every kind (dense, DFSS, DSA) drops the same entries for
+the same seed.
 
-The generator is Philox-4x32 (Salmon et al., SC'11; Triton's ``tl.philox_impl``) with
-``ROUNDS`` = 7 rounds, the fewest its authors found free of statistical failures (BigCrush);
-the default 10 adds margin we pay for in every tile.  Only the N kept members of a group need
-a draw, so:
+The rule.  The generator is Philox-4x32 (Salmon et al., SC'11; Triton's ``tl.philox_impl``)
+with ``ROUNDS`` = 7 rounds, the fewest its authors found free of statistical failures
+(BigCrush); the default 10 adds margin we pay for in every tile.  One call draws the 128 bits
+of eight consecutive keys of one row:
 
-* a group needs W = ceil(N / 2) 32-bit words: the kept member of rank j (j kept members of the
-  group have a lower key index) takes the 16-bit half j % 2 (low half first) of word j // 2;
-* word t of (row, group) is output word t % 4 of the call with counter (c0, c1, c2, c3) =
-  (group, query row, batch*heads + head, t // 4) and key = the seed's two words (one call per
-  group up to 8:M, where W <= 4);
-* it is dropped when that half is < T = round(rate * 2^16), kept ones are scaled by
+* the call for key j of query row r in (example b, head h) has counter (c0, c1, c2, c3) =
+  (j // 8, r, b * heads + h, 0) and key = the seed's two 32-bit words;
+* key j reads 16-bit half j % 2 (low half first) of output word (j % 8) // 2;
+* it is dropped when that half is < T = round(rate * 2^16); kept ones are scaled by
   2^16 / (2^16 - T): the effective rate is T / 2^16 (0.1 -> 0.100006), and the scale makes
   the expectation exact for it (unbiased).
 
-Kinds that keep an arbitrary set of keys per row (DSA) draw for every key, kept or not:
-key j is member j % 8 of group j // 8 with all eight members ranked, the rule above with
-n = m = 8 and every member kept (``key_multiplier``; kernels: ``key_draws``), so the draw of an
-entry does not depend on which keys the row keeps.
-
-One call per (row, group) draws in each score tile's own layout: measured on an H100, that is
-faster than one call per four groups whose words must then be interleaved into place, though
-for 2:4 it computes four words and uses one.
+A sparse kind multiplies Z into probabilities that are already 0 off its kept set, so the
+draw of an entry does not depend on which keys its row keeps (an earlier rule ranked an N:M
+group's kept members and gave each a half by rank; runs with attention dropout recorded
+before the change drew other masks, of the same law).
 """
 
 from __future__ import annotations
@@ -42,6 +36,7 @@ import numpy as np
 
 ROUNDS = 7
 HALF_BITS = 16
+KEY_GROUP = 8         # keys drawn per Philox call (four words, two 16-bit halves each)
 _HALF = 1 << HALF_BITS
 _MUL_A = 0xD2511F53   # Philox-4x32 multipliers and key increments (Random123, Triton)
 _MUL_B = 0xCD9E8D57
@@ -62,11 +57,6 @@ def threshold(rate: float) -> int:
 def keep_scale(t: int) -> float:
   """The factor of a kept probability: 1 / (1 - T / 2^16)."""
   return _HALF / (_HALF - t)
-
-
-def words_per_group(n: int) -> int:
-  """W: 32-bit words of randomness per (row, group), 16 bits per kept member."""
-  return (n + 1) // 2
 
 
 def checked_seed(rate: float, seed):
@@ -137,47 +127,33 @@ def philox_rounds(c0, c1, c2, c3, keys, mulhilo=mulhilo_limbs):
   return c0, c1, c2, c3
 
 
-def group_words(seed, batch_heads: int, rows: int, groups: int, n: int) -> jax.Array:
-  """uint32 [batch*heads, rows, groups, W]: word t of every (row, group), as the kernels draw
+def key_draws(seed, batch_heads: int, rows: int, keys: int) -> jax.Array:
+  """uint32 [batch*heads, rows, keys]: the 16-bit draw of every (row, key), as the kernels draw
   them (module docstring)."""
   seed = jax.lax.bitcast_convert_type(jnp.asarray(seed, jnp.int32), jnp.uint32)
-  w = words_per_group(n)
-  calls = -(-w // 4)
-  out = philox4x32(jnp.arange(groups, dtype=jnp.uint32)[None, None, :, None],
-                   jnp.arange(rows, dtype=jnp.uint32)[None, :, None, None],
-                   jnp.arange(batch_heads, dtype=jnp.uint32)[:, None, None, None],
-                   jnp.arange(calls, dtype=jnp.uint32)[None, None, None, :], seed[0], seed[1])
-  out = jnp.stack(out, axis=-1)                           # [BH, rows, groups, calls, 4]
-  return out.reshape(batch_heads, rows, groups, calls * 4)[..., :w]
+  calls = -(-keys // KEY_GROUP)
+  out = philox4x32(jnp.arange(calls, dtype=jnp.uint32)[None, None, :],
+                   jnp.arange(rows, dtype=jnp.uint32)[None, :, None],
+                   jnp.arange(batch_heads, dtype=jnp.uint32)[:, None, None],
+                   jnp.uint32(0), seed[0], seed[1])
+  words = jnp.stack(out, axis=-1)                                  # [BH, rows, calls, 4]
+  halves = jnp.stack([words & 0xFFFF, words >> HALF_BITS], axis=-1)  # [..., 4, 2]
+  return halves.reshape(batch_heads, rows, calls * KEY_GROUP)[..., :keys]
 
 
-def dropout_multiplier(seed, keep, n: int, m: int, rate: float) -> jax.Array:
+def dropout_multiplier(seed, keep, rate: float) -> jax.Array:
   """float32 [batch, heads, q_len, k_len]: Z / (1 - rate) on the kept entries, 0 elsewhere.
 
-  seed: int32 [2] (``seed_words``); keep: bool [batch, heads, q_len, k_len], the N:M keep mask
-  (at most n kept per group of m keys; k_len % m == 0).
-  """
+  seed: int32 [2] (``seed_words``); keep: bool [batch, heads, q_len, k_len], the entries the
+  kind keeps (all True for dense attention)."""
   t = threshold(rate)
   b, h, rows, keys = keep.shape
-  if keys % m:
-    raise ValueError(f"key length {keys} is not a multiple of m={m}")
-  groups = keys // m
-  words = group_words(seed, b * h, rows, groups, n).reshape(b, h, rows, groups, -1)
-  kept = keep.reshape(b, h, rows, groups, m)
-  rank = jnp.cumsum(kept, axis=-1, dtype=jnp.int32) - kept.astype(jnp.int32)
-  word = jnp.take_along_axis(words, jnp.minimum(rank // 2, words.shape[-1] - 1), axis=-1)
-  draw = jnp.where(rank % 2 == 0, word & 0xFFFF, word >> HALF_BITS)
-  survive = kept & (draw >= t)
-  return jnp.where(survive, np.float32(keep_scale(t)), np.float32(0.0)).reshape(keep.shape)
-
-
-KEY_GROUP = 8   # key_multiplier: keys drawn per Philox call (two 16-bit halves per word)
+  draws = key_draws(seed, b * h, rows, keys).reshape(keep.shape)
+  survive = keep & (draws >= t)
+  return jnp.where(survive, np.float32(keep_scale(t)), np.float32(0.0))
 
 
 def key_multiplier(seed, batch: int, heads: int, rows: int, keys: int, rate: float) -> jax.Array:
-  """float32 [batch, heads, rows, keys]: Z / (1 - rate) for every entry, each key drawn
-  (module docstring: the n = m = 8 rule with every member kept).  The caller multiplies it
-  into probabilities that are already 0 off the kept set (DSA)."""
-  padded = -(-keys // KEY_GROUP) * KEY_GROUP
-  every = jnp.ones((batch, heads, rows, padded), bool)
-  return dropout_multiplier(seed, every, KEY_GROUP, KEY_GROUP, rate)[..., :keys]
+  """float32 [batch, heads, rows, keys]: Z / (1 - rate) for every entry.  The caller multiplies
+  it into probabilities that are already 0 off the kept set (DSA, DFSS) or keeps all (dense)."""
+  return dropout_multiplier(seed, jnp.ones((batch, heads, rows, keys), bool), rate)

@@ -3,7 +3,8 @@ softmax, probability dropout, A V.
 
     S = Q K^T / sqrt(d)                    (float32; padded keys -> -inf)
     A = softmax(S) over the entries a kind keeps; a row that keeps nothing gives zeros
-    A <- A * Bernoulli(1 - rate) / (1 - rate)     (attention dropout, training only)
+    A <- A * Z / (1 - rate), Z ~ Bernoulli(1 - rate)   (attention dropout, training only;
+                                             Z: the counter-based mask of ops.dropout)
     O = A V
 
 q, k, v are ``[batch, length, heads, head_dim]``; scores and probabilities are
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def attention_scores(q, k, mask=None, *, precision=None):
@@ -49,13 +51,18 @@ def masked_softmax(scores, keep=None):
 
 def dropout_probabilities(probs, rate: float, rng):
   """Attention dropout: zero each probability with prob ``rate``, scale the rest by
-  1 / (1 - rate). ``rate <= 0`` or ``rng=None`` returns ``probs`` unchanged."""
+  1 / (1 - rate), by the counter-based mask of ``ops.dropout`` (the one the fused kernels draw
+  for the seed ``ops.dropout.seed_words(rng)``; probs [..., rows, keys], the leading axes
+  flattened as batch*heads). ``rate <= 0`` or ``rng=None`` returns ``probs`` unchanged."""
   if rate <= 0.0 or rng is None:
     return probs
-  if not rate < 1.0:
-    raise ValueError(f"attention dropout rate {rate} must be in [0, 1)")
-  keep = jax.random.bernoulli(rng, 1.0 - rate, probs.shape)
-  return jnp.where(keep, probs / (1.0 - rate), 0.0)
+  from lra_sparse.ops import dropout  # pylint: disable=import-outside-toplevel
+  dropout.threshold(rate)  # one clear error for a rate outside [0, 1)
+  rows, keys = probs.shape[-2:]
+  lead = probs.shape[:-2]
+  mult = dropout.key_multiplier(dropout.seed_words(rng), 1, int(np.prod(lead, dtype=int)),
+                                rows, keys, rate).reshape(probs.shape)
+  return probs * mult.astype(probs.dtype)
 
 
 def attend(probs, v, out_dtype=None):

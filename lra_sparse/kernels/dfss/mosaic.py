@@ -41,12 +41,16 @@ tiles while two compute warpgroups each own 64 query rows):
   whose outputs the semantics define.
 
 * Attention dropout (rate > 0 with a seed): the mask ``ops.dropout`` defines, the one the
-  Triton kernels and the pure-JAX path apply for the same seed, drawn in registers by each of
-  the three kernels (``_dropout_multiplier``: Philox-4x32-7 per (query row, key group) in the
+  Triton kernels and the pure-JAX paths apply for the same seed, drawn in registers by each of
+  the three kernels (``_dropout_multiplier``: Philox-4x32-7 per (query row, 8 keys) in the
   layout of the member slices, the key schedule read from memory; ``Tiles.wide_products``
   makes each product's high half one 64-bit multiply, ``_mulhilo_wide``). The forward scales
   P by Z / (1 - rate) after the normalizer is summed; the backward uses dA = dP * Z / (1 - rate)
   and dV = (A * Z / (1 - rate))^T dO, with delta = rowsum(dO * O) unchanged.
+* Dense attention (``dense_attention_mgpu``) is the same kernels with nothing pruned (n = m).
+  With dropout its keys are permuted as for M = 8, so each column of a member slice holds the
+  eight keys of one Philox call and each thread draws once per eight keys of a row; without
+  dropout the permutation is the identity (M = 1).
 
 Supported: bf16 / fp16, head_dim up to 128 (the kernels run 64 and 128; smaller head dims,
 as Pathfinder's 4 and Path-X's 8, are zero-padded to the next, which is exact), M in (2, 4, 8)
@@ -127,17 +131,8 @@ def kernel_head_dim(head_dim: int) -> Optional[int]:
   return prologue.kernel_head_dim(head_dim, SUPPORTED_HEAD_DIMS)
 
 
-def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
-  """None when these kernels run DFSS n:m on these operands (head dims other than 64 and 128
-  zero-padded up to one of them), else a short reason."""
-  try:
-    check_nm(n, m, what="dfss_mgpu")
-  except ValueError as error:
-    return str(error)
-  if n == m:
-    return f"the Mosaic GPU kernel needs n < m, got n={n}, m={m}"
-  if m not in SUPPORTED_M:
-    return f"the Mosaic GPU kernel needs m in {SUPPORTED_M}, got m={m}"
+def _operand_reason(q, v, k=None) -> Optional[str]:
+  """None when the kernels take these operands (shapes, head dim, dtype), else why not."""
   if q.ndim != 4:
     return f"q must be [batch, length, heads, head_dim], got shape {tuple(q.shape)}"
   head_dim = q.shape[-1]
@@ -151,6 +146,26 @@ def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
       return (f"{name} must match q ({q.dtype}{list(q.shape)}), got "
               f"{x.dtype}{list(x.shape)}")
   return None
+
+
+def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
+  """None when these kernels run DFSS n:m on these operands (head dims other than 64 and 128
+  zero-padded up to one of them), else a short reason."""
+  try:
+    check_nm(n, m, what="dfss_mgpu")
+  except ValueError as error:
+    return str(error)
+  if n == m:
+    return (f"the Mosaic GPU DFSS kernel needs n < m, got n={n}, m={m} (dense attention: "
+            "dense_attention_mgpu)")
+  if m not in SUPPORTED_M:
+    return f"the Mosaic GPU kernel needs m in {SUPPORTED_M}, got m={m}"
+  return _operand_reason(q, v, k)
+
+
+def dense_unsupported_reason(q, v, *, k=None) -> Optional[str]:
+  """None when ``dense_attention_mgpu`` runs on these operands, else a short reason."""
+  return _operand_reason(q, v, k)
 
 
 # ----------------------------------------------------------------------------- key permutation
@@ -225,6 +240,8 @@ def prune_with_max(s, n: int, m: int, selection: str = DEFAULT_TILES.selection):
   The row maximum of the pruned tile is that of ``s`` (a group's largest member is kept)."""
   if selection not in SELECTIONS:
     raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
+  if n == m:                              # dense attention: nothing pruned
+    return s, s.max(axis=1)
   tournament = selection == "tournament" and m == 4 and n in nm_rule.TOURNAMENT_N
   pieces, maxima = [], []
   for block in range(s.shape[1] // PERM_BLOCK):
@@ -247,18 +264,9 @@ def nm_prune(s, n: int, m: int, selection: str = DEFAULT_TILES.selection):
 
 
 # ----------------------------------------------------------------------------- dropout
-def _add_key_bias(s, key_bias, *, exact_ties: bool):
-  """The score tile with the key bias (0 or MASKED per key) added. With ``exact_ties`` (used
-  with dropout) a padded key scores exactly MASKED, s * (1 + bias / 2^25) + bias (one fused
-  multiply-add; the factor is exactly 1 or 0): padded keys then tie as the reference's -inf
-  ones do, so N:M keeps the same padded members (the lowest-indexed) and every kept member
-  gets the same rank, hence the same dropout draw, as in ``ops.dropout``. Without dropout
-  which padded members are kept changes nothing (their probability is 0)."""
-  if not exact_ties:
-    return s + lax.broadcast_in_dim(key_bias, s.shape, [1])
-  real = 1.0 + key_bias * (1.0 / -MASKED)
-  return (s * lax.broadcast_in_dim(real, s.shape, [1])
-          + lax.broadcast_in_dim(key_bias, s.shape, [1]))
+def _add_key_bias(s, key_bias):
+  """The score tile with the key bias (0 or MASKED per key) added."""
+  return s + lax.broadcast_in_dim(key_bias, s.shape, [1])
 
 
 def _mulhilo_wide(a: int, b):
@@ -296,21 +304,21 @@ def _mulhilo_wide(a: int, b):
   return high(b), jnp.uint32(a) * b
 
 
-def _dropout_multiplier(s, rows, first_group, bh, keys, n: int, m: int, t: int,
+def _dropout_multiplier(s, rows, first_key, bh, keys, m: int, t: int,
                         mulhilo=dropout.mulhilo_limbs):
-  """f32 [rows, cols]: Z / (1 - rate) of every entry of the pruned score tile ``s`` (keys
-  permuted, -inf where pruned), 0 where dropped; the rule of ``ops.dropout`` (the mask the
-  Triton kernels and the pure-JAX path apply for the same seed).
+  """f32 [rows, cols]: Z / (1 - rate) of every entry of the score tile ``s`` (keys permuted by
+  ``permute_keys``), 0 where dropped: the rule of ``ops.dropout`` (the mask every backend
+  applies for the same seed). Pruned entries may get any value: their probability is 0.
 
-  ``rows`` (uint32, the tile's query rows, [rows, 64/M]), ``first_group`` (int32, the tile's
-  first key over M) and ``bh`` (int32, batch * heads + head) give the Philox counters (group,
-  row, bh, 0), ``keys`` the seed's Philox key schedule (``dropout.round_keys``, computed
-  once outside the kernel, its uint32 scalars read from memory). The two uniform counters stay
-  scalars (in round 1 their product is a scalar's, and what they give later is XORed into
-  arrays); ``mulhilo`` computes the products (``_mulhilo_wide`` in the kernels). Column c of
-  member slice j of a 64-key block is member j of the block's group c, so one Philox call per
-  (row, group) draws in the slices' own layout, and a member's rank among its group's kept
-  members (which 16-bit half it reads) is a sum over earlier slices."""
+  ``rows`` (uint32, the tile's query rows, [rows, 64/M]), ``first_key`` (int32, the tile's
+  first key, a multiple of 64) and ``bh`` (int32, batch * heads + head) give the Philox
+  counters (key // 8, row, bh, 0), ``keys`` the seed's Philox key schedule
+  (``dropout.round_keys``, computed once outside the kernel, its uint32 scalars read from
+  memory). The two uniform counters stay scalars (in round 1 their product is a scalar's, and
+  what they give later is XORed into arrays); ``mulhilo`` computes the products
+  (``_mulhilo_wide`` in the kernels). Column c of member slice j of a 64-key block holds key
+  c * M + j of the block, so the M members of a group share one Philox call (8 % M == 0), drawn
+  in the slices' own layout: member j reads word ((c * M) % 8 + j) // 2, half j % 2."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   width = PERM_BLOCK // m
   shape = (s.shape[0], width)
@@ -319,29 +327,25 @@ def _dropout_multiplier(s, rows, first_group, bh, keys, n: int, m: int, t: int,
   # bh >= 0, so a conversion is its bit pattern; a scalar must not go through bitcast_convert
   # (Mosaic GPU's warpgroup lowering makes it a 0-d vector, which fails: jax 0.11.2, H100).
   head, counter3 = bh.astype(jnp.uint32), jnp.uint32(0)
-  words_needed = dropout.words_per_group(n)
   scale = jnp.float32(dropout.keep_scale(t))
-  zero, one = jnp.zeros((), jnp.float32), jnp.ones((), jnp.float32)
+  zero = jnp.zeros((), jnp.float32)
+  low_t, high_t = jnp.uint32(t), jnp.uint32(t << 16)
   pieces = []
   for block in range(s.shape[1] // PERM_BLOCK):
-    group = as_u32(column + (first_group + block * width))
-    words = dropout.philox_rounds(group, rows, head, counter3, keys,
-                                       mulhilo=mulhilo)[:words_needed]
-    # the multiplier of the kept member of rank r: half r % 2 of word r // 2, kept when >= T
-    by_rank = []
-    for word in words:
-      by_rank.append(jnp.where((word & jnp.uint32(0xFFFF)) >= jnp.uint32(t), scale, zero))
-      by_rank.append(jnp.where(word >= jnp.uint32(t << 16), scale, zero))
-    rank = None
-    for i in range(m):
-      x = s[:, block * PERM_BLOCK + i * width: block * PERM_BLOCK + (i + 1) * width]
-      mult = by_rank[0]
-      for r in range(1, min(i, n - 1) + 1):       # a member past rank n - 1 is pruned anyway
-        mult = jnp.where(rank == r, by_rank[r], mult)
-      pieces.append(mult)
-      if i < m - 1:
-        kept = jnp.where(x > -jnp.inf, one, zero)
-        rank = kept if rank is None else rank + kept
+    first = column * m + (first_key + block * PERM_BLOCK)   # each group's first key
+    words = dropout.philox_rounds(as_u32(first >> 3), rows, head, counter3, keys,
+                                  mulhilo=mulhilo)
+    base = None if m == dropout.KEY_GROUP else (first & 7) >> 1   # word of the group's member 0
+    for j in range(m):
+      if base is None:
+        word = words[j // 2]
+      else:
+        offset = j // 2
+        word = words[offset]
+        for w in range(offset + 1, 4):
+          word = jnp.where(base + offset == w, words[w], word)
+      keep = (word & jnp.uint32(0xFFFF)) >= low_t if j % 2 == 0 else word >= high_t
+      pieces.append(jnp.where(keep, scale, zero))
   return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
 
 
@@ -366,21 +370,21 @@ def _operands(q, k, v, bias, steps, seed):
       (seed,) if seed is not None else ())
 
 
-def _dropout_draws(seed_ref, t, n, m, heads, wide_products: bool):
-  """None without dropout, else ``draw(s, first_row, first_group)`` for the kernels' loop
-  bodies: the multiplier of the pruned tile ``s`` whose first query row and first key group
-  are given (int32 scalars)."""
+def _dropout_draws(seed_ref, t, m, heads, wide_products: bool):
+  """None without dropout, else ``draw(s, first_row, first_key)`` for the kernels' loop
+  bodies: the multiplier of the score tile ``s`` whose first query row and first key are
+  given (int32 scalars)."""
   if not t:
     return None
 
-  def draw(s, first_row, first_group):
+  def draw(s, first_row, first_key):
     from jax.experimental.pallas import mosaic_gpu as plgpu
     shape = (s.shape[0], PERM_BLOCK // m)
     rows = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA) + first_row
     bh = lax.axis_index("batch") * heads + lax.axis_index("heads")
     keys = [(seed_ref[2 * r], seed_ref[2 * r + 1]) for r in range(dropout.ROUNDS)]
-    return _dropout_multiplier(s, lax.bitcast_convert_type(rows, jnp.uint32), first_group,
-                               bh, keys, n, m, t,
+    return _dropout_multiplier(s, lax.bitcast_convert_type(rows, jnp.uint32), first_key,
+                               bh, keys, m, t,
                                _mulhilo_wide if wide_products else dropout.mulhilo_limbs)
 
   return draw
@@ -413,7 +417,7 @@ def _forward(q, k, v, bias, steps, seed, *, n: int, m: int, scale: float, tiles:
     b = lax.axis_index("batch")
     h = lax.axis_index("heads")
     wg = lax.axis_index("wg")
-    draw = _dropout_draws(seed_ref, t, n, m, heads, tiles.wide_products)
+    draw = _dropout_draws(seed_ref, t, m, heads, tiles.wide_products)
 
     def q_start():                        # this warpgroup's first query row
       return (lax.axis_index("q_seq") * (compute_wgs * block_q)
@@ -467,7 +471,7 @@ def _forward(q, k, v, bias, steps, seed, *, n: int, m: int, scale: float, tiles:
       if has_bias:
         key_bias = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
         plgpu.barrier_arrive(bias_done)
-        s = _add_key_bias(s, key_bias, exact_ties=bool(t))
+        s = _add_key_bias(s, key_bias)
       s, row_max = prune_with_max(s, n, m, tiles.selection)
       m_new = jnp.maximum(m_i, row_max * c)
       alpha = jnp.exp2(m_i - m_new)
@@ -475,7 +479,7 @@ def _forward(q, k, v, bias, steps, seed, *, n: int, m: int, scale: float, tiles:
       acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
       l_i = l_i * alpha + p.sum(axis=1)
       if draw is not None:
-        p = p * draw(s, q_start(), idx[0] * (block_kv // m))
+        p = p * draw(s, q_start(), idx[0] * block_kv)
       p16 = p.astype(dtype)
       schedule_barrier()
 
@@ -536,7 +540,7 @@ def _backward_dq(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, til
     b = lax.axis_index("batch")
     h = lax.axis_index("heads")
     wg = lax.axis_index("wg")
-    draw = _dropout_draws(seed_ref, t, n, m, heads, tiles.wide_products)
+    draw = _dropout_draws(seed_ref, t, m, heads, tiles.wide_products)
 
     def q_start():                        # this warpgroup's first query row
       return (lax.axis_index("q_seq") * (compute_wgs * block_q)
@@ -580,7 +584,7 @@ def _backward_dq(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, til
       if has_bias:
         key_bias = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
         plgpu.barrier_arrive(bias_done)
-        s = _add_key_bias(s, key_bias, exact_ties=bool(t))
+        s = _add_key_bias(s, key_bias)
       s = nm_prune(s, n, m, tiles.selection)
       p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))
 
@@ -591,7 +595,7 @@ def _backward_dq(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, til
       dp = pl.run_scoped(dp_product, plgpu.ACC((block_q, block_kv), jnp.float32))
       plgpu.barrier_arrive(v_done)
       if draw is not None:                # dA = dP * Z / (1 - rate)
-        dp = dp * draw(s, q_start(), idx[0] * (block_kv // m))
+        dp = dp * draw(s, q_start(), idx[0] * block_kv)
       ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
 
       def dq_product(acc_ref):
@@ -652,7 +656,7 @@ def _backward_dkv(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, ti
     b = lax.axis_index("batch")
     h = lax.axis_index("heads")
     wg = lax.axis_index("wg")
-    draw = _dropout_draws(seed_ref, t, n, m, heads, tiles.wide_products)
+    draw = _dropout_draws(seed_ref, t, m, heads, tiles.wide_products)
 
     def kv_start():                       # this warpgroup's first key
       return (lax.axis_index("kv_seq") * (compute_wgs * block_kv)
@@ -702,7 +706,7 @@ def _backward_dkv(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, ti
 
       s = pl.run_scoped(qk_product, plgpu.ACC((block_q, block_kv), jnp.float32))
       if has_bias:
-        s = _add_key_bias(s, key_bias, exact_ties=bool(t))
+        s = _add_key_bias(s, key_bias)
       s = nm_prune(s, n, m, tiles.selection)
       lse = plgpu.load(lse_smem, layout=plgpu.Layout.WGMMA.reduce(1))
       plgpu.barrier_arrive(lse_done)
@@ -716,7 +720,7 @@ def _backward_dkv(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, ti
       delta = plgpu.load(delta_smem, layout=plgpu.Layout.WGMMA.reduce(1))
       plgpu.barrier_arrive(delta_done)
       if draw is not None:                # dV takes the dropped A, dA = dP * Z / (1 - rate)
-        mult = draw(s, idx[0] * block_q, kv_start() // m)
+        mult = draw(s, idx[0] * block_q, kv_start())
         dp = dp * mult
       ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
       if draw is not None:
@@ -853,6 +857,23 @@ def _attn_bwd(n, m, scale, tiles, t, res, do):
 _attn.defvjp(_attn_fwd, _attn_bwd)
 
 
+def _checked_mask(mask, q):
+  if mask is None:
+    return None
+  mask = jnp.asarray(mask)
+  if mask.shape != q.shape[:2]:
+    raise ValueError(f"mask must be [batch, length] = {q.shape[:2]}, got {mask.shape}")
+  return mask.astype(bool)
+
+
+def _run(q, k, v, mask, seed, n, m, tiles, t):
+  head_dim = q.shape[-1]
+  width = kernel_head_dim(head_dim)
+  q, k, v = (zero_pad_head_dim(x, width) for x in (q, k, v))
+  out = _attn(q, k, v, mask, seed, n, m, 1.0 / math.sqrt(head_dim), tiles, t)
+  return out[..., :head_dim]
+
+
 def dfss_attention_mgpu(q, k, v, *, n: int, m: int, mask=None,
                         tiles: Tiles = DEFAULT_TILES, dropout_rate: float = 0.0,
                         dropout_seed=None):
@@ -868,13 +889,22 @@ def dfss_attention_mgpu(q, k, v, *, n: int, m: int, mask=None,
   if reason is not None:
     raise ValueError(reason)
   t, seed = dropout.checked_seed(dropout_rate, dropout_seed)
-  if mask is not None:
-    mask = jnp.asarray(mask)
-    if mask.shape != q.shape[:2]:
-      raise ValueError(f"mask must be [batch, length] = {q.shape[:2]}, got {mask.shape}")
-    mask = mask.astype(bool)
-  head_dim = q.shape[-1]
-  width = kernel_head_dim(head_dim)
-  q, k, v = (zero_pad_head_dim(x, width) for x in (q, k, v))
-  out = _attn(q, k, v, mask, seed, n, m, 1.0 / math.sqrt(head_dim), tiles, t)
-  return out[..., :head_dim]
+  return _run(q, k, v, _checked_mask(mask, q), seed, n, m, tiles, t)
+
+
+DENSE_DROPOUT_M = dropout.KEY_GROUP   # dense with dropout: keys permuted as for M = 8
+
+
+def dense_attention_mgpu(q, k, v, *, mask=None, tiles: Tiles = DEFAULT_TILES,
+                         dropout_rate: float = 0.0, dropout_seed=None):
+  """Dense softmax attention with the Mosaic GPU kernels (the DFSS kernels with nothing
+  pruned): softmax(Q K^T / sqrt(d)) V over the real keys, with attention dropout by the rule of
+  ``ops.dropout`` (the mask XLA's dense path draws for the same seed). Operands as
+  ``dfss_attention_mgpu``; the key mask may have holes (any bool [batch, length]); a row with
+  no real key gives zeros. Raises ValueError(``dense_unsupported_reason``) otherwise."""
+  reason = dense_unsupported_reason(q, v, k=k)
+  if reason is not None:
+    raise ValueError(reason)
+  t, seed = dropout.checked_seed(dropout_rate, dropout_seed)
+  m = DENSE_DROPOUT_M if t else 1
+  return _run(q, k, v, _checked_mask(mask, q), seed, m, m, tiles, t)

@@ -153,7 +153,7 @@ def dfss_attention_reference(q, k, v, *, n: int, m: int, mask=None, precision=No
   if dropout_rate > 0.0:
     if dropout_seed is None:
       raise ValueError("dropout_rate > 0 needs dropout_seed (dropout.seed_words(rng))")
-    p = p * dropout.dropout_multiplier(dropout_seed, keep, n, m, dropout_rate)
+    p = p * dropout.dropout_multiplier(dropout_seed, keep, dropout_rate)
   p = p[..., :lk]
   out = jnp.einsum("bhlk,bkhd->blhd", p.astype(v.dtype), v,
                    preferred_element_type=p.dtype, precision=precision)

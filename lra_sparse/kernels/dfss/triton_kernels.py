@@ -65,7 +65,7 @@ def dfss_fwd(Q, K, V, KM, SEED, sm_scale, L, LP, H, O, LSE, D: tl.constexpr, M: 
     live = keep
     if DROP_T > 0:
       live = dropout.survivors(
-          keep, dropout.block_words(k0, k1, bh, offs_m, start, M, G, NKEEP, False), DROP_T)
+          keep, dropout.member_draws(k0, k1, bh, offs_m, start, M, G, False), DROP_T)
     if NKEEP == 1:  # the kept score of each group is its max: one exp per group
       gmax = dfss_select.group_max(s)
       m_new = tl.maximum(m_i, tl.max(gmax, 1) * qk_scale)
@@ -168,7 +168,7 @@ def _bwd_key_block(Q, K, V, KM, SEED, DO, LSE, DELTA, sm_scale, L, LP, H, DK, DV
     keep = dfss_select.nm_keep(s, NKEEP)
     if DROP_T > 0:
       live = dropout.survivors(
-          keep, dropout.block_words(k0, k1, bh, offs_m, pid_n * BN, M, G, NKEEP, True), DROP_T)
+          keep, dropout.member_draws(k0, k1, bh, offs_m, pid_n * BN, M, G, True), DROP_T)
     if NKEEP == 1:
       pg = tl.math.exp2(dfss_select.group_max(s) * qk_scale - lse[None, :])
     dkv_new = ()
@@ -265,7 +265,7 @@ def dfss_bwd_dq(Q, K, V, KM, SEED, DO, LSE, DELTA, sm_scale, L, LP, H, DQ, D: tl
     keep = dfss_select.nm_keep(s, NKEEP)
     if DROP_T > 0:
       live = dropout.survivors(
-          keep, dropout.block_words(k0, k1, bh, offs_m, start, M, G, NKEEP, False), DROP_T)
+          keep, dropout.member_draws(k0, k1, bh, offs_m, start, M, G, False), DROP_T)
     if NKEEP == 1:
       pg = tl.math.exp2(dfss_select.group_max(s) * qk_scale - lse[:, None])
     for i in tl.static_range(M):

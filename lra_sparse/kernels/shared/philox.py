@@ -1,11 +1,11 @@
-"""Triton device functions of DFSS attention dropout: the draws of ``ops.dropout``.
+"""Triton device functions of attention dropout: the draws of ``ops.dropout``.
 
 The mask Z is the one ``ops.dropout.dropout_multiplier`` computes in JAX (its docstring states
-the rule): Philox-4x32 with counter (group, query row, batch*heads + head, t // 4) and the seed
-as key gives word t of a (row, group); the kept member of rank j in its group reads 16-bit half
-j % 2 of word j // 2 and survives when that half is >= T.  Tiles are [rows, groups] of one key
-block (forward and dQ kernels) or [groups, rows] (key-block backward).  ``key_draws`` gives the
-per-key draws of kinds that keep arbitrary key sets (DSA): the same words with n = m = 8.
+the rule): Philox-4x32-7 with counter (key // 8, query row, batch*heads + head, 0) and the seed
+as key; key j reads 16-bit half j % 2 of word (j % 8) // 2 and survives when that half is >= T.
+``member_draws`` gives the draws of the M member tiles of an N:M key block (DFSS: [rows, groups]
+in the forward and dQ kernels, [groups, rows] in the key-block backward); ``key_draws`` those of
+a contiguous key block (DSA), ``gathered_key_draws`` those of arbitrary keys.
 
 This module imports triton: only the kernel launchers import it, on first use.
 """
@@ -30,67 +30,66 @@ def kept_scale(T: tl.constexpr):
 
 
 @triton.jit
-def block_words(k0, k1, bh, rows, start, M: tl.constexpr, G: tl.constexpr,
-                NKEEP: tl.constexpr, TRANSPOSE: tl.constexpr):
-  """The W = ceil(NKEEP / 2) word tiles of the key block at ``start`` (G groups of M keys;
-  ``rows`` [BM] the query rows): [BM, G], or [G, BM] with TRANSPOSE (the key-block backward),
-  each drawn in its own layout: word t is output t % 4 of Philox((group, row, bh, t // 4))."""
-  g = (start // M + tl.arange(0, G)).to(tl.uint32)
-  r = rows.to(tl.uint32)
-  if TRANSPOSE:
-    zero = tl.zeros([G, rows.shape[0]], tl.uint32)
-    c0 = g[:, None] + zero
-    c1 = r[None, :] + zero
-  else:
-    zero = tl.zeros([rows.shape[0], G], tl.uint32)
-    c0 = g[None, :] + zero
-    c1 = r[:, None] + zero
-  c2 = zero + bh.to(tl.uint32)
-  W: tl.constexpr = (NKEEP + 1) // 2
-  words = ()
-  for call in tl.static_range((W + 3) // 4):
-    o = tl.philox_impl(c0, c1, c2, zero + call, k0, k1, ROUNDS)
-    for t in tl.static_range(min(4, W - 4 * call)):
-      words = words + (o[t],)
-  return words
+def _half(o, key):
+  """The 16-bit draw of ``key`` (int32 tile) from its Philox call's outputs ``o``: half key % 2
+  of word (key % 8) // 2."""
+  which = (key % 8) // 2
+  word = tl.where(which == 0, o[0], tl.where(which == 1, o[1], tl.where(which == 2, o[2], o[3])))
+  return (word >> ((key % 2) * 16).to(tl.uint32)) & 0xFFFF
 
 
 @triton.jit
-def survivors(keep, words, T: tl.constexpr):
-  """Tuple of M bool tiles: kept (``keep``, the N:M masks of the M member tiles) and not
-  dropped.  The member of rank j among its group's kept members reads 16-bit half j % 2 of
-  word j // 2 and survives when it is >= T."""
-  M: tl.constexpr = len(keep)
-  W: tl.constexpr = len(words)
-  out = ()
-  if W == 1:  # at most two kept members: the first takes the low half, the second the high
-    lo = (words[0] & 0xFFFF) >= T
-    hi = (words[0] >> 16) >= T
-    taken = keep[0]
-    out = (keep[0] & lo,)
-    for i in tl.static_range(1, M):
-      out = out + (keep[i] & tl.where(taken, hi, lo),)
-      if i < M - 1:
-        taken = taken | keep[i]
+def member_draws(k0, k1, bh, rows, start, M: tl.constexpr, G: tl.constexpr,
+                 TRANSPOSE: tl.constexpr):
+  """Tuple of M uint32 tiles: the 16-bit draw of member i (key start + g*M + i) of every group
+  g of the key block at ``start`` (a multiple of 8; M a power of two), [BM, G], or [G, BM] with
+  TRANSPOSE. One Philox call per group serves all its members when M <= 8 (they share key // 8),
+  M / 8 calls when M > 8."""
+  g = tl.arange(0, G)
+  if TRANSPOSE:
+    zero = tl.zeros([G, rows.shape[0]], tl.int32)
+    first = start + g[:, None] * M + zero
+    c1 = rows.to(tl.uint32)[None, :] + zero.to(tl.uint32)
   else:
-    rank = tl.zeros(keep[0].shape, tl.int32)
-    for i in tl.static_range(M):
-      word = words[0]
-      for t in tl.static_range(1, W):
-        word = tl.where(rank // 2 == t, words[t], word)
-      half = tl.where(rank % 2 == 0, word & 0xFFFF, word >> 16)
-      out = out + (keep[i] & (half >= T),)
-      rank += keep[i].to(tl.int32)
+    zero = tl.zeros([rows.shape[0], G], tl.int32)
+    first = start + g[None, :] * M + zero
+    c1 = rows.to(tl.uint32)[:, None] + zero.to(tl.uint32)
+  uzero = zero.to(tl.uint32)
+  c2 = uzero + bh.to(tl.uint32)
+  o = tl.philox_impl((first // 8).to(tl.uint32), c1, c2, uzero, k0, k1, ROUNDS)
+  out = ()
+  for i in tl.static_range(M):
+    if i % 8 == 0 and i > 0:
+      o = tl.philox_impl(((first + i) // 8).to(tl.uint32), c1, c2, uzero, k0, k1, ROUNDS)
+    out = out + (_half(o, first + i),)
+  return out
+
+
+@triton.jit
+def survivors(keep, draws, T: tl.constexpr):
+  """Tuple of M bool tiles: kept (``keep``, the N:M masks of the M member tiles) and not
+  dropped (the member's draw, ``member_draws``, is >= T)."""
+  out = ()
+  for i in tl.static_range(len(keep)):
+    out = out + (keep[i] & (draws[i] >= T),)
   return out
 
 
 @triton.jit
 def key_draws(k0, k1, bh, rows, start, BN: tl.constexpr, TRANSPOSE: tl.constexpr):
   """uint32 16-bit draws of every key of the block at ``start`` (BN keys, a multiple of 8):
-  [BM, BN], or [BN, BM] with TRANSPOSE.  Key j is member j % 8 of group j // 8 with all eight
-  members ranked (``ops.dropout.key_multiplier``): half j % 2 of word (j % 8) // 2."""
+  [BM, BN], or [BN, BM] with TRANSPOSE.  One Philox call per eight keys, its four words
+  interleaved into place: key j reads half j % 2 of word (j % 8) // 2."""
   G: tl.constexpr = BN // 8
-  w = block_words(k0, k1, bh, rows, start, 8, G, 8, TRANSPOSE)   # 4 tiles [BM, G] / [G, BM]
+  g = (start // 8 + tl.arange(0, G)).to(tl.uint32)
+  if TRANSPOSE:
+    zero = tl.zeros([G, rows.shape[0]], tl.uint32)
+    w = tl.philox_impl(g[:, None] + zero, rows.to(tl.uint32)[None, :] + zero,
+                       zero + bh.to(tl.uint32), zero, k0, k1, ROUNDS)
+  else:
+    zero = tl.zeros([rows.shape[0], G], tl.uint32)
+    w = tl.philox_impl(g[None, :] + zero, rows.to(tl.uint32)[:, None] + zero,
+                       zero + bh.to(tl.uint32), zero, k0, k1, ROUNDS)
   slot = tl.arange(0, 8)
   if TRANSPOSE:
     which = (slot // 2)[None, :, None]

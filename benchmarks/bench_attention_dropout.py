@@ -1,0 +1,114 @@
+"""Dense and DFSS attention with and without attention dropout, through the public functions
+the model calls, against cuDNN dense, on one GPU.
+
+One process, one table: per shape, forward and forward+backward (jax.grad of <out, cotangent>
+w.r.t. q, k, v) of
+  * cuDNN dense without dropout (``dense_attention(implementation="cudnn")``: JAX's cuDNN
+    entry has no dropout),
+  * XLA dense with dropout (``implementation="xla"``: what dense trained on before the Mosaic
+    kernels),
+  * Mosaic dense without and with dropout (``implementation="mosaic"``: the DFSS Mosaic GPU
+    kernels with nothing pruned),
+  * DFSS N:M through ``dfss_attention(backend="mosaic")`` without and with dropout,
+and the ratios the kernels are held to: cuDNN time / Mosaic dense with dropout time,
+cuDNN / DFSS (forward and forward+backward), DFSS with / without dropout, Mosaic dense with /
+without dropout. Each timed call is one jit chaining ``--steps`` calls with lax.scan over 3
+stacked random input sets (every output feeds the carry: a data dependency between calls, no
+dispatch cost); median of ``--rounds`` after warm-up.
+
+Usage, from the repository root (Hopper GPU, bf16 or fp16):
+
+  python -m benchmarks.bench_attention_dropout [--rate=0.1] [--nm=2:4] [--dtype=bf16]
+      [--shapes=32x1024,16x2048,8x4096] [--heads=4] [--dim=64] [--steps=20] [--rounds=7]
+      [--out=FILE]
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+
+from benchmarks import harness
+from lra_sparse.attention.dense import dense_attention
+from lra_sparse.attention.dfss import dfss_attention
+from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
+from lra_sparse.ops.nm import parse_nm
+
+FLAGS = flags.FLAGS
+DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
+
+
+def methods(n: int, m: int, rate: float) -> dict:
+  """name -> attention(q, k, v) through the public functions; dropout from a fixed rng."""
+  rng = jax.random.PRNGKey(0)
+  drop = dict(dropout_rate=rate, dropout_rng=rng)
+  return {
+      "cuDNN": lambda q, k, v: dense_attention(q, k, v, implementation="cudnn"),
+      "XLA+drop": lambda q, k, v: dense_attention(q, k, v, implementation="xla", **drop),
+      "Mosaic dense": lambda q, k, v: dense_attention(q, k, v, implementation="mosaic"),
+      "Mosaic dense+drop": lambda q, k, v: dense_attention(q, k, v, implementation="mosaic",
+                                                           **drop),
+      "DFSS": lambda q, k, v: dfss_attention(q, k, v, n=n, m=m, backend="mosaic"),
+      "DFSS+drop": lambda q, k, v: dfss_attention(q, k, v, n=n, m=m, backend="mosaic", **drop),
+  }
+
+
+def define_flags() -> None:
+  flags.DEFINE_float("rate", 0.1, "Attention dropout rate.")
+  flags.DEFINE_string("nm", "2:4", "DFSS N:M.")
+  flags.DEFINE_enum("dtype", "bf16", sorted(DTYPES), "Operand dtype.")
+  harness.define_shape_flags()
+  harness.define_chain_flags()
+  flags.adopt_module_key_flags(harness)
+  flags.DEFINE_string("out", None, "Also write the table (markdown) here.")
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not dfss_mgpu.is_available():
+    sys.exit("bench_attention_dropout needs a Hopper GPU (Pallas Mosaic GPU)")
+  n, m = parse_nm(FLAGS.nm, what="--nm")
+  dtype = DTYPES[FLAGS.dtype]
+  header = (harness.run_header(f"{FLAGS.dtype}, heads {FLAGS.heads}, head_dim {FLAGS.dim}",
+                               f"DFSS {n}:{m}", f"attention dropout {FLAGS.rate}",
+                               f"{FLAGS.steps} calls per jit (lax.scan), median of "
+                               f"{FLAGS.rounds}") + "\n" + harness.gpu_state())
+  print(header, flush=True)
+  names = list(methods(n, m, FLAGS.rate))
+  rows = []
+  for b, l in harness.parse_shapes(FLAGS.shapes):
+    xs = harness.stack_sets(harness.attention_sets(b, l, FLAGS.heads, FLAGS.dim, dtype),
+                            FLAGS.steps)
+    for kind in ("fwd", "fwd+bwd"):
+      times = {}
+      for name, attn in methods(n, m, FLAGS.rate).items():
+        try:
+          times[name] = harness.chained_ms(harness.passes(attn)[kind], xs, FLAGS.steps,
+                                           FLAGS.rounds)
+        except Exception as e:  # pylint: disable=broad-except  (one failure hides no other)
+          print(f"{b}x{l} {kind} {name}: failed: {type(e).__name__}: "
+                f"{str(e).splitlines()[0][:120]}", flush=True)
+          times[name] = float("nan")
+      t = times
+      row = [f"{b}x{l}", kind] + [f"{t[name]:.3f}" for name in names] + [
+          f"{t['cuDNN'] / t['Mosaic dense+drop']:.2f}", f"{t['cuDNN'] / t['DFSS']:.2f}",
+          f"{t['cuDNN'] / t['DFSS+drop']:.2f}", f"{t['DFSS+drop'] / t['DFSS']:.2f}",
+          f"{t['Mosaic dense+drop'] / t['Mosaic dense']:.2f}",
+          f"{t['XLA+drop'] / t['Mosaic dense+drop']:.2f}"]
+      rows.append(row)
+      print(" | ".join(row), flush=True)
+  cols = (["BxL", "pass"] + [f"{name} ms" for name in names]
+          + ["cuDNN / dense+drop", "cuDNN / DFSS", "cuDNN / DFSS+drop", "DFSS drop/no",
+             "dense drop/no", "XLA+drop / dense+drop"])
+  harness.emit_table(header, cols, rows, FLAGS.out,
+                     note="ratios 'a / b' are speed-ups of b over a (time of a over time of b)")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
