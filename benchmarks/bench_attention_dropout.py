@@ -20,11 +20,12 @@ Usage, from the repository root (Hopper GPU, bf16 or fp16):
 
   python -m benchmarks.bench_attention_dropout [--rate=0.1] [--nm=2:4] [--dtype=bf16]
       [--shapes=32x1024,16x2048,8x4096] [--heads=4] [--dim=64] [--steps=20] [--rounds=7]
-      [--out=FILE]
+      [--ab_mosaic=OLD_COPY_OF_MOSAIC_PY] [--free_random] [--out=FILE]
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Sequence
 
@@ -36,17 +37,20 @@ from benchmarks import harness
 from lra_sparse.attention.dense import dense_attention
 from lra_sparse.attention.dfss import dfss_attention
 from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
+from lra_sparse.ops import dropout
 from lra_sparse.ops.nm import parse_nm
 
 FLAGS = flags.FLAGS
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
 
 
-def methods(n: int, m: int, rate: float) -> dict:
-  """name -> attention(q, k, v) through the public functions; dropout from a fixed rng."""
+def methods(n: int, m: int, rate: float, ab_module=None) -> dict:
+  """name -> attention(q, k, v) through the public functions; dropout from a fixed rng. With
+  ``ab_module`` (another copy of ``kernels.dfss.mosaic``) also its dense and DFSS kernels with
+  dropout (called directly, the A/B rows)."""
   rng = jax.random.PRNGKey(0)
   drop = dict(dropout_rate=rate, dropout_rng=rng)
-  return {
+  out = {
       "cuDNN": lambda q, k, v: dense_attention(q, k, v, implementation="cudnn"),
       "XLA+drop": lambda q, k, v: dense_attention(q, k, v, implementation="xla", **drop),
       "Mosaic dense": lambda q, k, v: dense_attention(q, k, v, implementation="mosaic"),
@@ -55,6 +59,18 @@ def methods(n: int, m: int, rate: float) -> dict:
       "DFSS": lambda q, k, v: dfss_attention(q, k, v, n=n, m=m, backend="mosaic"),
       "DFSS+drop": lambda q, k, v: dfss_attention(q, k, v, n=n, m=m, backend="mosaic", **drop),
   }
+  if ab_module is not None:
+    seed = dropout.seed_words(rng)
+    out["A/B dense+drop"] = lambda q, k, v: ab_module.dense_attention_mgpu(
+        q, k, v, dropout_rate=rate, dropout_seed=seed)
+    out["A/B DFSS+drop"] = lambda q, k, v: ab_module.dfss_attention_mgpu(
+        q, k, v, n=n, m=m, dropout_rate=rate, dropout_seed=seed)
+  return out
+
+
+# Rows timed with Philox's rounds removed (``ops.dropout.ROUNDS`` = 0 while tracing): the
+# same kernels with random numbers for free, so the difference is what generating them costs.
+FREE_RANDOM = ("Mosaic dense+drop", "DFSS+drop")
 
 
 def define_flags() -> None:
@@ -65,6 +81,10 @@ def define_flags() -> None:
   harness.define_chain_flags()
   flags.adopt_module_key_flags(harness)
   flags.DEFINE_string("out", None, "Also write the table (markdown) here.")
+  flags.DEFINE_string("ab_mosaic", None, "Another copy of lra_sparse/kernels/dfss/mosaic.py "
+                      "(e.g. from git show): also time its dense and DFSS kernels with dropout.")
+  flags.DEFINE_bool("free_random", False, "Also time the dropout rows without Philox's "
+                    "rounds (what generating the random numbers costs).")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -79,17 +99,24 @@ def main(argv: Sequence[str]) -> None:
                                f"{FLAGS.steps} calls per jit (lax.scan), median of "
                                f"{FLAGS.rounds}") + "\n" + harness.gpu_state())
   print(header, flush=True)
-  names = list(methods(n, m, FLAGS.rate))
+  ab_module = (harness.load_module(FLAGS.ab_mosaic, "ab_mosaic") if FLAGS.ab_mosaic
+               else None)
+  fns = methods(n, m, FLAGS.rate, ab_module)
+  timed = [(name, fn, False) for name, fn in fns.items()]
+  if FLAGS.free_random:
+    timed += [(name + ", free random", fns[name], True) for name in FREE_RANDOM]
+  names = [name for name, _, _ in timed]
   rows = []
   for b, l in harness.parse_shapes(FLAGS.shapes):
     xs = harness.stack_sets(harness.attention_sets(b, l, FLAGS.heads, FLAGS.dim, dtype),
                             FLAGS.steps)
     for kind in ("fwd", "fwd+bwd"):
       times = {}
-      for name, attn in methods(n, m, FLAGS.rate).items():
+      for name, attn, free in timed:
         try:
-          times[name] = harness.chained_ms(harness.passes(attn)[kind], xs, FLAGS.steps,
-                                           FLAGS.rounds)
+          with (harness.swapped(dropout, ROUNDS=0) if free else contextlib.nullcontext()):
+            times[name] = harness.chained_ms(harness.passes(attn)[kind], xs, FLAGS.steps,
+                                             FLAGS.rounds)
         except Exception as e:  # pylint: disable=broad-except  (one failure hides no other)
           print(f"{b}x{l} {kind} {name}: failed: {type(e).__name__}: "
                 f"{str(e).splitlines()[0][:120]}", flush=True)
