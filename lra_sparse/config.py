@@ -94,9 +94,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.model.qkv_dim = 512
   config.model.mlp_dim = 1024
   config.model.dropout_rate = 0.1
-  # LRA's 0.1 (Image 0.2). The DFSS (Mosaic GPU and Triton) and DSA kernels draw it inside.
-  # Dense trains on XLA's explicit attention with it (cuDNN has no dropout through JAX;
-  # evaluation stays on cuDNN). Set 0 to train dense on cuDNN. Nystromformer has none, as its
+  # LRA's 0.1 (Image 0.2). The DFSS (Mosaic GPU and Triton) and DSA kernels draw it inside;
+  # dense trains with it on the Mosaic GPU kernels on a Hopper in half precision, else on XLA
+  # (cuDNN has no dropout through JAX; evaluation stays on cuDNN). Nystromformer has none, as its
   # official code (config.attention.nystrom.attention_dropout=True applies it to F and B).
   config.model.attention_dropout_rate = 0.1
   config.model.pooling = "cls"      # "cls" | "mean"

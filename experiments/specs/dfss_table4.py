@@ -23,9 +23,9 @@ averages the four tasks of the paper. 3 seeds (the paper reports one number per 
 variant reads Fashion-MNIST for Image (named as the stand-in in run names and table).
 
 Attention dropout is LRA's (0.1; Image 0.2), the task configs' default. DFSS applies it inside
-its Triton kernels; dense applies it through XLA's explicit attention (cuDNN has no dropout
-through JAX), so the bf16 dense rows do not run on cuDNN while training. The tiny presets
-have none.
+its kernels; dense trains with it on the Mosaic GPU kernels (Hopper, half precision; XLA
+elsewhere: cuDNN has no dropout through JAX), so the bf16 dense rows do not run on cuDNN while
+training. The tiny presets have none.
 """
 from experiments.specs._tiny import (IMAGE_STANDIN_LABEL, IMAGE_STANDIN_NAME, TINY_SEEDS,
                                      check_preset, image_data, tiny_steps)

@@ -17,7 +17,7 @@ per document) and Image (1024, CIFAR-10) keep their LRA lengths. The predictor l
 Eq. 6 (the default attention.dsa.mse_normalization="eq6"). The tiny variant reads
 Fashion-MNIST for Image (named as the stand-in in run names and table).
 Attention dropout is the task configs' (LRA's 0.1; Image 0.2): the DSA kernels draw it
-inside, the dense base runs apply it through XLA's explicit attention.
+inside, the dense base runs on the Mosaic GPU kernels (Hopper, half precision) or XLA.
 """
 from experiments.specs._tiny import (IMAGE_STANDIN_LABEL, IMAGE_STANDIN_NAME, TINY_SEEDS,
                                      check_preset, image_data, tiny_steps)

@@ -20,7 +20,7 @@ tasks"), not the 1000 of LRA's text config; 4000 here, as LRA's Retrieval writes
 Only the length changes: the rest is configs/text.py (LRA's Text config). The predictor loss
 is the paper's Eq. 6 (attention.dsa.mse_normalization="eq6", the default).
 Attention dropout is the task configs' (LRA's 0.1; Image 0.2): the DSA kernels draw it
-inside, the dense base runs apply it through XLA's explicit attention.
+inside, the dense base runs on the Mosaic GPU kernels (Hopper, half precision) or XLA.
 """
 from experiments.specs._tiny import check_preset, tiny_steps
 from lra_sparse.sweep import Group, Ref, Sweep
