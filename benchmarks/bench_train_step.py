@@ -47,7 +47,7 @@ def main(argv):
             f"{config.batch_size}, length {config.data.max_length}, {model.num_layers} layers, "
             f"{model.emb_dim} wide, {model.num_heads} heads of "
             f"{model.qkv_dim // model.num_heads}; {harness.run_header()}; attention dropout "
-            f"{model.attention_dropout_rate:g} (a variant's /drop=RATE sets its own); median of {FLAGS.reps} after {FLAGS.warmup} "
+            f"{model.attention_dropout_rate:g}; a variant's /drop=RATE sets its own; median of {FLAGS.reps} after {FLAGS.warmup} "
             "warm-up"
             + (f"; real lengths uniform in [{FLAGS.min_real_length}, "
                f"{config.data.max_length}], then padding" if FLAGS.min_real_length else ""))

@@ -605,6 +605,20 @@ def test_kernels_skip_padding_exactly(case, deterministic, monkeypatch):
   at each example's last real key and, in the backward, at its last row with a non-zero dO.
   Against the reference as test_kernels_match_reference, and bit for bit against the same
   kernels over every key and row (no mask, ROWS = length): the skipped tiles add exactly 0."""
+  _check_padding_skip(case, deterministic, monkeypatch, PAD_LAYOUT_GPU)
+
+
+# Where the padding goes (positions for the GPU's 2000-long cases; the interpreted one scales
+# them to its 320 keys): real lengths of the 4 examples, a hole in example 0, example 1's
+# leading padded key tile and one padded key, the rows of example 0 whose dO is 0, and where
+# example 1's rows with a non-zero dO end (before its last real key).
+PAD_LAYOUT_GPU = dict(lengths=(None, 700, 90, 0), hole=slice(200, 260), lead=64, key=333,
+                      dead_rows=slice(128, 256), live_end=600)
+PAD_LAYOUT_INTERPRETED = dict(lengths=(None, 170, 40, 0), hole=slice(100, 130), lead=64,
+                              key=150, dead_rows=slice(64, 128), live_end=140)
+
+
+def _check_padding_skip(case, deterministic, monkeypatch, layout):
   dt = _kernels()
   dtype, l, h, d, vector, sparsity, rank, selection = case
   b = 4
@@ -614,20 +628,22 @@ def test_kernels_skip_padding_exactly(case, deterministic, monkeypatch):
   q, k, v, ct = (jax.random.normal(kk, (b, l, h, d), dtype) for kk in keys)
   if dtype == jnp.float32:
     q, k, v, ct = (tf32_exact(x) for x in (q, k, v, ct))
-  # Real lengths: all, 700 (a leading key tile and a key padded too), 90, none; a hole in 0.
-  mask = _mask(b, l, [l, 700, 90, 0], hole=(0, slice(200, 260)))
-  mask[1, :64] = False
-  mask[1, 333] = False
+  # Real lengths (layout): all, a prefix with a leading key tile and a key padded too, a short
+  # one, none; a hole in 0.
+  lengths = [l if n is None else n for n in layout["lengths"]]
+  mask = _mask(b, l, lengths, hole=(0, layout["hole"]))
+  mask[1, :layout["lead"]] = False
+  mask[1, layout["key"]] = False
   # dO: 0 on padded rows (their outputs reach no loss) and on blocks of real rows: inside
-  # example 0, and example 1's last 100 real rows (its dO row extent 600 < key extent 700).
+  # example 0, and example 1's last real rows (its dO row extent < its key extent).
   live = mask.copy()
-  live[0, 128:256] = False
-  live[1, 600:] = False
+  live[0, layout["dead_rows"]] = False
+  live[1, layout["live_end"]:] = False
   ct = jnp.where(jnp.asarray(live)[:, :, None, None], ct, 0).astype(dtype)
   mask = jnp.asarray(mask)
   bits, want = _select_and_check(qp, kp, mask, vector, d, sparsity, selection)
-  assert np.asarray(dt._key_extent(mask, b, l)).tolist() == [l, 700, 90, 0]
-  assert np.asarray(dt._row_extent(ct)).tolist() == [l, 600, 90, 0]
+  assert np.asarray(dt._key_extent(mask, b, l)).tolist() == lengths
+  assert np.asarray(dt._row_extent(ct)).tolist() == [l, layout["live_end"]] + lengths[2:]
   f_ref = _attention_reference(ref.expand_groups(want, vector))
 
   def attend(mask):
@@ -765,7 +781,7 @@ def test_kernel_source_on_the_cpu_matches_reference():
   CPU (in a subprocess: ``triton_cpu``), through the same checks as the GPU test at small
   shapes (``test_interpreted_kernels``)."""
   run_interpreted(__file__, "test_interpreted_kernels or test_interpreted_dropout_kernels or "
-                  "test_interpreted_gather")
+                  "test_interpreted_gather or test_interpreted_padding_skip")
 
 
 @pytest.mark.parametrize("ints", [False, True])
@@ -787,6 +803,19 @@ def test_interpreted_dropout_kernels(monkeypatch, case, deterministic):
   from lra_sparse.kernels.dsa import triton as dsa_triton  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
   _check_kernels_against_reference(case[:-1], deterministic, rate=case[-1])
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_interpreted_padding_skip(monkeypatch, deterministic):
+  """The padding skip of the kernels (key tiles past an example's last real key, query tiles
+  past its last row with a non-zero dO) against the reference and the full loops, under the
+  interpreter, at 320 keys in 64-key tiles."""
+  if not interpreting():
+    pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
+  from lra_sparse.kernels.dsa import triton as dsa_triton  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
+  _check_padding_skip((jnp.float32, 320, 1, 16, 4, 0.75, 26, "topk"), deterministic,
+                      monkeypatch, PAD_LAYOUT_INTERPRETED)
 
 
 @pytest.mark.parametrize("case", [c for c in INTERPRETED_CASES if c[5] >= 4] +

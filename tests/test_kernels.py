@@ -737,6 +737,20 @@ def test_interpreted_kernels(monkeypatch, case, impl):
   _check_triton_case(case, impl)
 
 
+# Pathfinder-32's head dim 4 and Path-X's 8, zero-padded by the fused kernels' wrapper.
+INTERPRETED_SMALL_HEAD_CASES = [
+    (jnp.bfloat16, 2, 4, 2, 70, 2, 4, "holes"),
+    (jnp.float32, 1, 2, 2, 64, 1, 8, True),
+]
+
+
+@pytest.mark.parametrize("impl", ["fused", "fused-deterministic"])
+@pytest.mark.parametrize("case", INTERPRETED_SMALL_HEAD_CASES, ids=_case_id)
+def test_interpreted_small_head_dims(monkeypatch, case, impl):
+  _interpret_kernels(monkeypatch)
+  _check_triton_case(case, impl)
+
+
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("case", INTERPRETED_DROPOUT_CASES,
                          ids=lambda c: _case_id(c[:8]) + f"-p{c[8]}")
@@ -996,10 +1010,21 @@ def test_mosaic_tile_skip_counts_match_numpy():
 
 
 def _need_mosaic():
+  """The Mosaic kernels' module; a skip that says why elsewhere, a failure on a Hopper GPU
+  where Pallas Mosaic GPU does not import (the tests must run there)."""
   from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
-  if not dfss_mgpu.is_available():
-    pytest.skip("needs a Hopper GPU (Pallas Mosaic GPU)")
-  return dfss_mgpu
+  if dfss_mgpu.is_available():
+    return dfss_mgpu
+  gpus = [d for d in jax.devices() if d.platform == "gpu"]
+  if gpus and dfss_mgpu._is_hopper(gpus[0]):  # pylint: disable=protected-access
+    try:
+      from jax.experimental.pallas import mosaic_gpu  # noqa: F401  pylint: disable=unused-import
+    except Exception as error:  # pylint: disable=broad-except
+      pytest.fail(f"a Hopper GPU ({gpus[0].device_kind}) but Pallas Mosaic GPU does not import: "
+                  f"{type(error).__name__}: {error}")
+    pytest.fail(f"a Hopper GPU ({gpus[0].device_kind}) but the Mosaic kernels say unavailable")
+  pytest.skip("the Mosaic GPU kernels need a Hopper GPU (sm_90); this machine has "
+              + (gpus[0].device_kind if gpus else f"no GPU (jax backend {jax.default_backend()})"))
 
 
 def _check_mosaic(mg, q, k, v, mask, ct, n, m, label, per_example=False, rate=0.0, seed=None):
