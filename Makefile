@@ -22,7 +22,7 @@ else
 endif
 INSTALLED := $(VENV)/.installed-$(basename $(REQUIREMENTS))
 
-.PHONY: demo test venv gpu-check clean
+.PHONY: demo test test-fast venv gpu-check clean
 
 venv: $(INSTALLED)
 
@@ -43,11 +43,16 @@ demo: venv
 	rm -rf $(DEMO_RUN)
 	$(PY) -m lra_sparse.main --config=configs/listops.py:tiny --workdir=$(DEMO_RUN) $(DEMO_FLAGS)
 
-# Two pytest workers (pytest-xdist): the suite takes about 11 min on 2 cores.
+# Two pytest workers (pytest-xdist): the suite takes about 12 min on 2 cores.
 # Each worker allocates GPU memory as it needs it, not 75% of it up front.
 TEST_WORKERS ?= 2
 test: venv
 	XLA_PYTHON_CLIENT_PREALLOCATE=false $(PY) -m pytest -q -n $(TEST_WORKERS)
+
+# The fast tier: everything but the tests marked slow (tests/slow_tests.txt says what is left
+# out and what stays: one case of every kernel family, one short run per attention kind).
+test-fast: venv
+	XLA_PYTHON_CLIENT_PREALLOCATE=false $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 # On a GPU: the GPU tests (kernels against their references) and the kernel benchmarks.
 gpu-check: venv

@@ -18,7 +18,22 @@ from lra_sparse.data.registry import TaskSpec, register_task, _TASKS
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _slow_tests() -> tuple[set, set]:
+  """(test functions, single cases) listed in tests/slow_tests.txt."""
+  with open(os.path.join(REPO, "tests", "slow_tests.txt")) as f:
+    entries = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+  return {e for e in entries if "[" not in e}, {e for e in entries if "[" in e}
+
+
 def pytest_collection_modifyitems(config, items):
+  """Marks the tests of tests/slow_tests.txt 'slow' (the fast tier runs -m 'not slow'); off a
+  GPU, skips the tests marked 'gpu'."""
+  del config
+  functions, cases = _slow_tests()
+  for item in items:
+    nodeid = item.nodeid if item.nodeid.startswith("tests/") else "tests/" + item.nodeid
+    if nodeid in cases or nodeid.split("[")[0] in functions:
+      item.add_marker(pytest.mark.slow)
   if jax.default_backend() == "gpu":
     return
   skip = pytest.mark.skip(reason="needs a GPU")

@@ -1516,6 +1516,61 @@ def test_fused_pinv_matches_the_iteration_and_its_autodiff(m, iters):
                                 nystrom_lib.iterative_pinv(small, iters))
 
 
+def _np_pinv_iteration(a, iters):
+  """The Nystromformer's pseudo-inverse iteration in float64 numpy, written from the paper:
+  Z_0 = A^T / (max column sum * max row sum) over the whole batch, then
+  Z <- Z (13 I - A Z (15 I - A Z (7 I - A Z))) / 4."""
+  a = np.asarray(a, np.float64)
+  eye = np.eye(a.shape[-1])
+  z = np.swapaxes(a, -1, -2) / (np.abs(a).sum(-2).max() * np.abs(a).sum(-1).max())
+  for _ in range(iters):
+    az = a @ z
+    z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
+  return z
+
+
+def _jax_pinv_iteration(a, iters):
+  """The same iteration in JAX (float64 under ``jax.enable_x64``): its autodiff is the
+  gradient reference of the fused kernel's hand-written backward."""
+  eye = jnp.eye(a.shape[-1], dtype=a.dtype)
+  z = jnp.swapaxes(a, -1, -2) / (jnp.max(jnp.sum(jnp.abs(a), -2))
+                                 * jnp.max(jnp.sum(jnp.abs(a), -1)))
+  for _ in range(iters):
+    az = a @ z
+    z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
+  return z
+
+
+@pytest.mark.parametrize("m,iters", [(16, 3), (32, 6)])
+def test_fused_pinv_against_float64_references(m, iters):
+  """The fused pseudo-inverse (the Pallas program and its hand-written backward; the
+  interpreter on a CPU) against independent float64 references: its value against the
+  iteration in numpy, its gradient against float64 autodiff of the iteration (itself checked
+  by central differences). The matrices are row softmaxes scaled per row and per matrix, so
+  the maxima over the batch of the row and column sums that set Z_0 are unique (softmax rows
+  alone all sum to 1: a tie whose gradient depends on rounding)."""
+  from lra_sparse.attention import nystrom as nystrom_lib  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(10 * m + iters)
+  rows = 1.0 + 0.05 * np.arange(m)[None, :, None] + 0.4 * np.arange(2)[:, None, None]
+  a = (jax.nn.softmax(jnp.asarray(rng.normal(size=(2, m, m)) * 3, jnp.float32), axis=-1)
+       * jnp.asarray(rows, jnp.float32))
+  c = rng.normal(size=a.shape)
+  got = np.asarray(jax.jit(lambda a: nystrom_lib.iterative_pinv(a, iters, fused=True))(a))
+  want = _np_pinv_iteration(a, iters)
+  tol = 1e-5 if jax.default_backend() != "gpu" else 3e-3
+  assert np.max(np.abs(got - want)) < tol * np.max(np.abs(want))
+  grad = np.asarray(jax.jit(jax.grad(lambda a: jnp.sum(
+      nystrom_lib.iterative_pinv(a, iters, fused=True) * jnp.asarray(c, jnp.float32))))(a))
+  with jax.enable_x64(True):
+    a64, c64 = jnp.asarray(np.asarray(a), jnp.float64), jnp.asarray(c, jnp.float64)
+    loss = lambda a: jnp.sum(_jax_pinv_iteration(a, iters) * c64)  # noqa: E731
+    grad64 = np.asarray(jax.grad(loss)(a64))
+    u = rng.normal(size=a.shape)
+    fd = float(loss(a64 + 1e-6 * u) - loss(a64 - 1e-6 * u)) / 2e-6
+  assert abs(fd - np.sum(grad64 * u)) < 1e-4 * np.linalg.norm(grad64) * np.linalg.norm(u)
+  assert np.linalg.norm(grad - grad64) < 10 * tol * np.linalg.norm(grad64)
+
+
 def test_fused_pinv_rejects_bad_input():
   from lra_sparse.kernels.nystrom import pinv as pinv_pallas
   a = jnp.ones((2, 16, 16), jnp.float32)
