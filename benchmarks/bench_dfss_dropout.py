@@ -3,8 +3,8 @@
 One process, one table: per shape, forward and forward+backward (jax.grad of <out, cotangent>
 w.r.t. q, k, v) of
   * cuDNN dense (bf16; the dense model people run; jax.nn.dot_product_attention has no dropout)
-  * XLA dense, and XLA dense with attention dropout (the explicit formulation ``dense`` trains
-    with when attention_dropout_rate > 0)
+  * XLA dense, and XLA dense with attention dropout (what ``dense`` trains with where the
+    Mosaic GPU kernels do not run: ``bench_attention_dropout`` times those)
   * DFSS Triton fused, without and with attention dropout (``ops.dropout``'s counter-based
     mask drawn inside the kernels),
   * DFSS Mosaic GPU (Hopper, bf16/fp16), without and with attention dropout (the same mask;

@@ -936,6 +936,11 @@ def test_mosaic_unsupported_reason_and_backend_errors():
       64, 64, 64, 128, 128, None]
   assert "bfloat16 or float16" in reason(arr(dtype=jnp.float32), arr(dtype=jnp.float32), 2, 4)
   assert "k must match q" in reason(x, x, 2, 4, k=arr(dtype=jnp.float16))
+  dense = dfss_mgpu.dense_unsupported_reason          # dense attention: the same operands
+  assert dense(x, x, k=x) is None and dense(narrow, narrow) is None
+  assert "head_dim in [1, 128], got 160" in dense(wide, wide)
+  assert "bfloat16 or float16" in dense(arr(dtype=jnp.float32), arr(dtype=jnp.float32))
+  assert "dense_attention_mgpu" in reason(x, x, 4, 4)
   if jax.default_backend() != "gpu":
     assert not dfss_mgpu.is_available()
     q = jnp.ones((1, 64, 1, 64), jnp.bfloat16)
