@@ -204,6 +204,27 @@ def np_dropout_multiplier(seed, keep, rate):
   return np.where(keep, np_key_multiplier(seed, *keep.shape, rate), 0.0)
 
 
+def np_dense(q, k, v, mask, ct, seed=None, rate=0.0):
+  """float64 numpy dense attention with dropout by the kernels' rule (np_key_multiplier):
+  (out, dq, dk, dv); a row with no real key gives zeros."""
+  q, k, v, ct = (np.asarray(np.asarray(x, np.float32), np.float64) for x in (q, k, v, ct))
+  b, l, h, d = q.shape
+  s = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
+  real = np.ones((b, l), bool) if mask is None else np.asarray(mask, bool)
+  real = np.broadcast_to(real[:, None, None, :], s.shape)
+  s = np.where(real, s, -np.inf)
+  top = s.max(-1, keepdims=True)
+  e = np.where(real, np.exp(s - np.where(np.isfinite(top), top, 0.0)), 0.0)
+  a = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
+  zs = np_key_multiplier(seed, b, h, l, l, rate) if rate else 1.0
+  out = np.einsum("bhqk,bkhd->bqhd", a * zs, v)
+  dp = np.einsum("bqhd,bkhd->bhqk", ct, v) * zs
+  ds = a * (dp - np.sum(a * dp, -1, keepdims=True))
+  return (out, np.einsum("bhqk,bkhd->bqhd", ds, k) / math.sqrt(d),
+          np.einsum("bhqk,bqhd->bkhd", ds, q) / math.sqrt(d),
+          np.einsum("bhqk,bqhd->bkhd", a * zs, ct))
+
+
 def checkpoint_params(workdir) -> dict:
   """The params of the newest checkpoint in ``workdir`` (nested, as saved)."""
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel

@@ -16,7 +16,7 @@ from lra_sparse.attention import dsa as dsa_lib
 from lra_sparse.kernels.dsa import reference as dsa_ref
 from lra_sparse.ops import nm as nm_lib
 
-from conftest import np_key_multiplier, np_select  # the rules again, in float64 numpy
+from conftest import np_dense, np_select  # float64 numpy references
 
 # Jitted entry points: one compilation per shape instead of one per primitive (eager mode).
 dfss_attention = jax.jit(dfss_attention, static_argnames=("n", "m", "backend", "dropout_rate"))
@@ -1105,7 +1105,7 @@ def test_dense_auto_routes_dropout_and_holes_to_the_mosaic_kernels(monkeypatch):
 
 def test_dense_dropout_on_xla_is_the_kernels_mask_in_float64():
   """Dense attention with dropout on XLA equals float64 numpy attention with the counter-based
-  mask every kernel draws for the seed ``seed_words(rng)`` (conftest.np_key_multiplier):
+  mask every kernel draws for the seed ``seed_words(rng)`` (conftest.np_dense):
   values and gradients, padded keys and a fully padded example included."""
   from lra_sparse.attention import dense as dense_lib  # pylint: disable=import-outside-toplevel
   from lra_sparse.ops import dropout as dd  # pylint: disable=import-outside-toplevel
@@ -1120,18 +1120,9 @@ def test_dense_dropout_on_xla_is_the_kernels_mask_in_float64():
   with jax.default_matmul_precision("highest"):
     out, vjp = jax.vjp(f, *(jnp.asarray(x, jnp.float32) for x in (q, k, v)))
     grads = vjp(jnp.asarray(ct, jnp.float32))
-  zs = np_key_multiplier(np.asarray(dd.seed_words(rng)), b, h, l, l, rate)
-  s = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
-  real = np.broadcast_to(mask[:, None, None, :], s.shape)
-  e = np.where(real, np.exp(s - s.max(-1, keepdims=True)), 0.0)
-  a = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
-  np.testing.assert_allclose(out, np.einsum("bhqk,bkhd->bqhd", a * zs, v), atol=2e-5)
-  dp = np.einsum("bqhd,bkhd->bhqk", ct, v) * zs
-  ds = a * (dp - np.sum(a * dp, -1, keepdims=True))
-  want = (np.einsum("bhqk,bkhd->bqhd", ds, k) / math.sqrt(d),
-          np.einsum("bhqk,bqhd->bkhd", ds, q) / math.sqrt(d),
-          np.einsum("bhqk,bqhd->bkhd", a * zs, ct))
-  for got, w in zip(grads, want):
+  want = np_dense(q, k, v, mask, ct, np.asarray(dd.seed_words(rng)), rate)
+  np.testing.assert_allclose(out, want[0], atol=2e-5)
+  for got, w in zip(grads, want[1:]):
     np.testing.assert_allclose(got, w, atol=5e-5)
   assert not np.asarray(out)[1].any()
 

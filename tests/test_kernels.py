@@ -22,8 +22,7 @@ import jax.numpy as jnp
 
 from lra_sparse.ops.nm import nm_mask
 from lra_sparse.kernels.dfss import reference as ref
-from conftest import (check_close, np_dropout_multiplier, np_key_multiplier, np_philox4x32,
-                      rel_err)
+from conftest import check_close, np_dense, np_dropout_multiplier, np_philox4x32, rel_err
 from triton_cpu import interpreted_launch, interpreting, run_interpreted
 
 try:  # registers the NaN-filled entry points of launch(..., poison=True) (GPU tests)
@@ -1185,28 +1184,6 @@ def test_mosaic_wide_products_draw_the_limbs_bits(case):
   for name, a, r in zip(("out", "dq", "dk", "dv"), wide, limbs):
     assert np.isfinite(a).all(), name
     np.testing.assert_array_equal(a, r, err_msg=name)
-
-
-def np_dense(q, k, v, mask, ct, seed=None, rate=0.0):
-  """float64 numpy dense attention with dropout by the kernels' rule (np_key_multiplier):
-  (out, dq, dk, dv); a row with no real key gives zeros."""
-  q, k, v, ct = (np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)
-                 for x in (q, k, v, ct))
-  b, l, h, d = q.shape
-  s = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
-  real = np.ones((b, l), bool) if mask is None else np.asarray(mask, bool)
-  real = np.broadcast_to(real[:, None, None, :], s.shape)
-  s = np.where(real, s, -np.inf)
-  top = s.max(-1, keepdims=True)
-  e = np.where(real, np.exp(s - np.where(np.isfinite(top), top, 0.0)), 0.0)
-  a = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
-  zs = np_key_multiplier(seed, b, h, l, l, rate) if rate else 1.0
-  out = np.einsum("bhqk,bkhd->bqhd", a * zs, v)
-  dp = np.einsum("bqhd,bkhd->bhqk", ct, v) * zs
-  ds = a * (dp - np.sum(a * dp, -1, keepdims=True))
-  return (out, np.einsum("bhqk,bkhd->bqhd", ds, k) / math.sqrt(d),
-          np.einsum("bhqk,bqhd->bkhd", ds, q) / math.sqrt(d),
-          np.einsum("bhqk,bqhd->bkhd", a * zs, ct))
 
 
 MOSAIC_DENSE_CASES = [

@@ -51,6 +51,10 @@ def _on_gpu() -> bool:
   return jax.default_backend() == "gpu"
 
 
+def _half(q) -> bool:
+  return q.dtype in (jnp.bfloat16, jnp.float16)
+
+
 def cudnn_attention(q, k, v, mask=None, *, any_mask: bool = False):
   """cuDNN flash attention; q may have another length than k and v; mask: bool [batch,
   k_len], real keys first, given to cuDNN as sequence lengths (so padded keys cost no work);
@@ -176,10 +180,6 @@ def dense_attention(q, k, v, mask=None, *, implementation: str = "auto",
                        f"({str(error).splitlines()[0][:120]}); using XLA")
   bias_mask = None if mask is None else mask[:, None, None, :]
   return jax.nn.dot_product_attention(q, k, v, mask=bias_mask, implementation="xla")
-
-
-def _half(q) -> bool:
-  return q.dtype in (jnp.bfloat16, jnp.float16)
 
 
 class DenseAttention(nn.Module):

@@ -141,19 +141,17 @@ def key_draws(seed, batch_heads: int, rows: int, keys: int) -> jax.Array:
   return halves.reshape(batch_heads, rows, calls * KEY_GROUP)[..., :keys]
 
 
+def key_multiplier(seed, batch: int, heads: int, rows: int, keys: int, rate: float) -> jax.Array:
+  """float32 [batch, heads, rows, keys]: Z / (1 - rate) for every entry (0 where dropped).
+  A sparse kind multiplies it into probabilities that are already 0 off its kept set."""
+  t = threshold(rate)
+  draws = key_draws(seed, batch * heads, rows, keys).reshape(batch, heads, rows, keys)
+  return jnp.where(draws >= t, np.float32(keep_scale(t)), np.float32(0.0))
+
+
 def dropout_multiplier(seed, keep, rate: float) -> jax.Array:
-  """float32 [batch, heads, q_len, k_len]: Z / (1 - rate) on the kept entries, 0 elsewhere.
+  """float32 [batch, heads, q_len, k_len]: ``key_multiplier`` on the kept entries, 0 elsewhere.
 
   seed: int32 [2] (``seed_words``); keep: bool [batch, heads, q_len, k_len], the entries the
-  kind keeps (all True for dense attention)."""
-  t = threshold(rate)
-  b, h, rows, keys = keep.shape
-  draws = key_draws(seed, b * h, rows, keys).reshape(keep.shape)
-  survive = keep & (draws >= t)
-  return jnp.where(survive, np.float32(keep_scale(t)), np.float32(0.0))
-
-
-def key_multiplier(seed, batch: int, heads: int, rows: int, keys: int, rate: float) -> jax.Array:
-  """float32 [batch, heads, rows, keys]: Z / (1 - rate) for every entry.  The caller multiplies
-  it into probabilities that are already 0 off the kept set (DSA, DFSS) or keeps all (dense)."""
-  return dropout_multiplier(seed, jnp.ones((batch, heads, rows, keys), bool), rate)
+  kind keeps."""
+  return jnp.where(keep, key_multiplier(seed, *keep.shape, rate), np.float32(0.0))

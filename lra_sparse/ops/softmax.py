@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lra_sparse.ops import dropout
+
 
 def attention_scores(q, k, mask=None, *, precision=None):
   """S = Q K^T / sqrt(d) as [batch, heads, q_len, k_len]; padded keys -> -inf.
@@ -56,8 +58,6 @@ def dropout_probabilities(probs, rate: float, rng):
   flattened as batch*heads). ``rate <= 0`` or ``rng=None`` returns ``probs`` unchanged."""
   if rate <= 0.0 or rng is None:
     return probs
-  from lra_sparse.ops import dropout  # pylint: disable=import-outside-toplevel
-  dropout.threshold(rate)  # one clear error for a rate outside [0, 1)
   rows, keys = probs.shape[-2:]
   lead = probs.shape[:-2]
   mult = dropout.key_multiplier(dropout.seed_words(rng), 1, int(np.prod(lead, dtype=int)),
