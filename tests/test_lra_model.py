@@ -256,3 +256,16 @@ def test_predicted_class_histogram_counts_real_examples_only():
   predicted = [float(sums[f"predicted_{c}"]) for c in range(10) if f"predicted_{c}" in sums]
   assert float(sums["count"]) == 2.0 and sum(predicted) == pytest.approx(2.0)
   assert all(p in (0.0, 1.0, 2.0) for p in predicted)
+
+
+def test_listops_stable_preset_is_lras_config_with_the_peak_learning_rate_halved():
+  """The documented stable option differs from LRA's protocol in one field, the one the recipe
+  study halved (the spec's ``lr0.025`` arm); a typo in the preset is one clear error."""
+  path = os.path.join(REPO, "configs", "listops.py")
+  lra = config_lib.flatten_config(load_config_file(path).to_dict())
+  stable = config_lib.flatten_config(load_config_file(path, "stable").to_dict())
+  assert {key for key in lra if lra[key] != stable[key]} == {"optim.learning_rate"}
+  assert (lra["optim.learning_rate"], stable["optim.learning_rate"]) == (0.05, 0.025)
+  assert set(lra) == set(stable)
+  with pytest.raises(ValueError, match="unknown preset 'stabel'.*'stable'"):
+    load_config_file(path, "stabel")

@@ -3,6 +3,7 @@
 Standard deviations are SAMPLE standard deviations (numpy ddof=1), as documented in
 lra_sparse/tables/ and WORKSPACE.md.
 """
+import _thread
 import contextlib
 import csv
 import io
@@ -11,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -515,6 +517,49 @@ def test_rerunning_finished_sweep_launches_nothing(sweep_spec, tmp_path, monkeyp
   assert manifest["sweep"] == "synthetic"
   assert [r["name"] for r in manifest["runs"]] == EXPECTED_NAMES
   assert manifest["counts"]["finished"] == 10
+
+
+# A trainer that runs until Ctrl-C and then exits as lra_sparse.main does after saving (130).
+STOPPABLE_MAIN = """
+import os, signal, sys, time
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+os.makedirs(args["workdir"], exist_ok=True)
+signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
+open(os.path.join(args["workdir"], "started"), "w").close()
+time.sleep(60)
+sys.exit(1)
+"""
+
+
+def test_ctrl_c_of_the_sweep_records_its_trainers_as_interrupted(sweep_spec, tmp_path):
+  """Ctrl-C (or ``timeout -s INT``) to the sweep forwards SIGINT; the trainers it stopped are
+  recorded "interrupted" with their exit code in sweep.json and sweep_error.txt, not left
+  "pending" as if they had never started."""
+  spec, _ = sweep_spec
+  main = tmp_path / "stoppable_main.py"
+  main.write_text(STOPPABLE_MAIN)
+  root = tmp_path / "root"
+
+  def interrupt_once_started():
+    deadline = time.time() + 60
+    while not list(root.glob("*/started")) and time.time() < deadline:
+      time.sleep(0.02)
+    _thread.interrupt_main()
+
+  threading.Thread(target=interrupt_once_started, daemon=True).start()
+  with pytest.raises(KeyboardInterrupt):
+    sweep_lib.run_sweep(f"{spec}:tiny", str(root),
+                        launcher=sweep_lib.Launcher([sys.executable, str(main)]),
+                        poll_seconds=0.01, show_progress=False)
+  started = [path.parent.name for path in root.glob("*/started")]
+  assert len(started) == 1, started
+  runs = {r["name"]: r for r in json.loads((root / "sweep.json").read_text())["runs"]}
+  assert runs[started[0]]["state"] == "interrupted"
+  assert runs[started[0]]["returncode"] == 130
+  assert (root / started[0] / "sweep_error.txt").read_text().startswith("return code 130")
+  assert not (root / started[0] / "sweep_running.json").exists()
+  others = {r["state"] for name, r in runs.items() if name != started[0]}
+  assert others <= {"pending", "blocked"}, others   # blocked: fine-tunes of the stopped run
 
 
 def test_interrupted_run_is_not_failed_and_resumes(sweep_spec, tmp_path, monkeypatch):

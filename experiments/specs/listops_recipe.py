@@ -68,6 +68,10 @@ DEFAULTS = {"attention.kind": "dense", "model.attention_dropout_rate": 0.1, "opt
             "attention.dense.implementation": "auto",
             **LRA_MODEL}
 
+# A DFSS run's config holds no attention.dense fields.
+DFSS_DEFAULTS = {key: value for key, value in DEFAULTS.items()
+                 if not key.startswith("attention.dense.")}
+
 
 def _check(preset: str) -> str:
   if preset not in PRESETS:
@@ -129,6 +133,6 @@ def get_table(preset: str = "") -> Table:
                                           **(_tiny_arm(match) if tiny else match)})
             for name, dtype in DTYPES for label, _, match in ARMS]
            + ([] if tiny else [Selector(f"bf16: {label}", {"model.dtype": "bfloat16",
-                                                            **DEFAULTS, **match})
+                                                            **DFSS_DEFAULTS, **match})
                                for label, _, match in DFSS_ARMS]),
       columns=[Selector("ListOps", {"task": "listops"})])

@@ -182,13 +182,16 @@ def _run_sweep_locked(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[Run
   except KeyboardInterrupt:
     for entry in active:      # SIGINT: each trainer finishes its in-flight save, then exits
       entry.process.send_signal(signal.SIGINT)
-    for entry in active:
-      try:
-        entry.process.wait(timeout=30)
+    for entry in active:      # each stopped trainer's end is recorded like any other:
+      try:                    # exit code 130 -> "interrupted" (resumes), else "failed"
+        returncode = entry.process.wait(timeout=30)
       except subprocess.TimeoutExpired:
         entry.process.kill()
-      entry.log_file.close()
-      remove_file(os.path.join(entry.run.workdir, RUNNING_FILE))
+        returncode = entry.process.wait()
+      _finish(entry, returncode, launcher)
+      outcomes[entry.run.name].update(
+          {"ended": now(), "returncode": returncode,
+           "seconds": round(time.time() - entry.started, 1)})
     write_manifest(sweep, spec_arg, root, runs, launcher.main_command, outcomes)
     raise
   finally:
