@@ -129,3 +129,19 @@ def test_experiment_file_names_say_what_they_show():
     pytest.skip("not a git checkout")
   pattern = re.compile(r"session|20\d\d-\d\d-\d\d|_before|_after|_final", re.IGNORECASE)
   assert not [f for f in files if pattern.search(f)]
+
+
+def test_committed_runs_hold_only_their_records():
+  """A run folder under experiments/results holds config.json, metrics.jsonl and result.json
+  (no logs, event files or checkpoints: experiments/results/README.md); a sweep root may add
+  its sweep.json and a note beside the runs."""
+  files = subprocess.run(["git", "ls-files", "experiments/results"], cwd=REPO,
+                         capture_output=True, text=True, check=False).stdout.split()
+  if not files:
+    pytest.skip("not a git checkout")
+  run_dirs = {os.path.dirname(f) for f in files if f.endswith("/config.json")}
+  assert run_dirs, "no committed run folders found"
+  records = {"config.json", "metrics.jsonl", "result.json"}
+  stray = [f for f in files if os.path.dirname(f) in run_dirs
+           and os.path.basename(f) not in records]
+  assert not stray, stray
