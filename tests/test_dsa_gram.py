@@ -180,8 +180,9 @@ def test_bad_inputs_give_one_clear_error():
     ((2, 130, 2, 128, 169), False),    # the widest tiles: rank 0.33 x 512
 ])
 def test_gram_kernels_match_float64(dtype, shape, near):
-  """The kernels' value and gradients against float64 numpy of the direct [L, L] form, with
-  padding and a hole; gradients of padded rows exactly 0."""
+  """The kernels' value and every gradient (q, k, the shared projection, both predictor
+  weights) against float64 numpy of the direct [L, L] form, with padding and a hole;
+  gradients of padded rows exactly 0."""
   if jax.default_backend() != "gpu":
     pytest.skip("needs a GPU")
   _check_against_float64(dtype, shape, near)
@@ -231,6 +232,9 @@ def _check_against_float64(dtype, shape, near):
   want_dq = np.where(live, 2 * np.einsum("bhqk,bkhd->bqhd", diff, k) / b, 0)
   want_dqp = -2 * np.einsum("bhqk,bkhd->bqhd", diff, kp) / b
   want_dwq = np.einsum("blr,blhk->hrk", xp * mask[..., None], want_dqp)
+  want_dk = np.where(live, 2 * np.einsum("bhqk,bqhd->bkhd", diff, q) / b, 0)
+  want_dkp = -2 * np.einsum("bhqk,bqhd->bkhd", diff, qp) / b
+  want_dwk = np.einsum("blr,blhk->hrk", xp * mask[..., None], want_dkp)
   want_dxp = np.where(mask[..., None], np.einsum("blhk,hrk->blr", want_dqp, wq)
                       + np.einsum("blhk,hrk->blr",
                                   2 * np.einsum("bhqk,bqhd->bkhd", -diff, qp) / b, wk), 0)
@@ -244,7 +248,9 @@ def _check_against_float64(dtype, shape, near):
   rel = lambda x, y: np.linalg.norm(np.asarray(x, np.float64) - y) / np.linalg.norm(y)  # noqa
   tol = 2e-2 if dtype == jnp.bfloat16 else 2e-3      # dq, dk are stored in the input dtype
   assert rel(grads[0], want_dq) < tol, rel(grads[0], want_dq)
+  assert rel(grads[1], want_dk) < tol, rel(grads[1], want_dk)
   assert rel(grads[3], want_dwq) < 2e-3, rel(grads[3], want_dwq)
+  assert rel(grads[4], want_dwk) < 2e-3, rel(grads[4], want_dwk)
   assert rel(grads[2], want_dxp) < 2e-3, rel(grads[2], want_dxp)
   for x in grads[:3]:
     assert np.all(np.isfinite(np.asarray(x, np.float32)))
