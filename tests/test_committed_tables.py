@@ -1,0 +1,103 @@
+"""The committed accuracy tables against their committed runs, recomputed without the table code.
+
+Each row of a committed markdown table is matched to run folders by run name (the mapping is
+written out here by hand, not read from the spec), and its cell is recomputed from the runs'
+``result.json`` with numpy: the mean and sample std (ddof=1) of test accuracy (%) at the last
+step or at the best validation step, n = finished runs, and the count of runs without a
+result ("k unfinished"). A table edited by hand, or rebuilt from other runs, fails here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "experiments", "results")
+
+_RECIPE_ARMS = {
+    "LRA's recipe (the default config)": "lra",
+    "model's earlier parameters (biases, lecun_normal, CLS N(0, 0.02))": "earlier-model",
+    "attention dropout 0": "attn-dropout0",
+    "gradient clipping at norm 1": "clip1",
+    "peak learning rate halved (0.025 rsqrt)": "lr0.025",
+    "Adam b2 0.999, eps 1e-6": "adam-b2-0.999",
+    "evaluation on XLA too (not cuDNN)": "xla-eval",
+}
+_RECIPE_ROWS = {f"{dtype}: {label}": rf"{dtype}__listops__{re.escape(arm)}__seed=\d+"
+                for dtype in ("fp32", "bf16") for label, arm in _RECIPE_ARMS.items()}
+_RECIPE_5000_ROWS = dict(_RECIPE_ROWS, **{
+    "bf16: DFSS 1:2, lra_listops's config, Mosaic GPU kernels": r"dfss__listops__dfss1-2-mosaic__seed=\d+",
+    "bf16: DFSS 1:2, lra_listops's config, Triton kernels": r"dfss__listops__dfss1-2-triton__seed=\d+",
+    "bf16: DFSS 1:2, peak learning rate halved (0.025 rsqrt)": r"dfss__listops__dfss1-2-lr0\.025__seed=\d+",
+})
+_LRA_LISTOPS_ROWS = {
+    "Transformer (dense, cuDNN)": r"listops__dense__seed=\d+",
+    "DFSS 1:2": r"listops__dfss1-2__seed=\d+",
+    "DFSS 2:4": r"listops__dfss2-4__seed=\d+",
+    "Nystromformer": r"listops__nystrom__seed=\d+",
+    "Nystromformer + DFSS 2:4": r"listops__nystrom-dfss2-4__seed=\d+",
+    "DSA-90 (sigma 0.25, mean-form L_MSE)": r"listops__dsa90__seed=\d+",
+}
+# (table file, runs folder, result.json split, rows: label -> run-name pattern)
+TABLES = [
+    ("lra_listops.md", "lra_listops", "test", _LRA_LISTOPS_ROWS),
+    ("lra_listops_best_val.md", "lra_listops", "test_at_best_val", _LRA_LISTOPS_ROWS),
+    ("listops_recipe_short.md", "listops_recipe", "test", _RECIPE_ROWS),
+    ("listops_recipe_short_best_val.md", "listops_recipe", "test_at_best_val", _RECIPE_ROWS),
+    ("listops_recipe_5000.md", "listops_recipe_5000", "test", _RECIPE_5000_ROWS),
+    ("listops_recipe_5000_best_val.md", "listops_recipe_5000", "test_at_best_val",
+     _RECIPE_5000_ROWS),
+]
+
+
+def _table_rows(path: str) -> dict[str, str]:
+  """Row label -> its one cell, from a two-column markdown table."""
+  rows = {}
+  for line in open(path, encoding="utf-8"):
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if line.startswith("| ") and len(cells) == 2 and cells[0] != "Model":
+      rows[cells[0]] = cells[1]
+  return rows
+
+
+def _expected_cell(folder: str, pattern: str, split: str) -> str:
+  values, unfinished = [], 0
+  for name in sorted(os.listdir(folder)):
+    if not re.fullmatch(pattern, name):
+      continue
+    result = os.path.join(folder, name, "result.json")
+    if not os.path.exists(result):
+      unfinished += 1
+      continue
+    with open(result) as f:
+      values.append(100.0 * json.load(f)[split]["accuracy"])
+  if not values:
+    return f"— ({unfinished} unfinished)" if unfinished else "—"
+  cell = (f"{values[0]:.2f}" if len(values) == 1 else
+          f"{np.mean(values):.2f} ± {np.std(values, ddof=1):.2f}") + f" (n={len(values)})"
+  return cell + (f", {unfinished} unfinished" if unfinished else "")
+
+
+@pytest.mark.parametrize("table,folder,split,rows", TABLES, ids=[t[0] for t in TABLES])
+def test_committed_table_is_its_runs(table, folder, split, rows):
+  committed = _table_rows(os.path.join(RESULTS, table))
+  assert set(committed) == set(rows), (set(committed) ^ set(rows))
+  for label, pattern in rows.items():
+    want = _expected_cell(os.path.join(RESULTS, folder), pattern, split)
+    assert committed[label].startswith(want.split(",")[0]), (table, label, committed[label], want)
+    if "unfinished" in want:
+      assert "unfinished" in committed[label], (table, label, committed[label], want)
+
+
+def test_every_committed_run_belongs_to_a_row():
+  """No committed run folder is left out of its table (a run the patterns miss would make the
+  check above vacuous for it)."""
+  for _, folder, _, rows in TABLES:
+    path = os.path.join(RESULTS, folder)
+    names = [n for n in os.listdir(path) if os.path.isdir(os.path.join(path, n))]
+    orphans = [n for n in names if not any(re.fullmatch(p, n) for p in rows.values())]
+    assert not orphans, (folder, orphans)
