@@ -16,6 +16,7 @@ from lra_sparse import config as config_lib
 from lra_sparse import train, workdir as workdir_lib
 from lra_sparse.config import load_config_file
 from lra_sparse.data import get_task
+from lra_sparse.tables import stability
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIDTH, MLP = 64, 128          # fans where xavier_uniform and lecun_normal have different ranges
@@ -194,10 +195,9 @@ def test_train_mode_evaluation_without_dropout_is_the_evaluation(tmp_path, tiny_
 
 
 def test_eval_mode_gaps_names_gaps_and_collapses(tmp_path):
-  """scripts/eval_mode_gaps on a hand-written log: a gap where evaluation mode falls below
-  the train-mode pass, a collapse where both fall after the run had learned, nothing at the
-  start (not yet learned)."""
-  from scripts import eval_mode_gaps  # pylint: disable=import-outside-toplevel
+  """lra_sparse.tables.stability.mode_gaps on a hand-written log: a gap where evaluation mode
+  falls below the train-mode pass, a collapse where both fall after the run had learned,
+  nothing at the start (not yet learned)."""
   run = tmp_path / "run"
   run.mkdir()
   history = [(200, 0.167, 0.167), (400, 0.35, 0.34), (600, 0.17, 0.33), (800, 0.21, 0.20)]
@@ -207,7 +207,7 @@ def test_eval_mode_gaps_names_gaps_and_collapses(tmp_path):
                   "predicted_1": 0.1})
     lines.append({"step": step, "split": "val_train_mode", "accuracy": check})
   (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
-  row = eval_mode_gaps.describe(str(run), gap=0.05, low=0.25, learned=0.30)
+  row = stability.mode_gaps(str(run), gap=0.05, low=0.25, learned=0.30)
   assert row[1].startswith("unfinished (step 800)")
   assert row[3] == "600: 0.170 / 0.330 (0.90)"
   assert row[4] == "800: 0.210 / 0.200 (0.90)"
@@ -269,3 +269,37 @@ def test_listops_stable_preset_is_lras_config_with_the_peak_learning_rate_halved
   assert set(lra) == set(stable)
   with pytest.raises(ValueError, match="unknown preset 'stabel'.*'stable'"):
     load_config_file(path, "stabel")
+
+
+def test_last_vs_best_counts_seeds_that_end_near_their_best(tmp_path):
+  """lra_sparse.tables.stability.last_vs_best on hand-written runs: per row, the finished
+  seeds' last-step and best-validation test (%), how many end within the margin (a gap of
+  exactly the margin counts as within), unfinished runs listed, never averaged."""
+  spec = tmp_path / "spec.py"
+  spec.write_text(
+      "from lra_sparse.tables import Selector, Table\n"
+      "def get_table(preset=''):\n"
+      "  return Table(title='t', split='test', columns=[Selector('ListOps', {'task': 'listops'})],\n"
+      "               rows=[Selector('a', {'optim.learning_rate': 0.05}),\n"
+      "                     Selector('b', {'optim.learning_rate': 0.025})])\n")
+  runs = [("a0", 0.05, 0, (0.30, 0.345)), ("a1", 0.05, 1, (0.33, 0.345)),
+          ("b0", 0.025, 0, (0.34, 0.35)), ("b1", 0.025, 1, None)]
+  for name, lr, seed, accs in runs:
+    run = tmp_path / "root" / name
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(
+        {"task": "listops", "seed": seed, "optim": {"learning_rate": lr}}))
+    (run / "metrics.jsonl").write_text(json.dumps(
+        {"step": 100, "split": "train", "accuracy": 0.3}) + "\n")
+    if accs is not None:
+      (run / "result.json").write_text(json.dumps(
+          {"step": 100, "test": {"accuracy": accs[0]},
+           "test_at_best_val": {"accuracy": accs[1], "step": 50}}))
+  rows = {r["label"]: r for r in stability.last_vs_best(str(tmp_path / "root"), str(spec),
+                                                        within=1.5)}
+  assert [(s, round(l, 2), round(b, 2)) for s, l, b, _ in rows["a"]["runs"]] == [
+      (0, 30.0, 34.5), (1, 33.0, 34.5)]
+  assert rows["a"]["stable"] == 1 and rows["a"]["others"] == []
+  assert [(s, round(l, 2)) for s, l, _, _ in rows["b"]["runs"]] == [(0, 34.0)]
+  assert rows["b"]["stable"] == 1
+  assert rows["b"]["others"] == ["b1 (unfinished, step 100)"]
