@@ -273,7 +273,7 @@ def test_cli_user_errors_are_one_line(tmp_path, listops_dir):
                         capture_output=True, text=True, timeout=300)
   assert proc.stderr.strip().splitlines() == [
       "error: --config=configs/listops.py:huge: unknown preset 'huge' for configs/listops.py; "
-      "known: '', 'tiny'"]
+      "known: '', 'stable', 'tiny'"]
   # The traceback is one environment variable away.
   proc = subprocess.run(_main(tmp_path / "run", "--config.eval_every_steps=0"), cwd=REPO,
                         capture_output=True, text=True, timeout=300,
