@@ -74,6 +74,9 @@ ADDED_FIELDS = (
     ("profile_steps", "", None),
     ("eval_train_mode", False, None),
     ("wandb", {"project": "", "entity": ""}, None),
+    ("model.mask_token", False, None),
+    ("objective", "classify", None),
+    ("denoise", {"mask_rate": 0.15, "mask_share": 0.8, "random_share": 0.1}, None),
 ) + tuple((key, value, None) for key, value in EARLIER_MODEL.items())
 
 
@@ -113,6 +116,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.model.mlp_bias_init_std = 1e-6    # MLP biases N(0, std^2) (LRA 1e-6); 0 = zeros
   config.model.cls_init_std = 0.0          # CLS token N(0, std^2); 0 = zeros (LRA)
   config.model.float32_head = True         # classifier head in float32 (LRA) or model.dtype
+  # One more embedding row (id = the task's vocabulary size) for the denoising objective's
+  # mask token; a fine-tune of a denoising run sets it too, so the embedding loads.
+  config.model.mask_token = False
 
   # kind (a name from lra_sparse.attention.attention_kinds()) and one block per kind:
   # attention.dense.implementation, attention.dfss.{nm, backend, deterministic_kernels},
@@ -131,6 +137,18 @@ def get_base_config() -> ml_collections.ConfigDict:
   # k > 1: each step's batch is processed as k micro-batches whose gradients are averaged
   # (the same update, 1/k of the activation memory); batch_size must divide by k x devices.
   config.optim.grad_accum_steps = 1
+
+  # What the model is trained to predict (lra_sparse/objectives.py): "classify" (the task's
+  # label, LRA) or "denoise" (masked tokens of the task's own inputs, labels unused: the
+  # self-pretraining of Amos et al., "Never Train from Scratch", ICLR 2024; needs
+  # model.mask_token). A share mask_rate of the real tokens is selected; of those, mask_share
+  # become the mask token, random_share a uniformly drawn real token, the rest stay (BERT's
+  # 80/10/10 by default); the loss is the cross-entropy at the selected positions.
+  config.objective = "classify"
+  config.denoise = ml_collections.ConfigDict()
+  config.denoise.mask_rate = 0.15
+  config.denoise.mask_share = 0.8
+  config.denoise.random_share = 0.1
 
   config.batch_size = 32
   config.num_train_steps = 5000

@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from lra_sparse import config as config_lib
 from lra_sparse import metric_writers
+from lra_sparse import objectives as objectives_lib
 from lra_sparse import profiling
 from lra_sparse import workdir as workdir_lib
 from lra_sparse.attention import AUX_LOSS, AUX_METRICS
@@ -48,7 +49,7 @@ from lra_sparse.data.pipeline import eval_batches, train_dataset
 from lra_sparse.data.registry import PAD_ID, SPLITS, TaskSpec, check_split_arrays
 from lra_sparse.distributed import is_primary, put_global_batch, replicate, say, sync_processes
 from lra_sparse.errors import TrainingDiverged, TrainingInterrupted, first_line
-from lra_sparse.models import build_model
+from lra_sparse.models import INPUT_KEYS, build_model
 from lra_sparse.ops import sharding
 
 AUX_COLLECTIONS = (AUX_LOSS, AUX_METRICS)
@@ -61,6 +62,9 @@ RESUMABLE_FIELDS = ("num_train_steps", "eval_every_steps", "log_every_steps",
 # fold_in constant of the seed's key that config.eval_train_mode's evaluations draw their
 # dropout from (training draws from a split of the seed's key, another stream).
 TRAIN_MODE_EVAL_STREAM = 0x7E57
+# The denoising objective's evaluation corruption: fold_in(key(seed), this), then the batch.
+DENOISE_EVAL_STREAM = 0xDE5
+CLASSIFY = objectives_lib.Classify()
 # result.json / metrics.jsonl: the test metrics at the periodic evaluation with the best
 # validation accuracy so far (the first such step on ties), next to the last step's "test".
 BEST_SPLIT = "test_at_best_val"
@@ -165,26 +169,22 @@ def _aux_terms(mutated) -> tuple[jax.Array, dict[str, jax.Array]]:
   return aux_loss, {name: jnp.mean(jnp.stack(v)) for name, v in grouped.items()}
 
 
-def _cross_entropy(logits, targets, weights):
-  losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-  correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
-  return jnp.sum(losses * weights), jnp.sum(correct * weights), jnp.sum(weights)
-
-
-def make_train_step(model: nn.Module, grad_accum_steps: int = 1):
+def make_train_step(model: nn.Module, grad_accum_steps: int = 1, objective=CLASSIFY):
   """One optimizer update per global batch. With ``grad_accum_steps`` k > 1 the batch is
   cut into k micro-batches whose gradients (and metrics) are averaged before the update: the
   same update as the whole batch at once (equal-sized micro-batches of a mean loss), with the
   activation memory of one micro-batch. Micro-batch i takes every k-th example, so each
-  device's shard of a data-parallel batch splits evenly."""
+  device's shard of a data-parallel batch splits evenly. ``objective``: what the loss is
+  (lra_sparse/objectives.py; its random draws come from the step's dropout key)."""
   def grads_and_metrics(state: TrainState, batch, dropout_rng):
     def loss_fn(params):
       variables = {"params": params, **(state.model_state or {})}
-      logits, mutated = model.apply(variables, batch, deterministic=False,
+      apply = lambda b: model.apply(variables, b, deterministic=False,  # noqa: E731
                                     rngs={"dropout": dropout_rng},
                                     mutable=list(AUX_COLLECTIONS))
-      weights = jnp.ones(logits.shape[:1], jnp.float32)
-      loss_sum, correct, count = _cross_entropy(logits, batch["targets"], weights)
+      weights = jnp.ones(jax.tree.leaves(batch)[0].shape[:1], jnp.float32)
+      (loss_sum, correct, count), _, mutated = objective.score(apply, batch, weights,
+                                                               dropout_rng)
       aux_loss, aux_metrics = _aux_terms(mutated)
       task_loss = loss_sum / count
       metrics = {"loss": task_loss, "accuracy": correct / count, "aux_loss": aux_loss,
@@ -224,21 +224,25 @@ def in_mesh(step, mesh: Mesh):
   return call
 
 
-def make_eval_step(model: nn.Module, *, train_mode: bool = False):
+def make_eval_step(model: nn.Module, *, train_mode: bool = False, objective=CLASSIFY):
   """Metric sums of one batch: loss, accuracy, the share of examples predicted as each class
-  (``predicted_<c>``, the histogram a collapse to one class shows in) and aux metrics. With
-  ``train_mode`` the model runs as in training (dropout on, drawn from ``rng``): the
-  diagnostic that tells a gap between training and evaluation mode from bad parameters."""
+  (``predicted_<c>``, the histogram a collapse to one class shows in; classification only)
+  and aux metrics. With ``train_mode`` the model runs as in training (dropout on, drawn from
+  ``rng``): the diagnostic that tells a gap between training and evaluation mode from bad
+  parameters. The denoising objective draws its corruption from ``rng`` (a fixed key per
+  evaluation batch, so every evaluation scores the same corrupted positions)."""
   def eval_step(params, model_state, batch, weights, rng=None):
     variables = {"params": params, **(model_state or {})}
     rngs = {"dropout": rng} if train_mode else None
-    logits, mutated = model.apply(variables, batch, deterministic=not train_mode, rngs=rngs,
-                                  mutable=list(AUX_COLLECTIONS))
-    loss_sum, correct, count = _cross_entropy(logits, batch["targets"], weights)
+    apply = lambda b: model.apply(variables, b, deterministic=not train_mode,  # noqa: E731
+                                  rngs=rngs, mutable=list(AUX_COLLECTIONS))
+    (loss_sum, correct, count), logits, mutated = objective.score(
+        apply, batch, weights, jax.random.key(0) if rng is None else rng)
     _, aux_metrics = _aux_terms(mutated)
     sums = {"loss": loss_sum, "accuracy": correct, "count": count}
-    predicted = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1]) * weights[:, None]
-    sums.update({f"predicted_{c}": total for c, total in enumerate(jnp.sum(predicted, 0))})
+    if objective.histogram:
+      predicted = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1]) * weights[:, None]
+      sums.update({f"predicted_{c}": total for c, total in enumerate(jnp.sum(predicted, 0))})
     # Aux metrics are batch means: weight them by the batch's real examples.
     sums.update({name: value * count for name, value in aux_metrics.items()})
     return sums
@@ -305,6 +309,7 @@ def validate_config(config) -> None:
                      f"config.num_train_steps={config.num_train_steps}: nothing would be "
                      "traced")
   metric_writers.check_config(config)
+  objectives_lib.check_config(config)
 
 
 def _load_splits(config, spec) -> dict[str, dict[str, np.ndarray]]:
@@ -461,29 +466,34 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
       os.remove(result_path)       # the run trains on: its old result no longer describes it
       say(f"resume: training on from step {start_step} to {config.num_train_steps}; "
           "removed the earlier result.json")
+    objective = objectives_lib.make_objective(
+        config, input_keys=INPUT_KEYS[spec.model_kind], vocab_size=spec.vocab_size)
     return _train_accepted_run(
         config, workdir, writer, state=state, start_step=start_step,
         resumed=restored is not None, manager=manager, model=model, eval_model=eval_model,
         splits=splits, batch_sharding=batch_sharding, dropout_rng=dropout_rng,
-        num_params=num_params)
+        num_params=num_params, objective=objective)
 
 
 def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, manager, model,
                         eval_model, splits, batch_sharding, dropout_rng,
-                        num_params) -> dict[str, Any]:
+                        num_params, objective) -> dict[str, Any]:
   """The training loop and the final evaluation of ``_train_locked``'s accepted run."""
   mesh = batch_sharding.mesh
-  train_step = in_mesh(jax.jit(make_train_step(model, config.optim.grad_accum_steps),
-                               donate_argnums=(0,)), mesh)
-  eval_step = in_mesh(jax.jit(make_eval_step(eval_model)), mesh)
+  train_step = in_mesh(jax.jit(make_train_step(model, config.optim.grad_accum_steps,
+                                               objective), donate_argnums=(0,)), mesh)
+  eval_step = in_mesh(jax.jit(make_eval_step(eval_model, objective=objective)), mesh)
   eval_cast = (lambda p: jax.tree.map(lambda x: x.astype(jnp.bfloat16), p)) \
       if config.eval_dtype == "bfloat16" else (lambda p: p)
+  eval_rng = (jax.random.fold_in(jax.random.key(config.seed), DENOISE_EVAL_STREAM)
+              if isinstance(objective, objectives_lib.Denoise) else None)
   run_eval = lambda split, max_batches: evaluate(
       eval_step, eval_cast(state.params), state.model_state, splits[split], config.batch_size,
-      batch_sharding, max_batches)
+      batch_sharding, max_batches, rng=eval_rng)
   # config.eval_train_mode: the validation split once more as in training (dropout on, a
   # fixed key per evaluation step), recorded as split "val_train_mode".
-  train_mode_eval = in_mesh(jax.jit(make_eval_step(model, train_mode=True)), mesh) \
+  train_mode_eval = in_mesh(jax.jit(make_eval_step(model, train_mode=True,
+                                                   objective=objective)), mesh) \
       if config.eval_train_mode else None
   check_rng = jax.random.fold_in(jax.random.key(config.seed), TRAIN_MODE_EVAL_STREAM)
   learning_rate = make_schedule(config.optim, config.num_train_steps)
@@ -553,7 +563,7 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
         shares = [v for k, v in val.items() if k.startswith("predicted_")]
         say(f"step {done}: val " + " ".join(f"{k}={v:.4f}" for k, v in val.items()
                                             if not k.startswith("predicted_"))
-            + f" (most predicted class: {max(shares):.1%} of examples)")
+            + (f" (most predicted class: {max(shares):.1%} of examples)" if shares else ""))
         if best is None or val["accuracy"] > best["val_accuracy"]:
           best = {"step": done, "val_accuracy": val["accuracy"], **run_eval("test", 0)}
           writer.write(done, BEST_SPLIT, {k: v for k, v in best.items() if k != "step"})

@@ -122,8 +122,8 @@ def _poison_after(step_number, monkeypatch):
   """Train steps whose parameters and loss turn NaN once the state passes ``step_number``."""
   real = train.make_train_step
 
-  def poisoned(model, grad_accum_steps=1):
-    step_fn = real(model, grad_accum_steps)
+  def poisoned(model, grad_accum_steps=1, *objective):
+    step_fn = real(model, grad_accum_steps, *objective)
 
     def step(state, batch, rng):
       state, metrics = step_fn(state, batch, rng)

@@ -332,12 +332,12 @@ def test_eval_dtype_bfloat16_evaluates_parameters_cast_to_bf16(tmp_path, tiny_co
   seen = []
   real = train.make_eval_step
 
-  def recording(model):
-    step = real(model)
+  def recording(model, **kwargs):
+    step = real(model, **kwargs)
 
-    def eval_step(params, model_state, batch, weights):
+    def eval_step(params, model_state, batch, weights, *rng):
       seen.append(({str(x.dtype) for x in jax.tree.leaves(params)}, model.model_config.dtype))
-      return step(params, model_state, batch, weights)
+      return step(params, model_state, batch, weights, *rng)
     return eval_step
 
   monkeypatch.setattr(train, "make_eval_step", recording)

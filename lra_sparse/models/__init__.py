@@ -80,10 +80,34 @@ class DualEncoder(nn.Module):
     return ClassifierHead(self.model_config, self.num_classes, name="head")(combined)
 
 
+class Denoiser(nn.Module):
+  """The denoising objective's model (``config.objective="denoise"``, lra_sparse/objectives.py):
+  the task's encoder under the classifier's parameter path ("encoder", so a fine-tune loads
+  it) and an LM head ("lm_head", which the fine-tune drops): for each of ``input_keys``,
+  logits [batch, max_length, vocab_size] over the original tokens at every position. The
+  embedding has ``vocab_size + 1`` rows (the mask token, ``config.model.mask_token``)."""
+  model_config: Any
+  attention_config: Any
+  vocab_size: int
+  max_length: int
+  input_keys: tuple[str, ...]
+  pad_id: int = 0
+
+  @nn.compact
+  def __call__(self, batch, *, deterministic: bool):
+    encoder = Encoder(self.model_config, self.attention_config, self.vocab_size + 1,
+                      self.max_length, self.pad_id, pool=False, name="encoder")
+    head = nn.Dense(self.vocab_size, dtype=head_dtype(self.model_config), name="lm_head")
+    return {key: head(encoder(batch[key], deterministic=deterministic)).astype(jnp.float32)
+            for key in self.input_keys}
+
+
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "classifier": Classifier,
     "dual_encoder": DualEncoder,
 }
+# The batch keys each model reads (what the denoising objective corrupts and predicts).
+INPUT_KEYS = {"classifier": ("inputs",), "dual_encoder": ("inputs1", "inputs2")}
 
 
 def attention_for_masks(attention_config, padding_at_end: bool):
@@ -107,8 +131,9 @@ def attention_for_masks(attention_config, padding_at_end: bool):
 
 def build_model(config, *, model_kind: str, vocab_size: int, num_classes: int,
                 pad_id: int = 0, padding_at_end: bool = True) -> nn.Module:
-  """The model ``model_kind`` for ``config`` (its ``model``, ``attention`` and
-  ``data.max_length``); the attention config is checked here, once. ``padding_at_end`` False:
+  """The model ``model_kind`` for ``config`` (its ``model``, ``attention``,
+  ``data.max_length`` and ``objective``: ``Denoiser`` for "denoise"); the attention config is
+  checked here, once. ``padding_at_end`` False:
   the task's key masks may have holes (``attention_for_masks``)."""
   validate_model_config(config.model)
   if model_kind not in MODELS:
@@ -119,10 +144,16 @@ def build_model(config, *, model_kind: str, vocab_size: int, num_classes: int,
       raise ValueError(f"config.model.dual_head={head!r}; choose one of {DUAL_HEADS} "
                        "(configs/retrieval.py sets it)")
   attention = attention_for_masks(parse_attention_config(config.attention), padding_at_end)
+  if config.get("objective", "classify") == "denoise":
+    return Denoiser(config.model, attention, vocab_size=vocab_size,
+                    max_length=config.data.max_length, input_keys=INPUT_KEYS[model_kind],
+                    pad_id=pad_id)
+  embed_rows = vocab_size + (1 if config.model.get("mask_token", False) else 0)
   return MODELS[model_kind](config.model, attention,
-                            vocab_size=vocab_size, num_classes=num_classes,
+                            vocab_size=embed_rows, num_classes=num_classes,
                             max_length=config.data.max_length, pad_id=pad_id)
 
 
-__all__ = ["Classifier", "DUAL_HEADS", "DualClassifierHead", "DualEncoder", "MODELS",
+__all__ = ["Classifier", "DUAL_HEADS", "Denoiser", "DualClassifierHead", "DualEncoder",
+           "INPUT_KEYS", "MODELS",
            "attention_for_masks", "build_model", "padded_length"]

@@ -2,8 +2,9 @@
 
 Follows google-research/long-range-arena's transformer_base: token embedding (initialised
 normal(stddev=1.0), as LRA), position embeddings (fixed sinusoidal, or learned where LRA's task
-config learns them: ``config.model.pos_emb``), pre-LayerNorm blocks (attention, MLP) with
-dropout, final LayerNorm, CLS or mean pooling.
+config learns them: ``config.model.pos_emb``; or "rotary", q and k rotated by position in every
+layer, not in LRA), pre-LayerNorm blocks (attention, MLP) with dropout, final LayerNorm, CLS or
+mean pooling (or, for the denoising objective, the features of every token position).
 
 Parameters start as LRA's (``models/transformer/transformer.py``,
 ``models/layers/common_layers.py``): q/k/v/out projections without bias and with
@@ -32,7 +33,7 @@ import flax.linen as nn
 from lra_sparse.attention import AttentionDims, build_attention
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-POS_EMBS = ("sinusoidal", "learned")
+POS_EMBS = ("sinusoidal", "learned", "rotary")
 # config.model.kernel_init of the q/k/v/out projections and the MLP: LRA's xavier_uniform, or
 # lecun_normal (Flax's Dense default, this codebase's choice before it followed LRA).
 KERNEL_INITS = {"xavier_uniform": nn.initializers.xavier_uniform,
@@ -57,6 +58,19 @@ def sinusoidal_positions(length: int, dim: int) -> np.ndarray:
   table[:, 0::2] = np.sin(position * frequency)
   table[:, 1::2] = np.cos(position * frequency)
   return table[None].astype(np.float32)
+
+
+def rotary(x, positions, base: float = 10000.0):
+  """Rotary position embedding (Su et al., RoFormer; what Amos et al. pretrain with):
+  x [batch, length, heads, head_dim] (head_dim even), each pair (x_i, x_{i + d/2}) rotated by
+  the angle position * base^(-2i/d). q.k of two rotated vectors depends on their positions'
+  difference only."""
+  half = x.shape[-1] // 2
+  freqs = base ** (-2.0 * jnp.arange(half, dtype=jnp.float32) / x.shape[-1])
+  angles = jnp.asarray(positions, jnp.float32)[:, None] * freqs[None, :]     # [length, half]
+  cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
+  x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+  return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).astype(x.dtype)
 
 
 def compute_dtype(model_config) -> Any:
@@ -102,6 +116,10 @@ def validate_model_config(model_config) -> None:
                        "(0 = zeros)")
   if mc.pos_emb not in POS_EMBS:
     raise ValueError(f"config.model.pos_emb={mc.pos_emb!r}; choose one of {POS_EMBS}")
+  if mc.pos_emb == "rotary" and (mc.qkv_dim // mc.num_heads) % 2:
+    raise ValueError(f"config.model.pos_emb='rotary' rotates pairs of each head's channels: "
+                     f"the head dim qkv_dim / num_heads = {mc.qkv_dim // mc.num_heads} must "
+                     "be even")
   if mc.pos_emb == "sinusoidal" and mc.emb_dim % 2:
     raise ValueError(f"config.model.emb_dim={mc.emb_dim} must be even for "
                      "config.model.pos_emb='sinusoidal'")
@@ -125,6 +143,9 @@ class MultiHeadAttention(nn.Module):
     dense = dict(dtype=dtype, use_bias=mc.attention_bias, kernel_init=kernel_init(mc))
     project = lambda name: nn.DenseGeneral((mc.num_heads, head_dim), name=name, **dense)
     q, k, v = project("query")(x), project("key")(x), project("value")(x)
+    if mc.pos_emb == "rotary":     # positions of the padded sequence (CLS at 0)
+      positions = jnp.arange(x.shape[1])
+      q, k = rotary(q, positions), rotary(k, positions)
     out = build_attention(self.attention_config, dims)(
         q, k, v, mask=mask, inputs=x, deterministic=deterministic)
     return nn.DenseGeneral(mc.emb_dim, axis=(-2, -1), name="out", **dense)(out)
@@ -154,12 +175,15 @@ class EncoderBlock(nn.Module):
 
 
 class Encoder(nn.Module):
-  """tokens int [batch, max_length] (``pad_id`` = padding) -> pooled features [batch, emb_dim]."""
+  """tokens int [batch, max_length] (``pad_id`` = padding) -> pooled features [batch, emb_dim]
+  (``pool`` False: the final-normed features of the token positions [batch, max_length,
+  emb_dim]). ``vocab_size`` is the number of embedding rows."""
   model_config: Any
   attention_config: Any
   vocab_size: int
   max_length: int
   pad_id: int = 0
+  pool: bool = True
 
   @nn.compact
   def __call__(self, tokens, *, deterministic: bool):
@@ -179,16 +203,18 @@ class Encoder(nn.Module):
     x = jnp.pad(x, ((0, 0), (0, extra), (0, 0)))
     mask = jnp.pad(mask, ((0, 0), (0, extra)))
     if mc.pos_emb == "learned":
-      positions = self.param("pos_embed", nn.initializers.normal(0.02),
-                             (1, length, mc.emb_dim))
-    else:
-      positions = jnp.asarray(sinusoidal_positions(length, mc.emb_dim))
-    x = (x + positions).astype(dtype)
+      x = x + self.param("pos_embed", nn.initializers.normal(0.02), (1, length, mc.emb_dim))
+    elif mc.pos_emb == "sinusoidal":
+      x = x + jnp.asarray(sinusoidal_positions(length, mc.emb_dim))
+    x = x.astype(dtype)            # "rotary": positions enter through q and k in every layer
     x = nn.Dropout(mc.dropout_rate)(x, deterministic=deterministic)
     for i in range(mc.num_layers):
       x = EncoderBlock(mc, self.attention_config, length, name=f"block_{i}")(
           x, mask, deterministic)
     x = nn.LayerNorm(dtype=dtype, name="final_norm")(x)
+    first = 1 if mc.pooling == "cls" else 0
+    if not self.pool:
+      return x[:, first:first + self.max_length]
     if mc.pooling == "cls":
       return x[:, 0]
     weights = mask[..., None].astype(x.dtype)

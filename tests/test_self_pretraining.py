@@ -1,0 +1,158 @@
+"""Self-pretraining (config.objective="denoise", lra_sparse/objectives.py): the corruption on a
+hand-worked batch and in distribution, a loss that counts the selected positions only
+(against numpy), the fine-tune that loads every encoder parameter and none of the LM head,
+rotary positions that are relative, and one clear error per bad field."""
+from __future__ import annotations
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lra_sparse import objectives, train
+from lra_sparse.models.encoder import rotary
+from tests.conftest import checkpoint_params
+
+
+def _corrupt(tokens, rate, mask_share, random_share, seed=0, vocab=10):
+  return objectives.corrupt(jnp.asarray(tokens), jax.random.key(seed), vocab_size=vocab,
+                            mask_rate=rate, mask_share=mask_share, random_share=random_share)
+
+
+def test_corruption_on_a_hand_worked_batch():
+  """Rates at 0 and 1 pin every position: padding (0) is never selected or changed; with
+  every real token selected and every selected one masked, the row is the mask id (the
+  vocabulary size) exactly where tokens are real; with nothing replaced, tokens stay and the
+  selection is the real tokens."""
+  tokens = np.array([[3, 5, 0, 0], [0, 7, 9, 1]], np.int32)
+  real = tokens != 0
+  corrupted, selected = _corrupt(tokens, 1.0, 1.0, 0.0)
+  np.testing.assert_array_equal(selected, real)
+  np.testing.assert_array_equal(corrupted, np.where(real, 10, 0))
+  corrupted, selected = _corrupt(tokens, 1.0, 0.0, 0.0)
+  np.testing.assert_array_equal(selected, real)
+  np.testing.assert_array_equal(corrupted, tokens)
+  corrupted, selected = _corrupt(tokens, 0.0, 0.8, 0.1)
+  assert not np.asarray(selected).any()
+  np.testing.assert_array_equal(corrupted, tokens)
+  corrupted, selected = _corrupt(tokens, 1.0, 0.0, 1.0)       # every real token redrawn
+  assert np.all((np.asarray(corrupted)[real] >= 1) & (np.asarray(corrupted)[real] < 10))
+  np.testing.assert_array_equal(np.asarray(corrupted)[~real], 0)
+
+
+def test_corruption_rates_and_shares_in_distribution():
+  """BERT's 15% / 80-10-10 on 200k tokens: the selected share, the masked, redrawn and kept
+  shares of the selected, and redrawn tokens uniform over 1..vocab-1 (never padding or the
+  mask id), each within 5 standard errors."""
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(1, 10, size=(400, 500)).astype(np.int32)
+  tokens[:, 450:] = 0                                           # padding at the end
+  corrupted, selected = map(np.asarray, _corrupt(tokens, 0.15, 0.8, 0.1, seed=3))
+  real = tokens != 0
+  assert not selected[~real].any() and np.all(corrupted[~real] == 0)
+  n = real.sum()
+  assert abs(selected.sum() / n - 0.15) < 5 * np.sqrt(0.15 * 0.85 / n)
+  k = selected.sum()
+  masked = selected & (corrupted == 10)
+  changed = selected & (corrupted != 10) & (corrupted != tokens)
+  # A redrawn token equals the original with probability 1/9: expected changed share 0.1*8/9.
+  for share, want in ((masked.sum() / k, 0.8), (changed.sum() / k, 0.1 * 8 / 9)):
+    assert abs(share - want) < 5 * np.sqrt(want * (1 - want) / k), (share, want)
+  assert np.all((corrupted[changed] >= 1) & (corrupted[changed] <= 9))
+  np.testing.assert_array_equal(corrupted[~selected], tokens[~selected])
+
+
+def test_denoising_loss_counts_selected_positions_only():
+  """The objective's sums against numpy cross-entropy over the selected positions of real
+  examples; logits at unselected positions (and of a weight-0 example) change nothing."""
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(1, 6, size=(3, 8)).astype(np.int32)
+  tokens[2, 5:] = 0
+  objective = objectives.Denoise(input_keys=("inputs",), vocab_size=6, mask_rate=0.5,
+                                 mask_share=0.8, random_share=0.1)
+  weights = jnp.array([1.0, 1.0, 0.0])
+  key = jax.random.key(7)
+  _, selected = objectives.corrupt(
+      jnp.asarray(tokens), jax.random.fold_in(jax.random.fold_in(key, objectives._DENOISE_STREAM),
+                                               0),
+      vocab_size=6, mask_rate=0.5, mask_share=0.8, random_share=0.1)
+  selected = np.asarray(selected) & (np.asarray(weights)[:, None] > 0)
+  assert 0 < selected.sum() < selected.size
+  logits = rng.normal(size=(3, 8, 6)).astype(np.float32)
+  seen = {}
+
+  def apply(batch):
+    seen["inputs"] = np.asarray(batch["inputs"])
+    return {"inputs": jnp.asarray(logits)}, {}
+
+  (loss, correct, count), _, _ = objective.score(apply, {"inputs": jnp.asarray(tokens)},
+                                                 weights, key)
+  log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  picked = np.take_along_axis(log_p, tokens[..., None], -1)[..., 0]
+  assert float(count) == selected.sum()
+  np.testing.assert_allclose(float(loss), -picked[selected].sum(), rtol=1e-5)
+  assert float(correct) == (logits.argmax(-1) == tokens)[selected].sum()
+  assert (seen["inputs"] != tokens).any()              # the model saw the corrupted batch
+  other = np.where(selected[..., None], logits, rng.normal(size=logits.shape) * 5)
+  (loss2, _, _), _, _ = objective.score(lambda b: ({"inputs": jnp.asarray(other)}, {}),
+                                        {"inputs": jnp.asarray(tokens)}, weights, key)
+  np.testing.assert_allclose(float(loss2), float(loss), rtol=1e-6)
+
+
+def test_fine_tune_loads_every_encoder_parameter_and_no_lm_head(tmp_path, tiny_config):
+  """Pretrain with the denoising objective, then fine-tune the classifier from it: every
+  encoder parameter (the mask token's embedding row included) starts as the pretrain run's
+  last checkpoint, compared one by one; the LM head is left behind and the classifier head
+  is new."""
+  pre = tiny_config(num_train_steps=10, objective="denoise", **{"model.mask_token": True})
+  result = train.train_and_evaluate(pre, str(tmp_path / "pre"))
+  assert 0.0 <= result["test"]["accuracy"] <= 1.0 and np.isfinite(result["test"]["loss"])
+  ft = tiny_config(num_train_steps=2, init_from=str(tmp_path / "pre"),
+                   **{"model.mask_token": True, "optim.learning_rate": 0.0})
+  train.train_and_evaluate(ft, str(tmp_path / "ft"))
+  flat = lambda p: flax.traverse_util.flatten_dict(p, sep="/")  # noqa: E731
+  old, new = flat(checkpoint_params(tmp_path / "pre")), flat(checkpoint_params(tmp_path / "ft"))
+  encoder = sorted(k for k in old if k.startswith("encoder/"))
+  assert encoder and sorted(k for k in new if k.startswith("encoder/")) == encoder
+  for name in encoder:
+    np.testing.assert_array_equal(old[name], new[name], err_msg=name)
+  assert any(k.startswith("lm_head/") for k in old)
+  assert not any(k.startswith("lm_head/") for k in new)
+  assert any(k.startswith("head/") for k in new) and not any(k.startswith("head/") for k in old)
+  # the embedding has one more row than the vocabulary: the mask token
+  assert old["encoder/embed/embedding"].shape[0] == new["encoder/embed/embedding"].shape[0]
+
+
+def test_rotary_positions_are_relative():
+  """Rotating q and k by their positions makes q.k depend on the offset only: shifting both
+  positions by the same amount leaves every score unchanged, and a rotation keeps norms."""
+  rng = np.random.default_rng(2)
+  q, k = (jnp.asarray(rng.normal(size=(2, 12, 3, 8)), jnp.float32) for _ in range(2))
+  positions = jnp.arange(12)
+  scores = lambda shift: jnp.einsum(  # noqa: E731
+      "bqhd,bkhd->bhqk", rotary(q, positions + shift), rotary(k, positions + shift))
+  np.testing.assert_allclose(scores(0), scores(37), atol=1e-4)
+  assert not np.allclose(scores(0), jnp.einsum("bqhd,bkhd->bhqk", q, k), atol=1e-2)
+  np.testing.assert_allclose(jnp.linalg.norm(rotary(q, positions), axis=-1),
+                             jnp.linalg.norm(q, axis=-1), rtol=1e-5)
+
+
+def test_a_rotary_model_trains(tmp_path, tiny_config):
+  """model.pos_emb="rotary": no position embedding added; q and k rotated in every layer."""
+  result = train.train_and_evaluate(
+      tiny_config(num_train_steps=4, **{"model.pos_emb": "rotary"}), str(tmp_path))
+  assert np.isfinite(result["test"]["loss"])
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"objective": "mlm"}, "config.objective='mlm'"),
+    ({"objective": "denoise"}, "set config.model.mask_token=True"),
+    ({"objective": "denoise", "model.mask_token": True, "denoise.mask_rate": 0.0},
+     "mask_rate must be > 0"),
+    ({"denoise.mask_share": 0.9, "denoise.random_share": 0.2}, "must be at most 1"),
+    ({"denoise.mask_rate": 1.5}, r"mask_rate=1.5 must be a number in \[0, 1\]"),
+])
+def test_bad_objective_fields_are_one_clear_error(tmp_path, tiny_config, overrides, message):
+  with pytest.raises(ValueError, match=message):
+    train.train_and_evaluate(tiny_config(**overrides), str(tmp_path))
