@@ -4,6 +4,9 @@ hand-worked batch and in distribution, a loss that counts the selected positions
 rotary positions that are relative, and one clear error per bad field."""
 from __future__ import annotations
 
+import json
+import os
+
 import flax
 import jax
 import jax.numpy as jnp
@@ -156,3 +159,54 @@ def test_a_rotary_model_trains(tmp_path, tiny_config):
 def test_bad_objective_fields_are_one_clear_error(tmp_path, tiny_config, overrides, message):
   with pytest.raises(ValueError, match=message):
     train.train_and_evaluate(tiny_config(**overrides), str(tmp_path))
+
+
+_TINY_SPEC = """
+import importlib.util
+_spec = importlib.util.spec_from_file_location("spt", {path!r})
+spt = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(spt)
+
+
+def get_sweep(preset=""):
+  sweep = spt.get_sweep("tiny")
+  for group in sweep.groups:
+    group.overrides = dict(group.overrides, **{{"data.data_dir": {data!r}}})
+  return sweep
+
+
+def get_table(preset=""):
+  return spt.get_table("tiny")
+"""
+
+
+def test_self_pretraining_spec_runs_both_stages_end_to_end(tmp_path, monkeypatch, listops_dir):
+  """experiments/specs/self_pretraining.py:tiny on a small generated ListOps set: every kind
+  pretrains with the denoising objective, then fine-tunes the classifier from its own kind's
+  pretrain run of the same seed (the classifier head new, the LM head left behind), and the
+  table has one row per kind."""
+  from lra_sparse import sweep as sweep_lib, tables  # pylint: disable=import-outside-toplevel
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  monkeypatch.chdir(repo)
+  spec = tmp_path / "spec.py"
+  spec.write_text(_TINY_SPEC.format(
+      path=os.path.join(repo, "experiments", "specs", "self_pretraining.py"), data=listops_dir))
+  root = tmp_path / "root"
+  states = sweep_lib.run_sweep(str(spec), str(root), show_progress=False)
+  assert len(states) == 8 and set(states.values()) == {"finished"}, states
+  kinds = {}
+  for name in states:
+    config = json.loads((root / name / "config.json").read_text())
+    kinds.setdefault(config["attention"]["kind"], {})[config["objective"]] = (name, config)
+  assert sorted(kinds) == ["dense", "dfss", "dsa", "nystrom"]
+  for kind, stages in kinds.items():
+    (pre_name, pre), (_, ft) = stages["denoise"], stages["classify"]
+    assert pre["model"]["mask_token"] and ft["model"]["mask_token"]
+    assert ft["init_from"] == str(root / pre_name), (kind, ft["init_from"])
+    records = [json.loads(line) for line in
+               (root / stages["classify"][0] / "metrics.jsonl").read_text().splitlines()]
+    loaded = [r for r in records if r["split"] == "init_from"]
+    assert loaded == [dict(loaded[0], fresh_params=4, unused_params=2)], (kind, loaded)
+  text = tables.make_table(str(root), str(spec), "markdown",
+                           report=tables.Reporter(echo=False))
+  assert sum(line.endswith("(n=1) |") for line in text.splitlines()) == 4, text
