@@ -674,6 +674,27 @@ def test_parallel_gpus_assigns_one_device_per_run(sweep_spec, tmp_path, monkeypa
   assert sweep_lib.detect_gpus() == ["0", "1"]
   monkeypatch.setenv(sweep_lib.GPU_ENV_VAR, "3,5")
   assert sweep_lib.detect_gpus() == ["3", "5"]
+  monkeypatch.setenv(sweep_lib.GPU_ENV_VAR, "0,0,1")      # two runs share GPU 0
+  assert sweep_lib.detect_gpus() == ["0", "0", "1"]
+  monkeypatch.setenv(sweep_lib.GPU_ENV_VAR, "0, 1; 2,3")  # two runs, two GPUs each
+  assert sweep_lib.detect_gpus() == ["0,1", "2,3"]
+  for bad in ("0,,1", "a,b", "0,1;", "gpu0"):
+    monkeypatch.setenv(sweep_lib.GPU_ENV_VAR, bad)
+    with pytest.raises(ValueError, match="slots of GPU ids"):
+      sweep_lib.detect_gpus()
+
+
+def test_parallel_gpus_gives_a_slot_of_several_gpus_to_each_run(sweep_spec, tmp_path,
+                                                                 monkeypatch):
+  """LRA_SWEEP_GPUS="0,1;2,3": each run sees one slot's two GPUs (data parallel)."""
+  spec, launcher = sweep_spec
+  monkeypatch.setenv(sweep_lib.GPU_ENV_VAR, "0,1;2,3")
+  root = tmp_path / "root"
+  states = sweep_lib.run_sweep(f"{spec}:tiny", str(root), parallel="gpus", launcher=launcher,
+                               poll_seconds=0.01, show_progress=False)
+  assert set(states.values()) == {"finished"}
+  gpus = {json.loads((root / name / "result.json").read_text())["gpu"] for name in EXPECTED_NAMES}
+  assert gpus == {"0,1", "2,3"}
 
 
 def test_root_of_another_sweep_is_refused(sweep_spec, tmp_path):

@@ -24,7 +24,10 @@ from lra_sparse.sweep.state import (BLOCKED, FINISHED, RUNNING, all_states, fail
                                     write_manifest)
 from lra_sparse.workdir import ERROR_FILE, LOG_FILE, RUNNING_FILE, is_finished, write_json
 
-GPU_ENV_VAR = "LRA_SWEEP_GPUS"      # "4" (count) or "0,2,3" (ids); overrides nvidia-smi
+# Overrides nvidia-smi: "4" (a count), "0,2,3" (ids; an id given twice runs two runs on that GPU
+# at once) or "0,1;2,3" (slots of several GPUs: each run sees its slot's GPUs and trains data
+# parallel over them).
+GPU_ENV_VAR = "LRA_SWEEP_GPUS"
 
 
 class Launcher:
@@ -39,12 +42,18 @@ class Launcher:
 
 
 def detect_gpus() -> list[str]:
-  """Local GPU ids: $LRA_SWEEP_GPUS (count or ids), else $CUDA_VISIBLE_DEVICES, else nvidia-smi."""
+  """The sweep's GPU slots, one run each at a time (a slot is ``CUDA_VISIBLE_DEVICES`` of its
+  run): $LRA_SWEEP_GPUS (``GPU_ENV_VAR``), else $CUDA_VISIBLE_DEVICES, else nvidia-smi."""
   value = os.environ.get(GPU_ENV_VAR, "").strip()
   if value:
-    if value.isdigit() and "," not in value:
+    if value.isdigit():
       return [str(i) for i in range(int(value))]
-    return [part.strip() for part in value.split(",") if part.strip()]
+    separator = ";" if ";" in value else ","
+    slots = [",".join(i.strip() for i in part.split(",")) for part in value.split(separator)]
+    if not all(slots) or not all(i.isdigit() for slot in slots for i in slot.split(",")):
+      raise ValueError(f"${GPU_ENV_VAR}={value!r}: give a count ('4'), GPU ids ('0,2,3') or "
+                       "slots of GPU ids ('0,1;2,3')")
+    return slots
   visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
   if visible and visible != "-1":
     return [part.strip() for part in visible.split(",") if part.strip()]
