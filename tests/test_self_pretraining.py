@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import flax
 import jax
@@ -210,3 +211,25 @@ def test_self_pretraining_spec_runs_both_stages_end_to_end(tmp_path, monkeypatch
   text = tables.make_table(str(root), str(spec), "markdown",
                            report=tables.Reporter(echo=False))
   assert sum(line.endswith("(n=1) |") for line in text.splitlines()) == 4, text
+
+
+def test_pretraining_curve_fine_tunes_each_length_from_its_own_pretrain_run(tmp_path,
+                                                                              monkeypatch):
+  """self_pretraining.py:curve: every (kind, pretraining length) fine-tune starts from the
+  pretrain run of that kind and length, whose warmup fits in it."""
+  from lra_sparse import sweep as sweep_lib  # pylint: disable=import-outside-toplevel
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  monkeypatch.chdir(repo)
+  runs = {run.name: run for run in sweep_lib.expand_sweep(
+      sweep_lib.load_sweep("experiments/specs/self_pretraining.py:curve"), str(tmp_path))}
+  finetunes = [run for run in runs.values() if run.name.startswith("finetune-")]
+  assert len(finetunes) == len(runs) // 2 == 10
+  for run in finetunes:
+    kind, steps = re.fullmatch(r"finetune-(.+)-after-(\d+)__.*", run.name).groups()
+    source = runs[os.path.basename(run.overrides["init_from"])]
+    assert source.overrides["objective"] == "denoise"
+    assert source.overrides["num_train_steps"] == int(steps)
+    assert source.overrides["optim.warmup_steps"] <= int(steps) // 5 or \
+        source.overrides["optim.warmup_steps"] == 1000
+    assert source.overrides["attention.kind"] == run.overrides["attention.kind"]
+    assert source.name.startswith(f"pretrain__listops__{kind}-{steps}__")

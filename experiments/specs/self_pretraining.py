@@ -23,8 +23,10 @@ Sweep:  python -m lra_sparse.sweep --sweep=experiments/specs/self_pretraining.py
 Table:  python -m lra_sparse.tables --root=runs/self_pretraining \\
           --spec=experiments/specs/self_pretraining.py --format=markdown
 Presets: "" (ListOps at LRA size and Pathfinder-32, 3 seeds); "best_val" (the same runs, test at
-the best validation step); "tiny" (``make demo``'s ListOps on a CPU, a few steps per stage,
-one seed: the pipeline end to end, run by ``make test``).
+the best validation step); "curve" and "curve_best_val" (how many pretraining steps: ListOps,
+dense and DFSS 2:4, seed 0, pretrained CURVE_STEPS steps each (warmup: 1000 steps or a fifth
+of a shorter run) then fine-tuned; rows are the pretraining lengths); "tiny" (``make demo``'s ListOps on a CPU, a few steps per stage, one
+seed: the pipeline end to end, run by ``make test``).
 """
 from experiments.specs._tiny import tiny_steps
 from lra_sparse.sweep import Group, Ref, Sweep, Variant
@@ -32,7 +34,9 @@ from lra_sparse.tables import Selector, Table
 
 SEEDS = (0, 1, 2)
 TINY_SEED = (0,)
-PRESETS = ("", "best_val", "tiny")
+PRESETS = ("", "best_val", "curve", "curve_best_val", "tiny")
+CURVE_STEPS = (500, 1000, 2500, 5000, 10000)
+CURVE_KINDS = ("dense", "dfss2-4")
 KINDS = (  # (run-name label, row label, attention overrides)
     ("dense", "Transformer (dense)", {"attention.kind": "dense"}),
     ("dfss2-4", "DFSS 2:4", {"attention.kind": "dfss", "attention.dfss.nm": "2:4"}),
@@ -56,6 +60,47 @@ def _check(preset: str) -> bool:
   return preset == "tiny"
 
 
+def _warmup(steps: int) -> int:
+  """The config's 1000 warmup steps, or a fifth of a shorter pretraining (so that it reaches
+  its peak learning rate)."""
+  return min(1000, steps // 5)
+
+
+def _curve_sweep() -> Sweep:
+  """ListOps: each of CURVE_KINDS pretrained for each of CURVE_STEPS, then fine-tuned."""
+  _, _, pretrain_config, finetune_config, _ = TASKS[0]
+  kinds = [(label, overrides) for label, _, overrides in KINDS if label in CURVE_KINDS]
+  groups = [Group(name="pretrain", config=pretrain_config, overrides=PRETRAIN,
+                  variants=[Variant(f"{label}-{steps}", {**overrides, "num_train_steps": steps,
+                                                         "optim.warmup_steps": _warmup(steps)})
+                            for label, overrides in kinds for steps in CURVE_STEPS],
+                  seeds=(0,))]
+  for label, overrides in kinds:
+    for steps in CURVE_STEPS:
+      groups.append(Group(
+          name=f"finetune-{label}-after-{steps}", config=finetune_config,
+          overrides={**FINETUNE, **overrides,
+                     "init_from": Ref("pretrain", same=("seed",),
+                                      match={**overrides, "num_train_steps": steps})},
+          seeds=(0,)))
+  return Sweep(name="self_pretraining_curve", groups=groups)
+
+
+def _curve_table(best_val: bool) -> Table:
+  def pretrained_for(steps):
+    return lambda path: bool(path) and path.rstrip("/").split("/")[-1].startswith(
+        f"pretrain__listops__") and f"-{steps}__seed=" in path
+  return Table(
+      title=("ListOps fine-tuned after self-pretraining for a number of steps (rows), seed 0: "
+             "test accuracy (%) " + ("at the best validation step" if best_val
+                                     else "at the last step")),
+      split="test_at_best_val" if best_val else "test",
+      rows=[Selector(f"pretrained {steps} steps", {**FINETUNE, "init_from": pretrained_for(steps)})
+            for steps in CURVE_STEPS],
+      columns=[Selector(row, overrides) for label, row, overrides in KINDS
+               if label in CURVE_KINDS])
+
+
 def _tasks(tiny: bool):
   if tiny:
     return (("listops", "ListOps", "configs/listops.py:tiny", "configs/listops.py:tiny", 0),)
@@ -64,6 +109,8 @@ def _tasks(tiny: bool):
 
 def get_sweep(preset: str = "") -> Sweep:
   tiny = _check(preset)
+  if preset.startswith("curve"):
+    return _curve_sweep()
   groups = []
   for task, _, pretrain_config, finetune_config, steps in _tasks(tiny):
     pretrain_steps = tiny_steps(12) if tiny else {"num_train_steps": steps}
@@ -83,7 +130,9 @@ def get_sweep(preset: str = "") -> Sweep:
 
 def get_table(preset: str = "") -> Table:
   tiny = _check(preset)
-  best_val = preset == "best_val"
+  best_val = preset.endswith("best_val")
+  if preset.startswith("curve"):
+    return _curve_table(best_val)
   return Table(
       title=("Self-pretrained (denoising) then fine-tuned, per attention kind: test accuracy (%) "
              + ("at the best validation step" if best_val else "at the last step")
