@@ -233,3 +233,26 @@ def test_pretraining_curve_fine_tunes_each_length_from_its_own_pretrain_run(tmp_
         source.overrides["optim.warmup_steps"] == 1000
     assert source.overrides["attention.kind"] == run.overrides["attention.kind"]
     assert source.name.startswith(f"pretrain__listops__{kind}-{steps}__")
+
+
+def test_denoiser_predicts_every_input_of_a_dual_encoder_task(tiny_config):
+  """Retrieval's two documents are both corrupted and predicted, through one shared encoder
+  whose parameter paths are the classifier's (so a fine-tune loads them)."""
+  from lra_sparse.models import build_model  # pylint: disable=import-outside-toplevel
+  config = tiny_config(objective="denoise", **{"model.mask_token": True})
+  config.model.dual_head = "lra"
+  model = build_model(config, model_kind="dual_encoder", vocab_size=11, num_classes=2)
+  tokens = np.random.default_rng(0).integers(1, 11, (2, 32)).astype(np.int32)
+  batch = {"inputs1": tokens, "inputs2": tokens[::-1]}
+  params = model.init(jax.random.key(0), batch, deterministic=True)["params"]
+  out = model.apply({"params": params}, batch, deterministic=True)
+  assert sorted(out) == ["inputs1", "inputs2"]
+  assert all(v.shape == (2, 32, 11) and v.dtype == jnp.float32 for v in out.values())
+  assert sorted(params) == ["encoder", "lm_head"]
+  assert params["encoder"]["embed"]["embedding"].shape == (12, 32)   # + the mask token
+  classifier = build_model(tiny_config(**{"model.mask_token": True}), model_kind="classifier",
+                           vocab_size=11, num_classes=2)
+  cparams = classifier.init(jax.random.key(0), {"inputs": tokens}, deterministic=True)["params"]
+  shapes = lambda p: {k: v.shape for k, v in  # noqa: E731
+                      flax.traverse_util.flatten_dict(p, sep="/").items()}
+  assert shapes(cparams["encoder"]) == shapes(params["encoder"])
