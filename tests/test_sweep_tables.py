@@ -783,10 +783,11 @@ def test_table_of_test_accuracy_at_the_best_validation_step(tmp_path):
   spec = tmp_path / "spec.py"
   spec.write_text(TABLE_SPEC.replace("average=True,", "average=True, split='test_at_best_val',"))
   text = tables.make_table(str(root), str(spec), "markdown", report=tables.Reporter(echo=False))
-  assert "| Dense | 35.00 ± 1.41 (n=2) |" in text and "test_at_best_val accuracy" in text
+  assert "| Dense | 35.00 ± 1.41 (n=2, 2 collapsed) |" in text
+  assert "test_at_best_val accuracy" in text
   spec.write_text(TABLE_SPEC)            # the default split: the last step's test accuracy
   last = tables.make_table(str(root), str(spec), "markdown", report=tables.Reporter(echo=False))
-  assert "| Dense | 31.00 ± 1.41 (n=2) |" in last
+  assert "| Dense | 31.00 ± 1.41 (n=2, 2 collapsed) |" in last   # 4 points under their best
 
 
 def _spec_runs(spec, tmp_path):
@@ -932,8 +933,12 @@ def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
                                                   "selection_rule": "int8",
                                                   "mse_kernels": True}},
              "profile_steps": "3:5", "eval_train_mode": True,
-             "wandb": {"project": "p", "entity": ""}}
+             "wandb": {"project": "p", "entity": ""}, "objective": "denoise",
+             "denoise": {"mask_rate": 0.3, "mask_share": 1.0, "random_share": 0.0}}
   assert config_lib.upgrade_legacy_config(current) == current
+  # Runs from before self-pretraining classified, with no mask token.
+  assert new["listops"]["objective"] == "classify"
+  assert new["listops"]["model.mask_token"] is False
 
 
 def test_old_runs_land_apart_from_new_ones_in_tables(tmp_path):
@@ -1089,3 +1094,42 @@ def test_device_sweep_carries_checkpoints_to_a_fresh_machine(tmp_path, listops_d
     log = f.read()
   assert log.count("sweep launch") == 2 and "at step 8" in log
   assert os.path.exists(os.path.join(run_dir, "result.json"))
+
+
+_PAPER_SPEC = """
+from lra_sparse.tables import Selector, Table
+
+def get_table(preset=""):
+  return Table(title="t", paper_source="a paper",
+               rows=[Selector("Dense", {"attention.kind": "dense"}, paper=PAPER)],
+               columns=[Selector("ListOps", {"task": "listops"}), Selector("Text", {"task": "text"})])
+"""
+
+
+def test_cells_show_the_papers_value_the_delta_and_collapsed_seeds(tmp_path):
+  """A row's paper values and our mean minus them in every format; a seed whose last-step test
+  is more than 1.5 points under its test at the best validation step counted "collapsed"
+  (1.4 under is not); a column without a paper value shows none."""
+  root = tmp_path / "runs"
+  for seed, (last, best) in enumerate([(0.30, 0.36), (0.35, 0.364), (0.34, 0.35)]):
+    workdir = write_run(root, f"d{seed}", task="listops", kind="dense", seed=seed, accuracy=last)
+    result = json.loads((workdir / "result.json").read_text())
+    result["test_at_best_val"] = {"step": 10, "val_accuracy": 0.5, "accuracy": best}
+    (workdir / "result.json").write_text(json.dumps(result))
+  write_run(root, "t0", task="text", kind="dense", seed=0, accuracy=0.6)
+  spec = tmp_path / "spec.py"
+  spec.write_text(_PAPER_SPEC.replace("PAPER", "{'ListOps': 36.37}"))
+  report = tables.Reporter(echo=False)
+  text = tables.make_table(str(root), str(spec), "markdown", report=report)
+  assert "| Dense | 33.00 ± 2.65 (n=3, 1 collapsed, paper 36.37, Δ -3.37) | 60.00 (n=1) |" \
+      in text, text
+  assert "(a paper)" in text and "'k collapsed'" in text
+  rows = list(csv.DictReader(io.StringIO(tables.make_table(str(root), str(spec), "csv",
+                                                           report=report))))
+  assert [(r["column"], r["collapsed"], r["paper"], r["delta"]) for r in rows] == [
+      ("ListOps", "1", "36.370000", "-3.370000"), ("Text", "0", "", "")]
+  for paper, message in (("{'Image': 42.0}", r"paper values for \['Image'\]"),
+                         ("{'ListOps': '36'}", "must be numbers")):
+    spec.write_text(_PAPER_SPEC.replace("PAPER", paper))
+    with pytest.raises(ValueError, match=message):
+      tables.make_table(str(root), str(spec), "markdown", report=report)

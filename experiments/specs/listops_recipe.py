@@ -62,6 +62,7 @@ DFSS_ARMS = (
 )
 DFSS_SEEDS = (0,)
 TINY_LEARNING_RATE = 0.05      # configs/listops.py:tiny
+LRA_LISTOPS = 36.37            # LRA's Transformer, the paper value beside every full-size row
 # What every factor is when its arm leaves it alone (configs/listops.py): a row matches runs
 # whose factors all have these values but its own.
 DEFAULTS = {"attention.kind": "dense", "model.attention_dropout_rate": 0.1, "optim.grad_clip_norm": 0.0,
@@ -131,9 +132,12 @@ def get_table(preset: str = "") -> Table:
             + ("at the best validation step" if best_val else "at the last step"),
       split="test_at_best_val" if best_val else "test",
       rows=[Selector(f"{name}: {label}", {"model.dtype": dtype, **defaults,
-                                          **(_tiny_arm(match) if tiny else match)})
+                                          **(_tiny_arm(match) if tiny else match)},
+                     paper={} if tiny else {"ListOps": LRA_LISTOPS})
             for name, dtype in DTYPES for label, _, match in ARMS]
            + ([] if length else [Selector(f"bf16: {label}", {"model.dtype": "bfloat16",
-                                                            **DFSS_DEFAULTS, **match})
+                                                            **DFSS_DEFAULTS, **match},
+                                          paper={"ListOps": LRA_LISTOPS})
                                for label, _, match in DFSS_ARMS]),
+      paper_source="" if tiny else "LRA's Transformer on ListOps (Tay et al. 2021), every row",
       columns=[Selector("ListOps", {"task": "listops"})])

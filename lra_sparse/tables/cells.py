@@ -28,6 +28,8 @@ class CellStats:
   failed: int
   runs: list = dataclasses.field(default_factory=list)     # the finished RunRecords
   pooling: list = dataclasses.field(default_factory=list)  # why pooling them is suspect
+  collapsed: int = 0                  # finished runs far under their best (Table.collapse_margin)
+  paper: float | None = None          # the published value of this cell, if the spec gives one
 
   @property
   def n(self) -> int:
@@ -120,10 +122,23 @@ def check_pooling(cell: CellStats, axis_keys: set[str]) -> list[str]:
   return problems
 
 
+def collapsed(run: RunRecord, margin: float, scale: float) -> bool:
+  """Whether a finished run's last-step test is more than ``margin`` (table units) under its
+  test at the best validation step (``result.json``; False when either is missing)."""
+  try:
+    result = workdir_lib.read_result(run.workdir)
+    last, best = result["test"]["accuracy"], result["test_at_best_val"]["accuracy"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return False
+  if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (last, best)):
+    return False
+  return (best - last) * scale > margin
+
+
 def build_cells(table: Table, runs: Sequence[RunRecord],
                 report: Reporter) -> dict[tuple[int, int], CellStats]:
   _check_keys(table, runs, report)
-  cells = {(r, c): CellStats([], 0, 0)
+  cells = {(r, c): CellStats([], 0, 0, paper=table.rows[r].paper.get(table.columns[c].label))
            for r in range(len(table.rows)) for c in range(len(table.columns))}
   for run in runs:
     if not matches(run.config, table.where):
@@ -142,6 +157,7 @@ def build_cells(table: Table, runs: Sequence[RunRecord],
         if run.status == "finished":
           cell.values.append(run.value * table.scale)
           cell.runs.append(run)
+          cell.collapsed += collapsed(run, table.collapse_margin, table.scale)
         elif run.status == "failed":
           cell.failed += 1
         else:
@@ -158,10 +174,16 @@ def build_cells(table: Table, runs: Sequence[RunRecord],
 def format_cell(cell: CellStats, decimals: int, plus_minus: str = PLUS_MINUS,
                 missing: str = MISSING_MARK) -> str:
   notes = [f"! {problem}" for problem in cell.pooling]
+  if cell.collapsed:
+    notes.append(f"{cell.collapsed} collapsed")
   if cell.unfinished:
     notes.append(f"{cell.unfinished} unfinished")
   if cell.failed:
     notes.append(f"{cell.failed} failed")
+  if cell.paper is not None:
+    notes.append(f"paper {cell.paper:.{decimals}f}")
+    if cell.n:
+      notes.append(f"Δ {cell.mean - cell.paper:+.{decimals}f}")
   if not cell.n:
     return f"{missing} ({', '.join(notes)})" if notes else missing
   text = f"{cell.mean:.{decimals}f}"

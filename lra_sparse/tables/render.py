@@ -36,7 +36,11 @@ def legend(table: Table) -> str:
           f"over finished runs (seeds); n = finished runs; {MISSING_MARK} = no finished run; "
           "'k unfinished' = runs started without result.json; 'k failed' = runs the sweep "
           "recorded as failed; '! ...' = the cell averages runs it should not (a repeated "
-          "seed, or configs that differ outside the table's rows and columns)." + (
+          "seed, or configs that differ outside the table's rows and columns); 'k collapsed' "
+          f"= finished runs whose last-step test is more than {table.collapse_margin:g} points "
+          "under their test at the best validation step; 'paper X, Δ D' = the published value "
+          "and our mean minus it" + (f" ({table.paper_source})" if table.paper_source else "")
+          + "." + (
               f" {table.average_label} = mean of the column means of "
               f"{', '.join(table.columns[c].label for c in _average_columns(table))}, "
               "when each has a finished run." if table.average else ""))
@@ -96,7 +100,8 @@ def render_latex(table: Table, cells: Mapping[tuple[int, int], CellStats]) -> st
   return "\n".join(lines)
 
 
-CSV_HEADER = ("row", "column", "n", "mean", "std", "unfinished", "failed", "cell")
+CSV_HEADER = ("row", "column", "n", "mean", "std", "unfinished", "failed", "collapsed",
+              "paper", "delta", "cell")
 
 
 def render_csv(table: Table, cells: Mapping[tuple[int, int], CellStats]) -> str:
@@ -108,9 +113,10 @@ def render_csv(table: Table, cells: Mapping[tuple[int, int], CellStats]) -> str:
   for r, row in enumerate(table.rows):
     for c, column in enumerate(table.columns):
       cell = cells[(r, c)]
+      delta = None if cell.paper is None or cell.mean is None else cell.mean - cell.paper
       writer.writerow([row.label, column.label, cell.n, number(cell.mean), number(cell.std),
-                       cell.unfinished, cell.failed,
-                       format_cell(cell, table.decimals)])
+                       cell.unfinished, cell.failed, cell.collapsed, number(cell.paper),
+                       number(delta), format_cell(cell, table.decimals)])
   return out.getvalue()
 
 

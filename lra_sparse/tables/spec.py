@@ -15,9 +15,13 @@ from lra_sparse import config as config_lib
 
 @dataclasses.dataclass
 class Selector:
-  """A labelled matcher on flattened config keys (a table row/column or a plot series)."""
+  """A labelled matcher on flattened config keys (a table row/column or a plot series).
+
+  ``paper`` (rows): the published value of this row per column label, in the table's units
+  (e.g. ``{"ListOps": 36.37}``); the rendered cell shows it and our mean minus it."""
   label: str
   match: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  paper: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -52,6 +56,10 @@ class Table:
   average_label: str = "Avg"
   where: Mapping[str, Any] = dataclasses.field(default_factory=dict)   # filter on every run
   plot: Plot | None = None
+  # A finished run "collapsed" when its last-step test is more than this many points (table
+  # units) under its test at the best validation step; cells count such runs.
+  collapse_margin: float = 1.5
+  paper_source: str = ""      # where the rows' paper values come from (shown in the legend)
 
 
 def load_table(spec_arg: str) -> Table:
@@ -61,4 +69,14 @@ def load_table(spec_arg: str) -> Table:
                      f"got {type(table).__name__}")
   if not table.rows or not table.columns:
     raise ValueError(f"{spec_arg}: a table needs at least one row and one column")
+  labels = {column.label for column in table.columns}
+  for row in table.rows:
+    unknown = sorted(set(row.paper) - labels)
+    if unknown:
+      raise ValueError(f"{spec_arg}: row {row.label!r} gives paper values for {unknown}, "
+                       f"which are not columns ({sorted(labels)})")
+    bad = {k: v for k, v in row.paper.items()
+           if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v}
+    if bad:
+      raise ValueError(f"{spec_arg}: row {row.label!r}: paper values must be numbers, got {bad}")
   return table
