@@ -870,14 +870,18 @@ def test_paper_specs_train_with_lras_attention_dropout_and_the_committed_tables_
     assert {rate for _, rate in rates(f"experiments/specs/{spec}.py", spec)} == {0.0}
 
 
-def test_dsa_specs_run_text_at_the_papers_4k(tmp_path, monkeypatch):
+def test_paper_specs_run_text_at_the_papers_lengths(tmp_path, monkeypatch):
+  """Text at the length each paper states (configs/text.py quotes them): DSA l=2000, DFSS
+  2048; LRA's own config keeps 1000."""
   monkeypatch.chdir(REPO)
-  for spec in ("experiments/specs/dsa_table2.py", "experiments/specs/dsa_sparsity.py"):
+  for spec, length in (("experiments/specs/dsa_table2.py", 2000),
+                       ("experiments/specs/dsa_sparsity.py", 2000),
+                       ("experiments/specs/dfss_table4.py", 2048)):
     text = [run for run in _spec_runs(spec, tmp_path / os.path.basename(spec))
             if os.path.basename(run.config) == "text.py"]
-    assert text and all(run.overrides["data.max_length"] == 4000 for run in text)
+    assert text and all(run.overrides["data.max_length"] == length for run in text), spec
   table = tables.load_table("experiments/specs/dsa_table2.py")
-  assert table.where["data.max_length"] == 4000
+  assert table.where["data.max_length"] == 2000
 
 
 def test_dfss_table6_pretrains_the_nystromformer_lra_image_config(tmp_path, monkeypatch):
