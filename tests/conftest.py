@@ -232,3 +232,32 @@ def checkpoint_params(workdir) -> dict:
   params = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore())["params"]
   manager.close()
   return params
+
+
+_TINY_SPEC_WRAPPER = """
+import importlib.util
+_spec = importlib.util.spec_from_file_location("wrapped_spec", {path!r})
+wrapped = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(wrapped)
+
+
+def get_sweep(preset=""):
+  sweep = wrapped.get_sweep({preset!r})
+  for group in sweep.groups:
+    group.overrides = dict(group.overrides, **{{"data.data_dir": {data!r}}})
+  return sweep
+
+
+def get_table(preset=""):
+  return wrapped.get_table({preset!r})
+"""
+
+
+def spec_on_data(tmp_path, spec: str, preset: str, data_dir: str) -> str:
+  """A spec file in ``tmp_path`` that is ``spec:preset`` (a path under the repo) with every
+  group reading ``data_dir``: a committed spec's tiny preset run end to end on a test's
+  generated data. Returns its path."""
+  path = tmp_path / f"on_data_{os.path.basename(spec)}"
+  path.write_text(_TINY_SPEC_WRAPPER.format(path=os.path.join(REPO, spec), preset=preset,
+                                            data=data_dir))
+  return str(path)

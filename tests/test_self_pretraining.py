@@ -16,7 +16,7 @@ import pytest
 
 from lra_sparse import objectives, train
 from lra_sparse.models.encoder import rotary
-from tests.conftest import checkpoint_params
+from tests.conftest import checkpoint_params, spec_on_data
 
 
 def _corrupt(tokens, rate, mask_share, random_share, seed=0, vocab=10):
@@ -162,25 +162,6 @@ def test_bad_objective_fields_are_one_clear_error(tmp_path, tiny_config, overrid
     train.train_and_evaluate(tiny_config(**overrides), str(tmp_path))
 
 
-_TINY_SPEC = """
-import importlib.util
-_spec = importlib.util.spec_from_file_location("spt", {path!r})
-spt = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(spt)
-
-
-def get_sweep(preset=""):
-  sweep = spt.get_sweep("tiny")
-  for group in sweep.groups:
-    group.overrides = dict(group.overrides, **{{"data.data_dir": {data!r}}})
-  return sweep
-
-
-def get_table(preset=""):
-  return spt.get_table("tiny")
-"""
-
-
 def test_self_pretraining_spec_runs_both_stages_end_to_end(tmp_path, monkeypatch, listops_dir):
   """experiments/specs/self_pretraining.py:tiny on a small generated ListOps set: every kind
   pretrains with the denoising objective, then fine-tunes the classifier from its own kind's
@@ -189,11 +170,9 @@ def test_self_pretraining_spec_runs_both_stages_end_to_end(tmp_path, monkeypatch
   from lra_sparse import sweep as sweep_lib, tables  # pylint: disable=import-outside-toplevel
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   monkeypatch.chdir(repo)
-  spec = tmp_path / "spec.py"
-  spec.write_text(_TINY_SPEC.format(
-      path=os.path.join(repo, "experiments", "specs", "self_pretraining.py"), data=listops_dir))
+  spec = spec_on_data(tmp_path, "experiments/specs/self_pretraining.py", "tiny", listops_dir)
   root = tmp_path / "root"
-  states = sweep_lib.run_sweep(str(spec), str(root), show_progress=False)
+  states = sweep_lib.run_sweep(spec, str(root), show_progress=False)
   assert len(states) == 8 and set(states.values()) == {"finished"}, states
   kinds = {}
   for name in states:
@@ -208,7 +187,7 @@ def test_self_pretraining_spec_runs_both_stages_end_to_end(tmp_path, monkeypatch
                (root / stages["classify"][0] / "metrics.jsonl").read_text().splitlines()]
     loaded = [r for r in records if r["split"] == "init_from"]
     assert loaded == [dict(loaded[0], fresh_params=4, unused_params=2)], (kind, loaded)
-  text = tables.make_table(str(root), str(spec), "markdown",
+  text = tables.make_table(str(root), spec, "markdown",
                            report=tables.Reporter(echo=False))
   assert sum(line.endswith("(n=1) |") for line in text.splitlines()) == 4, text
 

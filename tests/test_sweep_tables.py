@@ -1137,3 +1137,52 @@ def test_cells_show_the_papers_value_the_delta_and_collapsed_seeds(tmp_path):
     spec.write_text(_PAPER_SPEC.replace("PAPER", paper))
     with pytest.raises(ValueError, match=message):
       tables.make_table(str(root), str(spec), "markdown", report=report)
+
+
+def test_dsa_listops_finetunes_each_seeds_dense_run_no_harder_than_it_ended(tmp_path,
+                                                                           monkeypatch):
+  """experiments/specs/dsa_listops.py: every DSA run fine-tunes the dense run of its seed,
+  and its learning rate peaks (at the end of its warmup) at the dense run's last-step rate;
+  the untrained-predictor rows have Eq. 6 weight 0; table2 crosses sigma with precision."""
+  monkeypatch.chdir(REPO)
+  from lra_sparse.train import rsqrt_schedule  # pylint: disable=import-outside-toplevel
+  runs = {run.name: run for run in _spec_runs("experiments/specs/dsa_listops.py",
+                                              tmp_path / "full")}
+  dense = {run.overrides["seed"]: run for run in runs.values() if not run.depends_on}
+  assert sorted(dense) == [0, 1, 2]
+  dense_config = config_lib.load_config_file(os.path.join(REPO, "configs", "listops.py"),
+                                             "stable")
+  dense_end = float(rsqrt_schedule(dense_config.optim.learning_rate,
+                                   dense_config.optim.warmup_steps)(
+                                       dense_config.num_train_steps - 1))
+  finetunes = [run for run in runs.values() if run.depends_on]
+  assert len(finetunes) == 18
+  for run in finetunes:
+    assert run.overrides["init_from"] == dense[run.overrides["seed"]].workdir
+    o = run.overrides
+    peak = float(rsqrt_schedule(o["optim.learning_rate"], o["optim.warmup_steps"])(
+        o["optim.warmup_steps"] - 1))
+    assert peak == pytest.approx(dense_end, rel=1e-3), (peak, dense_end)
+    assert (o["attention.dsa.mse_weight"] == 0.0) == run.name.endswith("-random__seed="
+                                                                       f"{o['seed']}")
+  table2 = _spec_runs("experiments/specs/dsa_listops.py:table2", tmp_path / "t2")
+  grid = {(r.overrides["attention.dsa.sigma"], r.overrides["attention.dsa.quant_bits"])
+          for r in table2 if r.depends_on}
+  assert len(grid) == 20 and {q for _, q in grid} == {0, 2, 4, 8}
+  weights = _spec_runs("experiments/specs/dsa_listops.py:weight", tmp_path / "w")
+  assert sorted({r.overrides["attention.dsa.mse_weight"] for r in weights if r.depends_on}) == [
+      1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0]
+  assert "not yet measured" in tables.load_table("experiments/specs/dsa_listops.py").title
+
+
+def test_dsa_listops_tiny_runs_end_to_end(tmp_path, monkeypatch, listops_dir):
+  """dsa_listops.py:tiny on a small generated ListOps set: the dense base, then DSA-90 with a
+  trained and with an untrained predictor fine-tuned from it; the table has all three."""
+  from tests.conftest import spec_on_data  # pylint: disable=import-outside-toplevel
+  monkeypatch.chdir(REPO)
+  spec = spec_on_data(tmp_path, "experiments/specs/dsa_listops.py", "tiny", listops_dir)
+  states = sweep_lib.run_sweep(spec, str(tmp_path / "root"), show_progress=False)
+  assert len(states) == 3 and set(states.values()) == {"finished"}, states
+  text = tables.make_table(str(tmp_path / "root"), spec, "markdown",
+                           report=tables.Reporter(echo=False))
+  assert sum("(n=1" in line for line in text.splitlines() if line.startswith("| ")) == 3, text

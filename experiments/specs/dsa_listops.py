@@ -1,0 +1,152 @@
+"""DSA under its paper's protocol on ListOps: fine-tuned from each seed's dense run, with the
+Eq. 6 weight chosen by validation and a fine-tune learning rate no higher than the dense run's.
+
+The DSA paper fine-tunes DSA from a trained dense Transformer with the joint loss (Sec. 4.2:
+task loss + lambda * L_MSE, Eq. 6 summing the squared score error over every real pair, about
+10^6 per head at length 2000) and never states lambda. Its own tasks are Text, Retrieval and
+Image (``dsa_table2.py``, ``dsa_sparsity.py``); ListOps is the task these machines can
+generate at LRA's size, so the paper's tables are rebuilt here on it.
+
+Dense base: ``configs/listops.py:stable`` (LRA's config with the peak learning rate halved, the
+stable option of ``experiments/results/listops_recipe_notes.md``), 5000 steps, 3 seeds. Fine-tune:
+FINETUNE_STEPS with a WARMUP-step rsqrt warmup whose peak equals the dense run's learning rate
+at its last step (``finetune_learning_rate``), so the fine-tune never steps harder than the
+dense run ended; the predictor (sigma 0.25) starts fresh, the rest loads from the dense run.
+
+Presets:
+  "weight": DSA-90 at each Eq. 6 weight in WEIGHTS (seeds 0 and 1); the table shows validation
+    accuracy at the last step, the measurement that picks MSE_WEIGHT.
+  "" (sparsity): DSA at 90 / 95 / 99% with MSE_WEIGHT, and each sparsity with an untrained
+    predictor (weight 0: its random projection and random W~ pick keys unrelated to the scores,
+    this codebase's stand-in for the paper's random mask of the same density), 3 seeds.
+  "table2": the paper's Table 2 grid at DSA-90: sigma x predictor precision (INT2 / 4 / 8,
+    FP32), 3 seeds.
+  "best_val", "weight_best_val", "table2_best_val": the same runs, test at the best validation
+    step.
+  "tiny": the sparsity preset at DSA-90 only, one seed, on ``make demo``'s ListOps (a CPU).
+MSE_WEIGHT is a placeholder until the "weight" preset has run: the spec says so in its table
+title.
+
+Sweep:  python -m lra_sparse.sweep --sweep=experiments/specs/dsa_listops.py[:PRESET] \\
+          --root=runs/dsa_listops --parallel=gpus
+Table:  python -m lra_sparse.tables --root=runs/dsa_listops \\
+          --spec=experiments/specs/dsa_listops.py[:PRESET] --format=markdown
+"""
+import math
+
+from experiments.specs._tiny import tiny_steps
+from lra_sparse.sweep import Group, Ref, Sweep, Variant
+from lra_sparse.tables import Selector, Table
+
+SEEDS = (0, 1, 2)
+WEIGHT_SEEDS = (0, 1)
+PRESETS = ("", "best_val", "weight", "weight_best_val", "table2", "table2_best_val", "tiny")
+DENSE_CONFIG = "configs/listops.py:stable"
+DENSE_LEARNING_RATE, DENSE_STEPS = 0.025, 5000          # configs/listops.py:stable
+FINETUNE_STEPS, WARMUP = 1000, 100
+WEIGHTS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+MSE_WEIGHT = 1e-4          # placeholder: to be replaced by the "weight" preset's pick
+MSE_WEIGHT_MEASURED = False
+SPARSITIES = (0.9, 0.95, 0.99)
+SIGMAS = (0.1, 0.16, 0.2, 0.25, 0.33)
+PRECISIONS = (("INT2", 2), ("INT4", 4), ("INT8", 8), ("FP32", 0))
+DSA = {"attention.kind": "dsa", "attention.dsa.sigma": 0.25, "attention.dsa.quant_bits": 0,
+       "attention.dsa.mse_normalization": "eq6"}
+
+
+def finetune_learning_rate(dense_lr: float, dense_steps: int, warmup: int) -> float:
+  """The rsqrt schedule's constant whose peak (at ``warmup``) equals the dense run's learning
+  rate at its last step: c / sqrt(warmup) = dense_lr / sqrt(dense_steps)."""
+  return dense_lr * math.sqrt(warmup / dense_steps)
+
+
+FINETUNE = {"num_train_steps": FINETUNE_STEPS, "optim.warmup_steps": WARMUP,
+            "optim.learning_rate": finetune_learning_rate(DENSE_LEARNING_RATE, DENSE_STEPS,
+                                                          WARMUP)}
+
+
+def _check(preset: str) -> str:
+  if preset not in PRESETS:
+    raise ValueError(f"unknown preset {preset!r} for experiments/specs/dsa_listops.py; "
+                     f"known: {', '.join(repr(p) for p in PRESETS)}")
+  return preset.removesuffix("best_val").rstrip("_")
+
+
+def _variants(kind: str) -> list[Variant]:
+  if kind == "weight":
+    return [Variant(f"w{w:g}", {"attention.dsa.sparsity": 0.9,
+                                "attention.dsa.mse_weight": w}) for w in WEIGHTS]
+  if kind == "table2":
+    return [Variant(f"sigma{s:g}-{name}", {"attention.dsa.sparsity": 0.9,
+                                           "attention.dsa.sigma": s,
+                                           "attention.dsa.quant_bits": bits,
+                                           "attention.dsa.mse_weight": MSE_WEIGHT})
+            for s in SIGMAS for name, bits in PRECISIONS]
+  sparsities = (0.9,) if kind == "tiny" else SPARSITIES
+  return ([Variant(f"dsa{round(100 * s)}", {"attention.dsa.sparsity": s,
+                                            "attention.dsa.mse_weight": MSE_WEIGHT})
+           for s in sparsities]
+          + [Variant(f"dsa{round(100 * s)}-random", {"attention.dsa.sparsity": s,
+                                                     "attention.dsa.mse_weight": 0.0})
+             for s in sparsities])
+
+
+def _fixed(kind: str) -> dict:
+  """DSA's settings every fine-tune of the preset shares (table2's variants set the rest)."""
+  varied = ("attention.dsa.sigma", "attention.dsa.quant_bits") if kind == "table2" else ()
+  return {key: value for key, value in DSA.items() if key not in varied}
+
+
+def get_sweep(preset: str = "") -> Sweep:
+  kind = _check(preset)
+  tiny = kind == "tiny"
+  seeds = (0,) if tiny else WEIGHT_SEEDS if kind == "weight" else SEEDS
+  config = "configs/listops.py:tiny" if tiny else DENSE_CONFIG
+  return Sweep(
+      name="dsa_listops" + (f"_{kind}" if kind else ""),
+      groups=[Group(name="dense", config=config, seeds=seeds,
+                    overrides={"attention.kind": "dense", **(tiny_steps(30) if tiny else {})}),
+              Group(name="dsa", config=config, seeds=seeds,
+                    overrides={**_fixed(kind), "init_from": Ref("dense"),
+                               **(tiny_steps(10) if tiny else FINETUNE)},
+                    variants=_variants(kind))])
+
+
+def get_table(preset: str = "") -> Table:
+  kind = _check(preset)
+  best_val = preset.endswith("best_val")
+  split = "test_at_best_val" if best_val else "test"
+  placeholder = "" if MSE_WEIGHT_MEASURED else f" [Eq. 6 weight {MSE_WEIGHT:g}: not yet measured]"
+  column = [Selector("ListOps", {"task": "listops"})]
+  finetuned = {"init_from": lambda path: bool(path)}
+  if kind == "weight":
+    return Table(
+        title=("DSA-90 fine-tuned from dense on ListOps at each Eq. 6 weight: validation "
+               "accuracy (%) at the last step (picks the weight)"),
+        split="val", columns=column,
+        rows=[Selector(f"weight {w:g}", {**DSA, **finetuned, "attention.dsa.sparsity": 0.9,
+                                         "attention.dsa.mse_weight": w}) for w in WEIGHTS])
+  if kind == "table2":
+    return Table(
+        title=("DSA Table 2 on ListOps: DSA-90 fine-tuned from dense, test accuracy (%) "
+               + ("at the best validation step" if best_val else "at the last step")
+               + placeholder),
+        split=split,
+        rows=[Selector(f"sigma {s:g}", {"attention.kind": "dsa", "attention.dsa.sigma": s,
+                                        **finetuned}) for s in SIGMAS],
+        columns=[Selector(name, {"task": "listops", "attention.dsa.quant_bits": bits})
+                 for name, bits in PRECISIONS])
+  sparsities = (0.9,) if kind == "tiny" else SPARSITIES
+  rows = [Selector("Dense (the base runs)", {"attention.kind": "dense"})]
+  for s in sparsities:
+    rows.append(Selector(f"DSA-{round(100 * s)}", {
+        "attention.kind": "dsa", "attention.dsa.sparsity": s,
+        "attention.dsa.mse_weight": MSE_WEIGHT, **finetuned}))
+    rows.append(Selector(f"DSA-{round(100 * s)}, untrained predictor", {
+        "attention.kind": "dsa", "attention.dsa.sparsity": s,
+        "attention.dsa.mse_weight": 0.0, **finetuned}))
+  return Table(
+      title=("DSA fine-tuned from dense on ListOps by sparsity: test accuracy (%) "
+             + ("at the best validation step" if best_val else "at the last step")
+             + placeholder + (" [tiny CPU variant]" if kind == "tiny" else "")),
+      split=split, rows=rows, columns=column)
