@@ -891,6 +891,22 @@ def test_dfss_table6_pretrains_the_nystromformer_lra_image_config(tmp_path, monk
   pretrain = [run for run in runs if not run.depends_on]
   assert len(pretrain) == 3 and all(r.overrides["num_train_steps"] == 35_000 for r in pretrain)
   assert all(run.overrides["num_train_steps"] == 3_500 for run in runs if run.depends_on)
+  # The presets for the data these machines have: the Image stand-in and ListOps, labelled as
+  # such and without paper values; the full Image table carries DFSS Table 6's.
+  standin = _spec_runs("experiments/specs/dfss_table6_nystrom.py:standin", tmp_path / "s")
+  assert all(r.overrides["data.source"] == "fashion_mnist" and "fmnist-standin" in r.name
+             for r in standin)
+  listops = _spec_runs("experiments/specs/dfss_table6_nystrom.py:listops", tmp_path / "l")
+  assert {r.config_arg for r in listops} == {"configs/listops.py:stable"}
+  assert sorted({r.overrides["num_train_steps"] for r in listops}) == [500, 5_000]
+  full = tables.load_table("experiments/specs/dfss_table6_nystrom.py")
+  assert full.rows[0].paper == {"Pretraining": 41.17, "Finetuning": 41.52}
+  assert full.rows[3].paper == {"Finetuning": 42.54}
+  for preset in ("standin", "listops"):
+    table = tables.load_table(f"experiments/specs/dfss_table6_nystrom.py:{preset}")
+    assert all(not row.paper for row in table.rows)
+  assert "ListOps" in tables.load_table(
+      "experiments/specs/dfss_table6_nystrom.py:listops").title
 
 
 def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
