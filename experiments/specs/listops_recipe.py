@@ -65,7 +65,8 @@ TINY_LEARNING_RATE = 0.05      # configs/listops.py:tiny
 LRA_LISTOPS = 36.37            # LRA's Transformer, the paper value beside every full-size row
 # What every factor is when its arm leaves it alone (configs/listops.py): a row matches runs
 # whose factors all have these values but its own.
-DEFAULTS = {"attention.kind": "dense", "model.attention_dropout_rate": 0.1, "optim.grad_clip_norm": 0.0,
+DEFAULTS = {"attention.kind": "dense", "model.attention_dropout_rate": 0.1,
+            "optim.grad_clip_norm": 0.0,
             "optim.learning_rate": 0.05, "optim.b2": 0.98, "optim.eps": 1e-9,
             "attention.dense.implementation": "auto",
             **LRA_MODEL}

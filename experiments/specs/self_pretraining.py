@@ -25,8 +25,9 @@ Table:  python -m lra_sparse.tables --root=runs/self_pretraining \\
 Presets: "" (ListOps at LRA size and Pathfinder-32, 3 seeds); "best_val" (the same runs, test at
 the best validation step); "curve" and "curve_best_val" (how many pretraining steps: ListOps,
 dense and DFSS 2:4, seed 0, pretrained CURVE_STEPS steps each (warmup: 1000 steps or a fifth
-of a shorter run) then fine-tuned; rows are the pretraining lengths); "tiny" (``make demo``'s ListOps on a CPU, a few steps per stage, one
-seed: the pipeline end to end, run by ``make test``).
+of a shorter run) then fine-tuned; rows are the pretraining lengths); "tiny" (``make demo``'s
+ListOps on a CPU, a few steps per stage, one seed: the pipeline end to end, run by
+``make test``).
 """
 from experiments.specs._tiny import tiny_steps
 from lra_sparse.sweep import Group, Ref, Sweep, Variant
