@@ -111,7 +111,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.model.dtype = "float32"    # compute dtype: "float32" | "bfloat16"; params stay float32
   # Parameters as LRA's code makes them (models/transformer/transformer.py, common_layers.py);
   # each field names the one thing it changes (LRA_DIFFERENCES.md):
-  config.model.attention_bias = True      # q/k/v/out projections have biases (LRA: none)
+  config.model.attention_bias = False      # q/k/v/out projections have biases (LRA: none)
   config.model.kernel_init = "xavier_uniform"   # q/k/v/out and MLP kernels | "lecun_normal"
   config.model.mlp_bias_init_std = 1e-6    # MLP biases N(0, std^2) (LRA 1e-6); 0 = zeros
   config.model.cls_init_std = 0.0          # CLS token N(0, std^2); 0 = zeros (LRA)
