@@ -172,11 +172,7 @@ def _run_sweep_locked(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[Run
           continue
         active.remove(entry)
         free_slots.append(entry.slot)
-        state = _finish(entry, returncode, launcher)
-        done_states[entry.run.name] = state
-        outcomes[entry.run.name].update(
-            {"ended": now(), "returncode": returncode,
-             "seconds": round(time.time() - entry.started, 1)})
+        done_states[entry.run.name] = _finish(entry, returncode, launcher, outcomes)
         write_manifest(sweep, spec_arg, root, runs, launcher.main_command, outcomes)
         if progress:
           progress.update(1)
@@ -197,10 +193,7 @@ def _run_sweep_locked(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[Run
       except subprocess.TimeoutExpired:
         entry.process.kill()
         returncode = entry.process.wait()
-      _finish(entry, returncode, launcher)
-      outcomes[entry.run.name].update(
-          {"ended": now(), "returncode": returncode,
-           "seconds": round(time.time() - entry.started, 1)})
+      _finish(entry, returncode, launcher, outcomes)
     write_manifest(sweep, spec_arg, root, runs, launcher.main_command, outcomes)
     raise
   finally:
@@ -234,7 +227,12 @@ def _start(run: RunPlan, slot: str | None, launcher: Launcher) -> _Active:
   return _Active(run=run, process=process, log_file=log_file, slot=slot, started=time.time())
 
 
-def _finish(entry: _Active, returncode: int, launcher: Launcher) -> str:
+def _finish(entry: _Active, returncode: int, launcher: Launcher,
+            outcomes: dict[str, dict[str, Any]]) -> str:
+  """Records a trainer's end (its outcome: end time, exit code, seconds) and returns the run's
+  state: finished, or interrupted / failed (``record_failure``)."""
+  outcomes[entry.run.name].update({"ended": now(), "returncode": returncode,
+                                   "seconds": round(time.time() - entry.started, 1)})
   entry.log_file.close()
   run = entry.run
   remove_file(os.path.join(run.workdir, RUNNING_FILE))

@@ -122,6 +122,12 @@ def check_pooling(cell: CellStats, axis_keys: set[str]) -> list[str]:
   return problems
 
 
+def far_below_best(last: float, best: float, margin: float) -> bool:
+  """The collapse rule: a last-step value more than ``margin`` under the value at the best
+  validation step (both in the same units)."""
+  return best - last > margin
+
+
 def collapsed(run: RunRecord, margin: float, scale: float) -> bool:
   """Whether a finished run's last-step test is more than ``margin`` (table units) under its
   test at the best validation step (``result.json``; False when either is missing)."""
@@ -132,7 +138,7 @@ def collapsed(run: RunRecord, margin: float, scale: float) -> bool:
     return False
   if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (last, best)):
     return False
-  return (best - last) * scale > margin
+  return far_below_best(last * scale, best * scale, margin)
 
 
 def build_cells(table: Table, runs: Sequence[RunRecord],

@@ -24,7 +24,7 @@ import statistics
 from absl import app, flags
 
 from lra_sparse import workdir as workdir_lib
-from lra_sparse.tables.cells import matches
+from lra_sparse.tables.cells import far_below_best, matches
 from lra_sparse.tables.runs import Reporter, find_runs
 from lra_sparse.tables.spec import load_table
 
@@ -60,7 +60,7 @@ def last_vs_best(root: str, spec: str, within: float) -> list[dict]:
                    run.workdir))
     runs.sort(key=lambda r: (r[0] is None, r[0]))
     out.append({"label": row.label, "runs": runs, "others": others,
-                "stable": sum(b - l <= within for _, l, b, _ in runs)})
+                "stable": sum(not far_below_best(l, b, within) for _, l, b, _ in runs)})
   return out
 
 
