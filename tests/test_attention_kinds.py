@@ -3,6 +3,7 @@ import functools
 import math
 import re
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -1071,36 +1072,58 @@ def test_auto_gives_cudnn_masks_with_holes_as_a_bias(monkeypatch):
 def test_dense_auto_routes_dropout_and_holes_to_the_mosaic_kernels(monkeypatch):
   """On a Hopper in half precision, "auto" runs the Mosaic GPU kernels while training with
   attention dropout (with the rate and rng it was given) and for masks with holes, cuDNN
-  otherwise; float32 with dropout runs XLA; 'mosaic' off a Hopper is one clear error."""
+  otherwise; in float32 on a GPU it runs the Triton kernels (dropout or not: training and
+  evaluation on one implementation), XLA where they cannot run; 'mosaic' and 'triton' where
+  their kernels are not available are one clear error each."""
   from lra_sparse.attention import dense as dense_lib  # pylint: disable=import-outside-toplevel
   calls = []
   monkeypatch.setattr(dense_lib.jax.nn, "dot_product_attention", _cudnn_stand_in(calls))
   monkeypatch.setattr(dense_lib, "_on_gpu", lambda: True)
   monkeypatch.setattr(dense_lib, "_mosaic_runs", lambda q, k, v: True)
+  triton_runs = [True]
+  monkeypatch.setattr(dense_lib, "_triton_runs", lambda q, k, v: triton_runs[0])
 
-  def mosaic_stand_in(q, k, v, mask=None, *, dropout_rate=0.0, dropout_rng=None):
-    calls.append(("mosaic", dropout_rate, dropout_rng is not None))
-    return dense_lib.dense_attention_reference(q, k, v, mask, dropout_rate=dropout_rate,
-                                               dropout_rng=dropout_rng)
+  def stand_in(name):
+    def kernel(q, k, v, mask=None, *, dropout_rate=0.0, dropout_rng=None):
+      calls.append((name, q.dtype.name, dropout_rate, dropout_rng is not None))
+      return dense_lib.dense_attention_reference(q, k, v, mask, dropout_rate=dropout_rate,
+                                                 dropout_rng=dropout_rng)
+    return kernel
 
-  monkeypatch.setattr(dense_lib, "mosaic_attention", mosaic_stand_in)
+  monkeypatch.setattr(dense_lib, "mosaic_attention", stand_in("mosaic"))
+  monkeypatch.setattr(dense_lib, "triton_attention", stand_in("triton"))
   mask = jnp.asarray(np.random.default_rng(2).random((3, 30)) < 0.6)
   q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in _qkv(26, (3, 30, H, 16)))
   rng = jax.random.PRNGKey(0)
   dense_attention(q, k, v, mask, dropout_rate=0.1, dropout_rng=rng)
-  assert calls[-1] == ("mosaic", 0.1, True)
+  assert calls[-1] == ("mosaic", "bfloat16", 0.1, True)
   dense_attention(q, k, v, mask, mask_holes=True)
-  assert calls[-1] == ("mosaic", 0.0, False)
+  assert calls[-1] == ("mosaic", "bfloat16", 0.0, False)
   dense_attention(q, k, v, mask)
   assert calls[-1] == "lengths"
+  with monkeypatch.context() as patch:    # the Triton kernels by name, as on a GPU
+    patch.setattr(dense_lib, "triton_kernels", types.SimpleNamespace(
+        is_available=lambda: True, unsupported_reason=lambda *args, **kwargs: None))
+    dense_attention(q, k, v, mask, implementation="triton", dropout_rate=0.1, dropout_rng=rng)
+  assert calls[-1] == ("triton", "bfloat16", 0.1, True)
   calls.clear()
   q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
+  dense_attention(q32, k32, v32, mask, dropout_rate=0.1, dropout_rng=rng)
+  assert calls[-1] == ("triton", "float32", 0.1, True)
+  dense_attention(q32, k32, v32, mask)
+  assert calls[-1] == ("triton", "float32", 0.0, False)
+  calls.clear()
+  triton_runs[0] = False
   dense_attention(q32, k32, v32, mask, dropout_rate=0.1, dropout_rng=rng)
   assert calls == []                        # XLA's explicit attention, no kernel
   monkeypatch.undo()
   with pytest.raises(ValueError, match="backend='mosaic' but the dense Mosaic GPU kernel is "
                                        "not available here"):
     dense_attention(q, k, v, mask, implementation="mosaic")
+  if jax.default_backend() != "gpu":
+    with pytest.raises(ValueError, match="backend='triton' but the dense Triton kernel is "
+                                         "not available here"):
+      dense_attention(q32, k32, v32, mask, implementation="triton")
 
 
 def test_dense_dropout_on_xla_is_the_kernels_mask_in_float64():

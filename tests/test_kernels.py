@@ -305,8 +305,10 @@ def test_unsupported_reason_states_what_the_triton_kernel_runs():
   assert "k.dtype" in reason(x, x, 2, 4, k=arr(dtype=jnp.float32))
   assert "[batch, length, heads, head_dim]" in reason(arr((64, 64)), arr((64, 64)), 2, 4)
   q = jnp.zeros((1, 8, 1, 64), jnp.bfloat16)
-  with pytest.raises(ValueError, match="the Triton kernel needs n < m"):
+  with pytest.raises(ValueError, match=r"the Triton kernel needs n < m \(or 1:1"):
     dfss_triton.dfss_attention_triton(q, q, q, n=4, m=4)
+  with pytest.raises(ValueError, match=r"1:1 \(dense attention\) runs on impl='fused' only"):
+    dfss_triton.dfss_attention_triton(q, q, q, n=1, m=1, impl="compressed")
   with pytest.raises(ValueError, match="head_dim 160"):
     q160 = jnp.zeros((1, 8, 1, 160), jnp.bfloat16)
     dfss_triton.dfss_attention_triton(q160, q160, q160, n=2, m=4)
@@ -700,6 +702,88 @@ def _check_dropout_case(case, deterministic):
   assert not np.array_equal(other, np.asarray(out))
 
 
+# Dense attention on the fused Triton kernels (DFSS at 1:1): what 'auto' trains and evaluates
+# float32 dense on (LRA's protocol: float32 with attention dropout 0.1).
+TRITON_DENSE_CASES = [
+    # dtype, batch, length, heads, head_dim, masked, rate
+    (jnp.float32, 2, 1000, 2, 64, True, 0.1),
+    (jnp.float32, 1, 2000, 1, 64, False, 0.1),
+    (jnp.float32, 3, 700, 2, 4, "holes", 0.2),      # Pathfinder-32's head dim, its masks
+    (jnp.float32, 2, 257, 2, 128, True, 0.0),
+    (jnp.float32, 2, 130, 2, 32, False, 0.3),
+    (jnp.bfloat16, 2, 1000, 2, 64, True, 0.1),
+    (jnp.bfloat16, 3, 700, 2, 8, "holes", 0.0),     # Path-X's head dim
+]
+TRITON_DENSE_TOL = {jnp.float32: 2e-3, jnp.bfloat16: 2e-2}
+
+
+def _dense_case_id(c):
+  return _case_id((c[0], 1, 1) + c[1:6]) + f"-p{c[6]}"
+
+
+def _check_triton_dense_case(case, deterministic):
+  """dense_attention_triton (outputs poisoned) against float64 numpy with the same dropout
+  mask: output and dQ/dK/dV; a fully padded example gives zeros; the same seed the same bits,
+  another seed other ones. float32 inputs on the TF32-exact grid (``tf32_exact``)."""
+  dt = _need_triton()
+  from lra_sparse.ops import dropout as dd
+  dtype, b, l, h, d, masked, rate = case
+  key = zlib.crc32(repr(case).encode()) % (2**31)
+  q, k, v, mask, ct = case_inputs(key, dtype, b, l, h, d, masked)
+  if dtype == jnp.float32:
+    q, k, v, ct = (tf32_exact(x) for x in (q, k, v, ct))
+  seed = dd.seed_words(jax.random.PRNGKey(key + 3)) if rate else None
+  run = jax.jit(lambda q, k, v, seed: dt._attention(
+      q, k, v, n=1, m=1, mask=mask, deterministic=deterministic, poison=True,
+      dropout_rate=rate, dropout_seed=seed))
+  out, vjp = jax.vjp(lambda q, k, v: run(q, k, v, seed), q, k, v)
+  got = [out] + list(vjp(ct))
+  want = np_dense(q, k, v, mask, ct, None if seed is None else np.asarray(seed), rate)
+  assert out.dtype == dtype and out.shape == q.shape
+  for name, a, r in zip(("out", "dq", "dk", "dv"), got, want):
+    a = np.asarray(a.astype(jnp.float32))
+    assert np.isfinite(a).all(), f"{name}: non-finite elements"
+    e = rel_err(a, r)
+    print(f"triton dense {case} det={deterministic} {name} rel_err={e:.2e}")
+    assert e < TRITON_DENSE_TOL[dtype], (name, e)
+    if masked and b > 1 and not np.asarray(mask)[-1].any():
+      assert np.all(a[-1] == 0.0), name
+  if rate:
+    np.testing.assert_array_equal(np.asarray(run(q, k, v, seed)), np.asarray(out))
+    other = np.asarray(run(q, k, v, dd.seed_words(jax.random.PRNGKey(key + 4))))
+    assert not np.array_equal(other, np.asarray(out))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("case", TRITON_DENSE_CASES, ids=_dense_case_id)
+def test_triton_dense_matches_float64(case, deterministic):
+  _check_triton_dense_case(case, deterministic)
+
+
+@pytest.mark.gpu
+def test_dense_auto_runs_float32_on_triton_with_the_xla_mask():
+  """dense_attention 'auto' in float32 on a GPU runs the Triton kernels (the same bits as
+  calling them with the rng's seed words), and XLA's explicit path with the same rng drops the
+  same entries (agreeing to TF32 accuracy)."""
+  dt = _need_triton()
+  from lra_sparse.attention.dense import dense_attention
+  from lra_sparse.ops import dropout as dd
+  q, k, v = (tf32_exact(x) for x in rand_qkv(jax.random.PRNGKey(26), (2, 700, 2, 64),
+                                             jnp.float32))
+  mask = make_mask(jax.random.PRNGKey(27), 2, 700, full_pad_row=False)
+  rng = jax.random.PRNGKey(28)
+  auto = jax.jit(lambda q, k, v: dense_attention(q, k, v, mask, dropout_rate=0.1,
+                                                 dropout_rng=rng))(q, k, v)
+  direct = jax.jit(lambda q, k, v: dt.dense_attention_triton(
+      q, k, v, mask=mask, dropout_rate=0.1, dropout_seed=dd.seed_words(rng)))(q, k, v)
+  np.testing.assert_array_equal(np.asarray(auto), np.asarray(direct))
+  with jax.default_matmul_precision("highest"):
+    xla = dense_attention(q, k, v, mask, implementation="xla", dropout_rate=0.1,
+                          dropout_rng=rng)
+  assert rel_err(np.asarray(auto), np.asarray(xla)) < 2e-3
+
+
 # ----------------------------------------------------------------------------- CPU: the source
 # The fused and compressed kernels' Triton source run by Triton's interpreter on the CPU (in a
 # subprocess: ``triton_cpu``), through the GPU tests' checks at small shapes.
@@ -734,6 +818,18 @@ def _interpret_kernels(monkeypatch):
 def test_interpreted_kernels(monkeypatch, case, impl):
   _interpret_kernels(monkeypatch)
   _check_triton_case(case, impl)
+
+
+INTERPRETED_DENSE_CASES = [
+    (jnp.float32, 2, 70, 2, 32, True, 0.1),
+    (jnp.bfloat16, 3, 40, 1, 8, "holes", 0.0),
+]
+
+
+@pytest.mark.parametrize("case", INTERPRETED_DENSE_CASES, ids=_dense_case_id)
+def test_interpreted_dense_kernels(monkeypatch, case):
+  _interpret_kernels(monkeypatch)
+  _check_triton_dense_case(case, deterministic=case[-1] == 0.0)
 
 
 # Pathfinder-32's head dim 4 and Path-X's 8, zero-padded by the fused kernels' wrapper.

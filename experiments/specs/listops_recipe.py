@@ -18,8 +18,10 @@ Presets: "" 5000 steps, evaluation every 250; "short": 2000 steps (the warmup's 
 first 1000 steps of decay, where most collapses start), evaluation every 200; "tiny": the tiny
 CPU preset (``make demo``'s data) with LRA's dropout and attention dropout, 800 steps,
 evaluation every 50 (on a CPU both modes run XLA's attention: a mode gap there is not cuDNN's);
-"best_val", "short_best_val", "tiny_best_val": the same runs, the table of test accuracy at the
-best validation step; "smoke": the tiny CPU preset for 20 steps.
+"protocol": ``configs/listops.py`` as it is (float32, LRA's evaluation every 500 steps) for
+LRA's recipe and the halved peak (``configs/listops.py:stable``), 5 seeds, nothing else
+changed; "best_val", "short_best_val", "protocol_best_val", "tiny_best_val": the same runs, the
+table of test accuracy at the best validation step; "smoke": the tiny CPU preset for 20 steps.
 """
 from experiments.specs._tiny import TINY_SEEDS, tiny_steps
 from lra_sparse.config import EARLIER_MODEL, get_base_config
@@ -30,7 +32,11 @@ from lra_sparse.sweep import Group, Sweep, Variant
 from lra_sparse.tables import Selector, Table
 
 SEEDS = (0, 1, 2, 3, 4)
-PRESETS = ("", "short", "best_val", "short_best_val", "tiny", "tiny_best_val", "smoke")
+PRESETS = ("", "short", "best_val", "short_best_val", "protocol", "protocol_best_val", "tiny",
+           "tiny_best_val", "smoke")
+# "protocol": the default config with no override at all (LRA's evaluation cadence, every 500
+# steps, no train-mode pass) in float32, LRA's recipe and the stable option (lr 0.025), 5 seeds.
+PROTOCOL_ARMS = ("lra", "lr0.025")
 ARMS = (  # (row label, run-name label, overrides): one factor each against "lra"
     ("LRA's recipe (the default config)", "lra", {}),
     ("model's earlier parameters (biases, lecun_normal, CLS N(0, 0.02))", "earlier-model",
@@ -96,6 +102,11 @@ def _schedule(length: str) -> dict:
 
 def get_sweep(preset: str = "") -> Sweep:
   length = _check(preset)
+  if length == "protocol":
+    return Sweep(name="listops_protocol", groups=[Group(
+        config="configs/listops.py", name="fp32", overrides={},
+        variants=[Variant(label, match) for _, label, match in ARMS if label in PROTOCOL_ARMS],
+        seeds=SEEDS)])
   tiny = length in ("smoke", "tiny")
   suffix = f"_{length}" if length else ""
   return Sweep(
@@ -126,7 +137,10 @@ def get_table(preset: str = "") -> Table:
   tiny = length in ("smoke", "tiny")
   defaults = dict(DEFAULTS, **({"optim.learning_rate": TINY_LEARNING_RATE} if tiny else {}))
   steps = {"": "5000 steps", "short": "2000 steps", "tiny": "tiny preset on a CPU, 800 steps",
-           "smoke": "tiny, 20 steps"}[length]
+           "smoke": "tiny, 20 steps",
+           "protocol": "5000 steps, the default config, no override"}[length]
+  arms = [(name, dtype, label, match) for name, dtype in DTYPES for label, short, match in ARMS
+          if length != "protocol" or (dtype == "float32" and short in PROTOCOL_ARMS)]
   return Table(
       title=f"ListOps, LRA's recipe one factor at a time ({steps}; LRA's Transformer: "
             "36.37 at 5000 steps): test accuracy (%) "
@@ -135,7 +149,7 @@ def get_table(preset: str = "") -> Table:
       rows=[Selector(f"{name}: {label}", {"model.dtype": dtype, **defaults,
                                           **(_tiny_arm(match) if tiny else match)},
                      paper={} if tiny else {"ListOps": LRA_LISTOPS})
-            for name, dtype in DTYPES for label, _, match in ARMS]
+            for name, dtype, label, match in arms]
            + ([] if length else [Selector(f"bf16: {label}", {"model.dtype": "bfloat16",
                                                             **DFSS_DEFAULTS, **match},
                                           paper={"ListOps": LRA_LISTOPS})

@@ -2,10 +2,12 @@
 
 Paths: cuDNN's flash attention (``jax.nn.dot_product_attention``), the Mosaic GPU flash kernels
 of ``kernels.dfss.mosaic`` with nothing pruned (Hopper, bf16/fp16: attention dropout and key
-masks with holes, both of which JAX's cuDNN entry lacks or takes only as an [L, L] bias), and
-XLA's explicit attention (everywhere). Attention dropout draws the counter-based mask of
-``ops.dropout`` on every path that has it, so the Mosaic kernels and XLA drop the same entries
-for the same rng.
+masks with holes, both of which JAX's cuDNN entry lacks or takes only as an [L, L] bias), the
+fused Triton kernels of ``kernels.dfss.triton`` at 1:1 (any GPU, float32 included: LRA's
+protocol trains in float32 with attention dropout, which neither cuDNN nor the Mosaic kernels
+run), and XLA's explicit attention (everywhere). Attention dropout draws the counter-based mask
+of ``ops.dropout`` on every path that has it, so the kernels and XLA drop the same entries for
+the same rng.
 """
 from __future__ import annotations
 
@@ -19,10 +21,11 @@ from lra_sparse.attention import common
 from lra_sparse.attention.registry import (AttentionDims, KindConfig, derived,
                                            register_attention)
 from lra_sparse.kernels.dfss import mosaic as mosaic_kernels
+from lra_sparse.kernels.dfss import triton as triton_kernels
 from lra_sparse.kernels.shared.prologue import zero_pad_head_dim
 from lra_sparse.ops import dropout, sharding, softmax
 
-IMPLEMENTATIONS = ("auto", "xla", "cudnn", "cudnn_bias", "mosaic", "reference")
+IMPLEMENTATIONS = ("auto", "xla", "cudnn", "cudnn_bias", "mosaic", "triton", "reference")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,11 +34,12 @@ class DenseConfig(KindConfig):
   KIND = "dense"
   # auto: on a GPU in half precision, the Mosaic GPU kernels (Hopper) while training with
   # attention dropout or when mask_holes, else cuDNN (as "cudnn", or "cudnn_bias" with holes
-  # off Hopper); XLA otherwise | xla | cudnn (key padding as sequence lengths: padding at the
-  # end of each row; no dropout) | cudnn_bias (any key mask, as an additive [batch, 1, L, L]
-  # bias: L^2 bias memory per example; no dropout) | mosaic (Hopper, bf16/fp16: any key mask,
-  # dropout) | reference (explicit einsum/softmax, XLA; what attention dropout runs through
-  # where the Mosaic kernels do not)
+  # off Hopper); on a GPU in float32, the Triton kernels (training and evaluation); XLA
+  # otherwise | xla | cudnn (key padding as sequence lengths: padding at the end of each row;
+  # no dropout) | cudnn_bias (any key mask, as an additive [batch, 1, L, L] bias: L^2 bias
+  # memory per example; no dropout) | mosaic (Hopper, bf16/fp16: any key mask, dropout) |
+  # triton (any GPU with triton, fp32/bf16/fp16: any key mask, dropout) | reference
+  # (explicit einsum/softmax, XLA; what attention dropout runs through where no kernel does)
   implementation: str = "auto"
   # The task's key masks may have holes (pixel tasks masking black pixels). Set by the model
   # builder from the task (lra_sparse.models.attention_for_masks), not by hand.
@@ -109,6 +113,35 @@ def mosaic_attention(q, k, v, mask=None, *, dropout_rate: float = 0.0, dropout_r
   return sharding.per_data_shard(kernel_call, q, k, v, mask, seed, replicated=(4,))
 
 
+def _triton_module(required: bool):
+  return common.usable_kernel(triton_kernels, "dense", required, backend="triton")
+
+
+def triton_attention(q, k, v, mask=None, *, dropout_rate: float = 0.0, dropout_rng=None):
+  """Dense attention on the fused Triton kernels (``dense_attention_triton``: DFSS at 1:1),
+  once per data shard; attention dropout as ``mosaic_attention``."""
+  use_dropout = dropout_rate > 0.0 and dropout_rng is not None
+  seed = dropout.seed_words(dropout_rng) if use_dropout else None
+
+  def kernel_call(q, k, v, mask, seed):
+    return triton_kernels.dense_attention_triton(
+        q, k, v, mask=mask, dropout_rate=dropout_rate if use_dropout else 0.0,
+        dropout_seed=sharding.shard_dropout_seed(seed))
+
+  return sharding.per_data_shard(kernel_call, q, k, v, mask, seed, replicated=(4,))
+
+
+def _triton_runs(q, k, v) -> bool:
+  """True when 'auto' can put this float32 call on the Triton kernels (logs once why not)."""
+  if not _on_gpu() or _triton_module(required=False) is None:
+    return False
+  reason = triton_kernels.unsupported_reason(q, v, 1, 1, k=k)
+  if reason:
+    common.warn_once(f"dense attention 'auto': the Triton kernels cannot run q {q.shape} "
+                     f"{q.dtype} ({reason}); using XLA")
+  return not reason
+
+
 def _mosaic_runs(q, k, v) -> bool:
   """True when 'auto' can put this call on the Mosaic GPU kernels (logs once why not)."""
   if not _on_gpu() or _mosaic_module(required=False) is None:
@@ -137,9 +170,11 @@ def dense_attention(q, k, v, mask=None, *, implementation: str = "auto",
   (True = real token). ``implementation``: "xla", "cudnn" (GPU, bf16/fp16; padding must sit at
   the end of each row, as the text loaders produce), "cudnn_bias" (GPU, bf16/fp16; any mask,
   holes included, as an [batch, 1, L, L] bias), "mosaic" (Hopper, bf16/fp16; any mask,
-  dropout), "reference" (explicit einsum/softmax, safe for fully padded rows), or "auto"
-  (on a GPU in half precision: Mosaic GPU with dropout or ``mask_holes`` where it runs, else
-  cuDNN; XLA otherwise). cuDNN has no dropout: asking for it with dropout is an error.
+  dropout), "triton" (GPU, fp32/bf16/fp16; any mask, dropout), "reference" (explicit
+  einsum/softmax, safe for fully padded rows), or "auto" (on a GPU in half precision: Mosaic
+  GPU with dropout or ``mask_holes`` where it runs, else cuDNN; on a GPU in float32: Triton;
+  XLA otherwise). cuDNN has no dropout: asking for it with dropout is an error. A fully
+  padded row gives zeros on the kernels, the mean of the values on XLA.
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"unknown dense attention implementation {implementation!r}; "
@@ -155,6 +190,15 @@ def dense_attention(q, k, v, mask=None, *, implementation: str = "auto",
       raise ValueError(f"dense attention: implementation='mosaic' cannot run this call: "
                        f"{reason}; use 'auto' or 'xla'")
     return mosaic_attention(q, k, v, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+  if implementation == "triton":
+    _triton_module(required=True)
+    reason = triton_kernels.unsupported_reason(q, v, 1, 1, k=k)
+    if reason:
+      raise ValueError(f"dense attention: implementation='triton' cannot run this call: "
+                       f"{reason}; use 'auto' or 'xla'")
+    return triton_attention(q, k, v, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+  if implementation == "auto" and not _half(q) and _triton_runs(q, k, v):
+    return triton_attention(q, k, v, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
   if use_dropout:
     if implementation in ("cudnn", "cudnn_bias"):
       raise ValueError(
@@ -201,4 +245,6 @@ class DenseAttention(nn.Module):
 def _build_dense(config: DenseConfig, dims: AttentionDims) -> nn.Module:
   if config.implementation == "mosaic":
     _mosaic_module(required=True)
+  if config.implementation == "triton":
+    _triton_module(required=True)
   return DenseAttention(dims=dims, config=config)

@@ -49,6 +49,7 @@ __all__ = [
     "is_available",
     "unsupported_reason",
     "dfss_attention_triton",
+    "dense_attention_triton",
     "sddmm_prune",
     "compressed_softmax",
     "spmm",
@@ -63,7 +64,7 @@ def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
 
   The one statement of what the kernels accept (``dfss_attention_triton`` raises
   ``ValueError(reason)``; callers with a pure-JAX fallback use it to choose): 0 < n < m
-  (n == m keeps every key, which the kernels do not handle), m a power of two <= 32,
+  or n == m == 1 (dense attention: every key kept), m a power of two <= 32,
   q [batch, length, heads, head_dim] with head_dim <= 128 (16, 32, 64, 128 natively; the
   fused path zero-pads the others, the compressed path refuses them), v (and k when
   given) of q's shape and dtype, dtype float32 / bfloat16 / float16.  Only shapes and dtypes
@@ -73,8 +74,8 @@ def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
     check_nm(n, m, what="dfss_triton")
   except ValueError as error:
     return str(error)
-  if n == m:
-    return f"the Triton kernel needs n < m, got n={n}, m={m}"
+  if n == m and m != 1:
+    return (f"the Triton kernel needs n < m (or 1:1, dense attention), got n={n}, m={m}")
   if m & (m - 1) or m > _MAX_M:
     return f"the Triton kernel needs m a power of two <= {_MAX_M}, got m={m}"
   return operand_reason(q, v, k, "the Triton kernel")
@@ -172,7 +173,8 @@ def dfss_attention_triton(q, k, v, *, n: int, m: int, mask=None, impl: str = "fu
                           dropout_seed=None):
   """DFSS attention on the GPU.  q, k, v: [batch, length, heads, head_dim] (fp32 / bf16 /
   fp16, head_dim <= 128: 16, 32, 64 and 128 run as they are, other head dims zero-padded to
-  the next of those on the fused path, exactly; 0 < n < m, m a power of two <= 32), mask: bool
+  the next of those on the fused path, exactly; 0 < n < m, m a power of two <= 32, or 1:1:
+  dense, ``dense_attention_triton``), mask: bool
   [batch, length] key padding (True = real token).  Same semantics as
   ``kernels.dfss.reference.dfss_attention_reference``.
   impl: "fused" (flash-style, default) or "compressed" (SDDMM+prune / softmax / SpMM).
@@ -185,6 +187,17 @@ def dfss_attention_triton(q, k, v, *, n: int, m: int, mask=None, impl: str = "fu
   Raises ValueError(``unsupported_reason(q, v, n, m, k=k)``) for operands the kernels do not
   handle."""
   return _attention(q, k, v, n=n, m=m, mask=mask, impl=impl, deterministic=deterministic,
+                    dropout_rate=dropout_rate, dropout_seed=dropout_seed)
+
+
+def dense_attention_triton(q, k, v, *, mask=None, deterministic: bool = False,
+                           dropout_rate: float = 0.0, dropout_seed=None):
+  """Dense flash attention with attention dropout on the fused kernels: DFSS at 1:1 (every key
+  kept, so the N:M selection is the identity and each key block is one tile; the dropout draws
+  are ``ops.dropout``'s, one Philox call per eight keys).  Any key mask (holes allowed); fp32
+  runs its products as TF32 on the tensor cores, as XLA's default fp32 matmul does.  Arguments
+  as ``dfss_attention_triton``; a fully padded sequence gives zeros."""
+  return _attention(q, k, v, n=1, m=1, mask=mask, deterministic=deterministic,
                     dropout_rate=dropout_rate, dropout_seed=dropout_seed)
 
 
@@ -202,6 +215,8 @@ def _attention(q, k, v, *, n, m, mask=None, impl="fused", deterministic=False, p
     if mask.shape != q.shape[:2]:
       raise ValueError(f"mask must be [batch, length] = {q.shape[:2]}, got {mask.shape}")
     mask = mask.astype(bool)
+  if n == m and impl != "fused":
+    raise ValueError("1:1 (dense attention) runs on impl='fused' only")
   if dropout.threshold(dropout_rate) and impl != "fused":
     raise ValueError("attention dropout runs on impl='fused' only")
   drop_t, seed = dropout.checked_seed(dropout_rate, dropout_seed)

@@ -66,6 +66,7 @@ def nm_keep(s, NKEEP: tl.constexpr):
 
   Returns a tuple of M bool tiles: keep[i] is True where member i is among the NKEEP largest
   of its group (rank < NKEEP, rank = number of members that beat it).
+  * M == 1 (1:1, dense attention): all True.
   * NKEEP == 1: the first arg-max of the group (one max and one compare per member).
   * M == 4, NKEEP in (2, 3): the six pairwise "i beats j" predicates combined with boolean logic
     (2:4: at most one beater; 3:4: not all three beat it): one LOP3 per member on the GPU
@@ -73,7 +74,9 @@ def nm_keep(s, NKEEP: tl.constexpr):
   * otherwise: integer rank counters from the M(M-1)/2 pairwise compares.
   """
   M: tl.constexpr = len(s)
-  if NKEEP == 1:
+  if M == 1:  # 1:1, dense: every key is kept (padded ones score -inf and weigh 0)
+    keep = (tl.full(s[0].shape, 1, tl.int1),)
+  elif NKEEP == 1:
     gmax = group_max(s)
     taken = s[0] == gmax
     keep = (taken,)

@@ -5,7 +5,8 @@ the rule): Philox-4x32-7 with counter (key // 8, query row, batch*heads + head, 
 as key; key j reads 16-bit half j % 2 of word (j % 8) // 2 and survives when that half is >= T.
 ``member_draws`` gives the draws of the M member tiles of an N:M key block (DFSS: [rows, groups]
 in the forward and dQ kernels, [groups, rows] in the key-block backward); ``key_draws`` those of
-a contiguous key block (DSA), ``gathered_key_draws`` those of arbitrary keys.
+a contiguous key block (DSA, and the DFSS kernels at 1:1, dense), ``gathered_key_draws`` those
+of arbitrary keys.
 
 This module imports triton: only the kernel launchers import it, on first use.
 """
@@ -44,7 +45,10 @@ def member_draws(k0, k1, bh, rows, start, M: tl.constexpr, G: tl.constexpr,
   """Tuple of M uint32 tiles: the 16-bit draw of member i (key start + g*M + i) of every group
   g of the key block at ``start`` (a multiple of 8; M a power of two), [BM, G], or [G, BM] with
   TRANSPOSE. One Philox call per group serves all its members when M <= 8 (they share key // 8),
-  M / 8 calls when M > 8."""
+  M / 8 calls when M > 8; M == 1 (dense: every key its own group) is ``key_draws``, one call
+  per eight keys."""
+  if M == 1:
+    return (key_draws(k0, k1, bh, rows, start, G, TRANSPOSE),)
   g = tl.arange(0, G)
   if TRANSPOSE:
     zero = tl.zeros([G, rows.shape[0]], tl.int32)
