@@ -36,6 +36,9 @@ _RECIPE_5000_ROWS = dict(_RECIPE_ROWS, **{
     "bf16: DFSS 1:2, lra_listops's config, Triton kernels": r"dfss__listops__dfss1-2-triton__seed=\d+",
     "bf16: DFSS 1:2, peak learning rate halved (0.025 rsqrt)": r"dfss__listops__dfss1-2-lr0\.025__seed=\d+",
 })
+_PROTOCOL_ROWS = {f"fp32: {label}": _RECIPE_ROWS[f"fp32: {label}"]
+                  for label in ("LRA's recipe (the default config)",
+                                "peak learning rate halved (0.025 rsqrt)")}
 _LRA_LISTOPS_ROWS = {
     "Transformer (dense, cuDNN)": r"listops__dense__seed=\d+",
     "DFSS 1:2": r"listops__dfss1-2__seed=\d+",
@@ -57,6 +60,8 @@ TABLES = [
     ("listops_recipe_5000.md", "listops_recipe_5000", "test", _RECIPE_5000_ROWS),
     ("listops_recipe_5000_best_val.md", "listops_recipe_5000", "test_at_best_val",
      _RECIPE_5000_ROWS),
+    ("listops_protocol.md", "listops_protocol", "test", _PROTOCOL_ROWS),
+    ("listops_protocol_best_val.md", "listops_protocol", "test_at_best_val", _PROTOCOL_ROWS),
 ]
 
 

@@ -271,6 +271,33 @@ def test_listops_stable_preset_is_lras_config_with_the_peak_learning_rate_halved
     load_config_file(path, "stabel")
 
 
+def test_protocol_preset_runs_the_default_config_and_stable_with_no_other_override(tmp_path):
+  """listops_recipe:protocol (the float32 study of the default config) runs
+  configs/listops.py as it is, seed aside, for LRA's recipe and the halved peak: applying each
+  run's overrides gives exactly the default config or the :stable preset."""
+  from lra_sparse.sweep.spec import expand_sweep, load_sweep  # pylint: disable=import-outside-toplevel
+  sweep = load_sweep(os.path.join(REPO, "experiments", "specs", "listops_recipe.py:protocol"))
+  plans = expand_sweep(sweep, str(tmp_path), validate=False)
+  path = os.path.join(REPO, "configs", "listops.py")
+  default = load_config_file(path)
+  presets = {"lra": default, "lr0.025": load_config_file(path, "stable")}
+  assert sorted(p.name for p in plans) == sorted(
+      f"fp32__listops__{arm}__seed={seed}" for arm in presets for seed in range(5))
+  for plan in plans:
+    assert plan.config == "configs/listops.py" and plan.preset == ""
+    config = load_config_file(path)
+    for key, value in plan.overrides.items():
+      *parents, field = key.split(".")
+      node = config
+      for parent in parents:
+        node = node[parent]
+      node[field] = value
+    want = presets[plan.name.split("__")[2]].to_dict()
+    want["seed"] = config.seed
+    assert config.to_dict() == want, plan.name
+    assert set(plan.overrides) - {"seed"} <= {"optim.learning_rate"}
+
+
 def test_last_vs_best_counts_seeds_that_end_near_their_best(tmp_path):
   """lra_sparse.tables.stability.last_vs_best on hand-written runs: per row, the finished
   seeds' last-step and best-validation test (%), how many end within the margin (a gap of
