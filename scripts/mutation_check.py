@@ -136,6 +136,17 @@ MUTATIONS += [
    "return _REGISTRY[kind_config.KIND].build(kind_config, dims)",
    "return _REGISTRY[\"dense\"].build(_REGISTRY[\"dense\"].config_class(), dims)",
    "tests/test_training_behaviour.py::test_each_kind_builds_its_own_attention"),
+  ("dense float32 'auto' on XLA, not the Triton kernels", "lra_sparse/attention/dense.py",
+   'if implementation == "auto" and not _half(q) and _triton_runs(q, k, v):', "if False:",
+   "tests/test_attention_kinds.py::test_dense_auto_routes_dropout_and_holes_to_the_mosaic_kernels"),
+  ("Triton 1:1 dropout draws of the next eight keys", "lra_sparse/kernels/shared/philox.py",
+   "return (key_draws(k0, k1, bh, rows, start, G, TRANSPOSE),)",
+   "return (key_draws(k0, k1, bh, rows, start + 8, G, TRANSPOSE),)",
+   "tests/test_kernels.py::test_kernel_source_on_the_cpu_matches_reference"),
+  ("a zeroed output row in the Triton forward", "lra_sparse/kernels/dfss/triton_kernels.py",
+   "out = acc / l_safe[:, None]",
+   "out = tl.where((offs_m[:, None] == 37) & (bh == 1), 0.0, acc / l_safe[:, None])",
+   "tests/test_kernels.py::test_kernel_source_on_the_cpu_matches_reference"),
 ]
 
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from lra_sparse.ops.nm import nm_mask
 from lra_sparse.kernels.dfss import reference as ref
-from conftest import check_close, np_dense, np_dropout_multiplier, np_philox4x32, rel_err
+from conftest import check_close, nm_near_tie_rows, np_dense, np_dropout_multiplier, np_philox4x32, rel_err
 from triton_cpu import interpreted_launch, interpreting, run_interpreted
 
 try:  # registers the NaN-filled entry points of launch(..., poison=True) (GPU tests)
@@ -370,6 +370,66 @@ def make_holes_mask(key, b, l):
   return mask.at[-1].set(False)
 
 
+def near_ties(q, k, mask, n, m, exact):
+  """check_close's ``excused`` rows of an N:M comparison: the query rows with near-tied
+  groups (out and dQ), none where the scores are exact on both sides (``exact``: integer or
+  TF32-exact inputs, whose ties both break to the lower index)."""
+  if exact:
+    return None
+  rows = nm_near_tie_rows(q, k, mask, n, m)
+  none = np.zeros(rows.shape, bool)
+  return {"out": rows, "dq": rows, "dk": none, "dv": none}
+
+
+def test_check_close_catches_one_wrong_row_the_whole_tensor_bound_passes():
+  """check_close's per-row bound: one zeroed (batch, position, head) row of a 3 x 700 x 2 result
+  moves the whole-tensor error by ~1.5%, inside bf16's 2e-2, and fails the row bound; the same
+  row excused (a near-tie) passes; excusing more than MAX_TIE_SHARE of the rows fails."""
+  import conftest  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  r = rng.standard_normal((3, 700, 2, 64))
+  a = r * (1 + 1e-3 * rng.standard_normal(r.shape))
+  check_close("clean", [("out", a, r)], 2e-2)
+  a[1, 123, 0] = 0.0
+  assert rel_err(a, r) < 2e-2
+  with pytest.raises(AssertionError, match=r"1 rows over .*\(1, 123, 0\)"):
+    check_close("zeroed row", [("out", a, r)], 2e-2)
+  excused = np.zeros((3, 700, 2), bool)
+  excused[1, 123, 0] = True
+  check_close("excused", [("out", a, r)], 2e-2, excused={"out": excused})
+  excused[0, :int(0.06 * 700 * 3 * 2) // 2] = True
+  with pytest.raises(AssertionError, match="near-tie rows of 4200"):
+    check_close("too many excused", [("out", a, r)], 2e-2, excused={"out": excused})
+  assert conftest.MAX_TIE_SHARE < 0.06
+
+
+def test_near_tie_rows_flag_the_rows_whose_nm_choice_is_close():
+  """nm_near_tie_rows: a query row with two scores of one 2:4 group 1e-7 apart at the keep
+  boundary is flagged; an exact-tie-free random row and a group whose close pair sits below
+  the boundary (both dropped) are not; padded keys never count."""
+  rng = np.random.default_rng(1)
+  b, l, h, d = 1, 8, 1, 4
+  q = np.zeros((b, l, h, d))
+  k = np.zeros((b, l, h, d))
+  k[0, :, 0, 0] = [4.0, 3.0, 1.0, 0.0, 9.0, 5.0, 2.0, 1.0]   # row 0's scores: k[:, 0] / 2
+  k[0, :, 0, 1] = [0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]   # rows 1-7: r * k[:, 1] / 2
+  q[0, 0, 0, 0] = 1.0
+  q[0, 1:, 0, 1] = np.arange(1, l)
+  assert not nm_near_tie_rows(q, k, None, 2, 4).any()
+  k2 = k.copy()
+  k2[0, 1, 0, 0] = 1.0 + 2e-7        # group 0 of row 0: 4, 1+2e-7, 1, 0 -> tie at the boundary
+  flagged = nm_near_tie_rows(q, k2, None, 2, 4)
+  assert flagged[0, 0, 0] and flagged.sum() == 1
+  k3 = k.copy()
+  k3[0, 3, 0, 0] = 1.0 - 2e-7        # 4, 3, 1, 1-2e-7: the close pair is below the boundary
+  assert not nm_near_tie_rows(q, k3, None, 2, 4).any()
+  mask = np.ones((b, l), bool)
+  mask[0, 2] = False                 # padded key: 4, 1+2e-7, 0 real, the boundary gap is 1
+  assert not nm_near_tie_rows(q, k2, mask, 2, 4).any()
+  assert not nm_near_tie_rows(rng.standard_normal((2, 64, 2, 16)),
+                              rng.standard_normal((2, 64, 2, 16)), None, 2, 4).all()
+
+
 def case_inputs(seed, dtype, b, l, h, d, masked, ints=False):
   """(q, k, v, mask, cotangent) of a GPU case from one integer seed: random q, k, v (keys
   seed), the key mask (seed + 1; None, make_mask's, or make_holes_mask's for "holes") and a
@@ -415,7 +475,8 @@ def _check_triton_case(case, impl):
   tol = TOL[dtype]
   assert out.dtype == dtype and out.shape == q.shape
   named = [("out", out, want)] + [(f"d{x}", g, gr) for x, g, gr in zip("qkv", grads, grads_ref)]
-  check_close(f"{_case_id(case)} {impl}", named, tol)
+  check_close(f"{_case_id(case)} {impl}", named, tol,
+              excused=near_ties(q, k, mask, n, m, exact=dtype == jnp.float32))
   if masked and b > 1:  # make_mask pads the whole last sequence when b > 1
     assert np.all(np.asarray(out[-1].astype(jnp.float32)) == 0.0)
 
@@ -696,7 +757,8 @@ def _check_dropout_case(case, deterministic):
   want, vjp_ref = jax.vjp(f_ref, q, k, v)
   named = [("out", out, want)] + list(zip(("dq", "dk", "dv"), vjp(ct),
                                           vjp_ref(ct.astype(jnp.float32))))
-  check_close(f"dropout {case} det={deterministic}", named, TOL[dtype])
+  check_close(f"dropout {case} det={deterministic}", named, TOL[dtype],
+              excused=near_ties(q, k, mask, n, m, exact=dtype == jnp.float32))
   np.testing.assert_array_equal(np.asarray(run(q, k, v, seed)), np.asarray(out))
   other = np.asarray(run(q, k, v, dd.seed_words(jax.random.PRNGKey(key + 4))))
   assert not np.array_equal(other, np.asarray(out))
@@ -740,12 +802,11 @@ def _check_triton_dense_case(case, deterministic):
   got = [out] + list(vjp(ct))
   want = np_dense(q, k, v, mask, ct, None if seed is None else np.asarray(seed), rate)
   assert out.dtype == dtype and out.shape == q.shape
-  for name, a, r in zip(("out", "dq", "dk", "dv"), got, want):
+  named = list(zip(("out", "dq", "dk", "dv"), got, want))
+  check_close(f"triton dense {case} det={deterministic}", named, TRITON_DENSE_TOL[dtype])
+  for name, a, _ in named:
     a = np.asarray(a.astype(jnp.float32))
     assert np.isfinite(a).all(), f"{name}: non-finite elements"
-    e = rel_err(a, r)
-    print(f"triton dense {case} det={deterministic} {name} rel_err={e:.2e}")
-    assert e < TRITON_DENSE_TOL[dtype], (name, e)
     if masked and b > 1 and not np.asarray(mask)[-1].any():
       assert np.all(a[-1] == 0.0), name
   if rate:
@@ -1127,10 +1188,13 @@ def _need_mosaic():
               + (gpus[0].device_kind if gpus else f"no GPU (jax backend {jax.default_backend()})"))
 
 
-def _check_mosaic(mg, q, k, v, mask, ct, n, m, label, per_example=False, rate=0.0, seed=None):
+def _check_mosaic(mg, q, k, v, mask, ct, n, m, label, per_example=False, rate=0.0, seed=None,
+                  exact=False):
   """(out, (dq, dk, dv)) of the Mosaic kernels, each checked against the fp32 reference on
-  the same inputs and cotangent (finite; relative error < 2e-2, also per example when
-  ``per_example``); with attention dropout, the reference applies the seed's mask."""
+  the same inputs and cotangent (finite; relative error < 2e-2 over the tensor and 1e-1 per
+  row (``check_close``; near-tied rows excused unless ``exact``: integer scores), also per
+  example when ``per_example``); with attention dropout, the reference applies the seed's
+  mask."""
   def f_ref(q, k, v):
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
     return ref.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask, precision=HI,
@@ -1141,13 +1205,11 @@ def _check_mosaic(mg, q, k, v, mask, ct, n, m, label, per_example=False, rate=0.
   grads = vjp(ct)
   want, vjp_ref = jax.vjp(f_ref, q, k, v)
   grads_ref = vjp_ref(ct.astype(jnp.float32))
-  for name, a, r in [("out", out, want)] + [(f"d{x}", g, gr)
-                                             for x, g, gr in zip("qkv", grads, grads_ref)]:
+  named = [("out", out, want)] + [(f"d{x}", g, gr) for x, g, gr in zip("qkv", grads, grads_ref)]
+  check_close(label, named, 2e-2, excused=near_ties(q, k, mask, n, m, exact=exact))
+  for name, a, r in named:
     a, r = np.asarray(a.astype(jnp.float32)), np.asarray(r)
     assert np.isfinite(a).all(), f"{name}: non-finite elements"
-    e = rel_err(a, r)
-    print(f"{label} {name} rel_err={e:.2e}")
-    assert e < 2e-2, (name, e)
     for i in range(a.shape[0] if per_example else 0):
       if np.linalg.norm(r[i]) > 0:
         assert rel_err(a[i], r[i]) < 2e-2, (name, i)
@@ -1190,7 +1252,7 @@ def test_mosaic_matches_reference(case):
   dtype, n, m, b, l, h, d, masked, ints = case
   seed = zlib.crc32(_mosaic_id(case).encode()) % (2**31)
   q, k, v, mask, ct = case_inputs(seed, dtype, b, l, h, d, masked, ints=ints)
-  out, grads = _check_mosaic(mg, q, k, v, mask, ct, n, m, _mosaic_id(case))
+  out, grads = _check_mosaic(mg, q, k, v, mask, ct, n, m, _mosaic_id(case), exact=ints)
   assert out.dtype == dtype and out.shape == q.shape
   if masked and b > 1:                  # make_mask pads the whole last sequence
     assert np.all(np.asarray(out[-1].astype(jnp.float32)) == 0.0)
@@ -1314,12 +1376,11 @@ def test_mosaic_dense_matches_float64(case):
   out, vjp = jax.vjp(lambda q, k, v: run(q, k, v, seed), q, k, v)
   got = [out] + list(vjp(ct))
   want = np_dense(q, k, v, mask, ct, None if seed is None else np.asarray(seed), rate)
-  for name, a, r in zip(("out", "dq", "dk", "dv"), got, want):
+  named = list(zip(("out", "dq", "dk", "dv"), got, want))
+  check_close(f"dense {case}", named, 2e-2)
+  for name, a, _ in named:
     a = np.asarray(a.astype(jnp.float32))
     assert np.isfinite(a).all(), f"{name}: non-finite elements"
-    e = rel_err(a, r)
-    print(f"dense {case} {name} rel_err={e:.2e}")
-    assert e < 2e-2, (name, e)
     if masked and b > 1 and not np.asarray(mask)[-1].any():
       assert np.all(a[-1] == 0.0), name
   if rate:

@@ -71,13 +71,15 @@ def _task_setup(task: str, tmp_path, listops_dir) -> dict:
     from lra_sparse.generators.retrieval import write_tiny_aan
     write_tiny_aan(str(tmp_path / "aan"), num_train=320, num_eval=32, num_test=32)
     return {"data.data_dir": str(tmp_path / "aan"), "data.max_length": 192}
-  # The 1024-pixel tasks keep one layer: the test is about the pipeline, not capacity.
+  # The 1024-pixel tasks keep one layer: the test is about the pipeline, not capacity,
+  # and batch 8 (1024 tokens each).
   if task == "image":
     os.makedirs(tmp_path / "fmnist")
     return {"data.source": "fashion_mnist", "data.data_dir": _image_dir(tmp_path / "fmnist"),
-            "data.max_examples": 320, "model.num_layers": 1}
+            "data.max_examples": 320, "model.num_layers": 1, "batch_size": 8}
   if task == "pathfinder":
-    return {"data.data_dir": _pathfinder_dir(tmp_path / "pf"), "model.num_layers": 1}
+    return {"data.data_dir": _pathfinder_dir(tmp_path / "pf"), "model.num_layers": 1,
+            "batch_size": 8}
   raise AssertionError(task)
 
 
