@@ -783,11 +783,11 @@ def _dense_case_id(c):
   return _case_id((c[0], 1, 1) + c[1:6]) + f"-p{c[6]}"
 
 
-def _check_triton_dense_case(case, deterministic):
-  """dense_attention_triton (outputs poisoned) against float64 numpy with the same dropout
-  mask: output and dQ/dK/dV; a fully padded example gives zeros; the same seed the same bits,
-  another seed other ones. float32 inputs on the TF32-exact grid (``tf32_exact``)."""
-  dt = _need_triton()
+def check_dense_kernel(label, kernel, case, tol):
+  """A dense attention kernel ``kernel(q, k, v, mask, rate, seed)`` against float64 numpy with
+  the same dropout mask (``np_dense``): output and dQ/dK/dV (``check_close``), a fully padded
+  example gives zeros, the same seed the same bits, another seed other ones. float32 inputs on
+  the TF32-exact grid (``tf32_exact``)."""
   from lra_sparse.ops import dropout as dd
   dtype, b, l, h, d, masked, rate = case
   key = zlib.crc32(repr(case).encode()) % (2**31)
@@ -795,15 +795,13 @@ def _check_triton_dense_case(case, deterministic):
   if dtype == jnp.float32:
     q, k, v, ct = (tf32_exact(x) for x in (q, k, v, ct))
   seed = dd.seed_words(jax.random.PRNGKey(key + 3)) if rate else None
-  run = jax.jit(lambda q, k, v, seed: dt._attention(
-      q, k, v, n=1, m=1, mask=mask, deterministic=deterministic, poison=True,
-      dropout_rate=rate, dropout_seed=seed))
+  run = jax.jit(lambda q, k, v, seed: kernel(q, k, v, mask, rate, seed))
   out, vjp = jax.vjp(lambda q, k, v: run(q, k, v, seed), q, k, v)
   got = [out] + list(vjp(ct))
   want = np_dense(q, k, v, mask, ct, None if seed is None else np.asarray(seed), rate)
   assert out.dtype == dtype and out.shape == q.shape
   named = list(zip(("out", "dq", "dk", "dv"), got, want))
-  check_close(f"triton dense {case} det={deterministic}", named, TRITON_DENSE_TOL[dtype])
+  check_close(label, named, tol)
   for name, a, _ in named:
     a = np.asarray(a.astype(jnp.float32))
     assert np.isfinite(a).all(), f"{name}: non-finite elements"
@@ -815,11 +813,44 @@ def _check_triton_dense_case(case, deterministic):
     assert not np.array_equal(other, np.asarray(out))
 
 
+def _check_triton_dense_case(case, deterministic):
+  """dense_attention_triton (outputs poisoned) through ``check_dense_kernel``."""
+  dt = _need_triton()
+  check_dense_kernel(
+      f"triton dense {case} det={deterministic}",
+      lambda q, k, v, mask, rate, seed: dt._attention(
+          q, k, v, n=1, m=1, mask=mask, deterministic=deterministic, poison=True,
+          dropout_rate=rate, dropout_seed=seed),
+      case, TRITON_DENSE_TOL[case[0]])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("case", TRITON_DENSE_CASES, ids=_dense_case_id)
 def test_triton_dense_matches_float64(case, deterministic):
   _check_triton_dense_case(case, deterministic)
+
+
+def check_auto_is_the_kernel(direct, dtype, key, tol):
+  """dense_attention 'auto' with dropout gives the same bits as ``direct(q, k, v, mask,
+  seed)`` (the kernel called with the rng's seed words), and XLA's explicit float32 path with
+  the same rng agrees to ``tol`` (it drops the same entries). float32 inputs on the
+  TF32-exact grid."""
+  from lra_sparse.attention.dense import dense_attention
+  from lra_sparse.ops import dropout as dd
+  q, k, v = rand_qkv(jax.random.PRNGKey(key), (2, 700, 2, 64), dtype)
+  if dtype == jnp.float32:
+    q, k, v = (tf32_exact(x) for x in (q, k, v))
+  mask = make_mask(jax.random.PRNGKey(key + 1), 2, 700, full_pad_row=False)
+  rng = jax.random.PRNGKey(key + 2)
+  auto = jax.jit(lambda q, k, v: dense_attention(q, k, v, mask, dropout_rate=0.1,
+                                                 dropout_rng=rng))(q, k, v)
+  kernel = jax.jit(lambda q, k, v: direct(q, k, v, mask, dd.seed_words(rng)))(q, k, v)
+  np.testing.assert_array_equal(np.asarray(auto), np.asarray(kernel))
+  with jax.default_matmul_precision("highest"):
+    xla = dense_attention(*(x.astype(jnp.float32) for x in (q, k, v)), mask,
+                          implementation="xla", dropout_rate=0.1, dropout_rng=rng)
+  assert rel_err(np.asarray(auto.astype(jnp.float32)), np.asarray(xla)) < tol
 
 
 @pytest.mark.gpu
@@ -828,21 +859,10 @@ def test_dense_auto_runs_float32_on_triton_with_the_xla_mask():
   calling them with the rng's seed words), and XLA's explicit path with the same rng drops the
   same entries (agreeing to TF32 accuracy)."""
   dt = _need_triton()
-  from lra_sparse.attention.dense import dense_attention
-  from lra_sparse.ops import dropout as dd
-  q, k, v = (tf32_exact(x) for x in rand_qkv(jax.random.PRNGKey(26), (2, 700, 2, 64),
-                                             jnp.float32))
-  mask = make_mask(jax.random.PRNGKey(27), 2, 700, full_pad_row=False)
-  rng = jax.random.PRNGKey(28)
-  auto = jax.jit(lambda q, k, v: dense_attention(q, k, v, mask, dropout_rate=0.1,
-                                                 dropout_rng=rng))(q, k, v)
-  direct = jax.jit(lambda q, k, v: dt.dense_attention_triton(
-      q, k, v, mask=mask, dropout_rate=0.1, dropout_seed=dd.seed_words(rng)))(q, k, v)
-  np.testing.assert_array_equal(np.asarray(auto), np.asarray(direct))
-  with jax.default_matmul_precision("highest"):
-    xla = dense_attention(q, k, v, mask, implementation="xla", dropout_rate=0.1,
-                          dropout_rng=rng)
-  assert rel_err(np.asarray(auto), np.asarray(xla)) < 2e-3
+  check_auto_is_the_kernel(
+      lambda q, k, v, mask, seed: dt.dense_attention_triton(
+          q, k, v, mask=mask, dropout_rate=0.1, dropout_seed=seed),
+      jnp.float32, 26, 2e-3)
 
 
 # ----------------------------------------------------------------------------- CPU: the source
@@ -1364,29 +1384,13 @@ def test_mosaic_dense_matches_float64(case):
   """Dense attention on the Mosaic kernels (nothing pruned) against float64 numpy with the
   same dropout mask (the rule every backend draws): output and dQ/dK/dV, masks with holes, a
   fully padded example (zeros, zero gradients), head dims 4 to 128; the same seed gives the
-  same bits, another seed other ones."""
+  same bits, another seed other ones (``check_dense_kernel``)."""
   mg = _need_mosaic()
-  from lra_sparse.ops import dropout as dd
-  dtype, b, l, h, d, masked, rate = case
-  key = zlib.crc32(repr(case).encode()) % (2**31)
-  q, k, v, mask, ct = case_inputs(key, dtype, b, l, h, d, masked)
-  seed = dd.seed_words(jax.random.PRNGKey(key + 3)) if rate else None
-  run = jax.jit(lambda q, k, v, seed: mg.dense_attention_mgpu(
-      q, k, v, mask=mask, dropout_rate=rate, dropout_seed=seed))
-  out, vjp = jax.vjp(lambda q, k, v: run(q, k, v, seed), q, k, v)
-  got = [out] + list(vjp(ct))
-  want = np_dense(q, k, v, mask, ct, None if seed is None else np.asarray(seed), rate)
-  named = list(zip(("out", "dq", "dk", "dv"), got, want))
-  check_close(f"dense {case}", named, 2e-2)
-  for name, a, _ in named:
-    a = np.asarray(a.astype(jnp.float32))
-    assert np.isfinite(a).all(), f"{name}: non-finite elements"
-    if masked and b > 1 and not np.asarray(mask)[-1].any():
-      assert np.all(a[-1] == 0.0), name
-  if rate:
-    np.testing.assert_array_equal(np.asarray(run(q, k, v, seed)), np.asarray(out))
-    other = np.asarray(run(q, k, v, dd.seed_words(jax.random.PRNGKey(key + 4))))
-    assert not np.array_equal(other, np.asarray(out))
+  check_dense_kernel(
+      f"dense {case}",
+      lambda q, k, v, mask, rate, seed: mg.dense_attention_mgpu(
+          q, k, v, mask=mask, dropout_rate=rate, dropout_seed=seed),
+      case, 2e-2)
 
 
 @pytest.mark.gpu
@@ -1395,20 +1399,10 @@ def test_dense_auto_trains_dropout_on_mosaic_with_the_xla_mask():
   same bits as calling them with the rng's seed words), and XLA's dense path with the same
   rng drops the same entries (its float32 result agrees to bf16 accuracy)."""
   mg = _need_mosaic()
-  from lra_sparse.attention.dense import dense_attention
-  from lra_sparse.ops import dropout as dd
-  q, k, v = rand_qkv(jax.random.PRNGKey(16), (2, 700, 2, 64), jnp.bfloat16)
-  mask = make_mask(jax.random.PRNGKey(17), 2, 700, full_pad_row=False)
-  rng = jax.random.PRNGKey(18)
-  auto = jax.jit(lambda q, k, v: dense_attention(q, k, v, mask, dropout_rate=0.1,
-                                                 dropout_rng=rng))(q, k, v)
-  direct = jax.jit(lambda q, k, v: mg.dense_attention_mgpu(
-      q, k, v, mask=mask, dropout_rate=0.1, dropout_seed=dd.seed_words(rng)))(q, k, v)
-  np.testing.assert_array_equal(np.asarray(auto), np.asarray(direct))
-  with jax.default_matmul_precision("highest"):
-    xla = dense_attention(*(x.astype(jnp.float32) for x in (q, k, v)), mask,
-                          implementation="xla", dropout_rate=0.1, dropout_rng=rng)
-  assert rel_err(np.asarray(auto.astype(jnp.float32)), np.asarray(xla)) < 2e-2
+  check_auto_is_the_kernel(
+      lambda q, k, v, mask, seed: mg.dense_attention_mgpu(
+          q, k, v, mask=mask, dropout_rate=0.1, dropout_seed=seed),
+      jnp.bfloat16, 16, 2e-2)
 
 
 @pytest.mark.gpu

@@ -98,19 +98,25 @@ def _mosaic_module(required: bool):
   return common.usable_kernel(mosaic_kernels, "dense", required, backend="mosaic")
 
 
-def mosaic_attention(q, k, v, mask=None, *, dropout_rate: float = 0.0, dropout_rng=None):
-  """Dense attention on the Mosaic GPU kernels (``dense_attention_mgpu``), once per data
-  shard; attention dropout (rate > 0 with an rng) by ``ops.dropout``'s mask for the seed
+def _per_shard(kernel, q, k, v, mask, dropout_rate, dropout_rng):
+  """``kernel(q, k, v, mask=, dropout_rate=, dropout_seed=)`` once per data shard; attention
+  dropout (rate > 0 with an rng) by ``ops.dropout``'s mask for the seed
   ``dropout.seed_words(rng)``, as ``dense_attention_reference`` draws it."""
   use_dropout = dropout_rate > 0.0 and dropout_rng is not None
   seed = dropout.seed_words(dropout_rng) if use_dropout else None
 
   def kernel_call(q, k, v, mask, seed):
-    return mosaic_kernels.dense_attention_mgpu(
-        q, k, v, mask=mask, dropout_rate=dropout_rate if use_dropout else 0.0,
-        dropout_seed=sharding.shard_dropout_seed(seed))
+    return kernel(q, k, v, mask=mask, dropout_rate=dropout_rate if use_dropout else 0.0,
+                  dropout_seed=sharding.shard_dropout_seed(seed))
 
   return sharding.per_data_shard(kernel_call, q, k, v, mask, seed, replicated=(4,))
+
+
+def mosaic_attention(q, k, v, mask=None, *, dropout_rate: float = 0.0, dropout_rng=None):
+  """Dense attention on the Mosaic GPU kernels (``dense_attention_mgpu``), once per data
+  shard, with attention dropout as ``_per_shard`` draws it."""
+  return _per_shard(mosaic_kernels.dense_attention_mgpu, q, k, v, mask, dropout_rate,
+                    dropout_rng)
 
 
 def _triton_module(required: bool):
@@ -119,16 +125,9 @@ def _triton_module(required: bool):
 
 def triton_attention(q, k, v, mask=None, *, dropout_rate: float = 0.0, dropout_rng=None):
   """Dense attention on the fused Triton kernels (``dense_attention_triton``: DFSS at 1:1),
-  once per data shard; attention dropout as ``mosaic_attention``."""
-  use_dropout = dropout_rate > 0.0 and dropout_rng is not None
-  seed = dropout.seed_words(dropout_rng) if use_dropout else None
-
-  def kernel_call(q, k, v, mask, seed):
-    return triton_kernels.dense_attention_triton(
-        q, k, v, mask=mask, dropout_rate=dropout_rate if use_dropout else 0.0,
-        dropout_seed=sharding.shard_dropout_seed(seed))
-
-  return sharding.per_data_shard(kernel_call, q, k, v, mask, seed, replicated=(4,))
+  once per data shard, with attention dropout as ``_per_shard`` draws it."""
+  return _per_shard(triton_kernels.dense_attention_triton, q, k, v, mask, dropout_rate,
+                    dropout_rng)
 
 
 def _triton_runs(q, k, v) -> bool:
