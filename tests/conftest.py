@@ -186,16 +186,16 @@ def nm_near_tie_rows(q, k, mask, n, m, rel=1e-5):
   the same exact bf16 products in another order, about 1e-7 apart). Such a row's output and
   dQ may differ from the reference's by one swapped key. A key's dK and dV sum over every
   query row, so one swap moves them by one term of many: key rows are not excused."""
+  b, l, h, d = np.shape(q)
+  if n == m:
+    return np.zeros((b, l, h), bool)
   q, k = (np.asarray(np.asarray(x, np.float32), np.float64) for x in (q, k))
-  b, l, h, d = q.shape
   s = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
   kp = -(-l // m) * m
   real = np.ones((b, l), bool) if mask is None else np.asarray(mask, bool)
   s = np.where(real[:, None, None, :], s, -np.inf)
   s = np.pad(s, [(0, 0)] * 3 + [(0, kp - l)], constant_values=-np.inf)
   g = -np.sort(-s.reshape(b, h, l, kp // m, m), axis=-1)
-  if n == m:
-    return np.zeros((b, l, h), bool)
   nth, nxt = g[..., n - 1], g[..., n]
   with np.errstate(invalid="ignore"):
     tie = np.isfinite(nxt) & (nth - nxt <= rel * (1.0 + np.abs(nth)))   # [b, h, l, groups]
