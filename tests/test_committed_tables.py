@@ -47,10 +47,18 @@ _LRA_LISTOPS_ROWS = {
     "Nystromformer + DFSS 2:4": r"listops__nystrom-dfss2-4__seed=\d+",
     "DSA-90 (sigma 0.25, mean-form L_MSE)": r"listops__dsa90__seed=\d+",
 }
+_DFSS_TABLE4_LISTOPS_ROWS = {
+    "Transformer (float)": r"float-listops__listops-stable__dense-fp32__seed=\d+",
+    "Transformer (bfloat16)": r"bf16-listops__listops-stable__dense-bf16__seed=\d+",
+    "Dfss 1:2 (float)": r"float-listops__listops-stable__dfss1-2-fp32__seed=\d+",
+    "Dfss 2:4 (bfloat16)": r"bf16-listops__listops-stable__dfss2-4-bf16__seed=\d+",
+}
 # Published values beside the rows, written out here from the papers (LRA: Tay et al. 2021;
 # DFSS Table 4): label -> value; rows not named have none.
 _PAPER = {label: 36.37 for label in _RECIPE_5000_ROWS}
 _PAPER.update({"Transformer (dense, cuDNN)": 36.37, "DFSS 1:2": 36.85, "DFSS 2:4": 37.19})
+_PAPER.update({"Transformer (float)": 35.91, "Transformer (bfloat16)": 35.92,
+               "Dfss 1:2 (float)": 36.85, "Dfss 2:4 (bfloat16)": 37.19})
 # (table file, runs folder, result.json split, rows: label -> run-name pattern)
 TABLES = [
     ("lra_listops.md", "lra_listops", "test", _LRA_LISTOPS_ROWS),
@@ -62,6 +70,9 @@ TABLES = [
      _RECIPE_5000_ROWS),
     ("listops_protocol.md", "listops_protocol", "test", _PROTOCOL_ROWS),
     ("listops_protocol_best_val.md", "listops_protocol", "test_at_best_val", _PROTOCOL_ROWS),
+    ("dfss_table4_listops.md", "dfss_table4", "test", _DFSS_TABLE4_LISTOPS_ROWS),
+    ("dfss_table4_listops_best_val.md", "dfss_table4", "test_at_best_val",
+     _DFSS_TABLE4_LISTOPS_ROWS),
 ]
 
 

@@ -678,7 +678,11 @@ def test_parallel_gpus_assigns_one_device_per_run(sweep_spec, tmp_path, monkeypa
   assert sweep_lib.detect_gpus() == ["0", "0", "1"]
   monkeypatch.setenv(sweep_lib.GPU_ENV_VAR, "0, 1; 2,3")  # two runs, two GPUs each
   assert sweep_lib.detect_gpus() == ["0,1", "2,3"]
-  for bad in ("0,,1", "a,b", "0,1;", "gpu0"):
+  monkeypatch.setenv(sweep_lib.GPU_ENV_VAR, "0,1;")       # one slot of two GPUs
+  assert sweep_lib.detect_gpus() == ["0,1"]
+  monkeypatch.setenv(sweep_lib.GPU_ENV_VAR, "2;")         # GPU 2 alone ("2" is a count)
+  assert sweep_lib.detect_gpus() == ["2"]
+  for bad in ("0,,1", "a,b", "0;;1", ";", "0,1;;", "gpu0"):
     monkeypatch.setenv(sweep_lib.GPU_ENV_VAR, bad)
     with pytest.raises(ValueError, match="slots of GPU ids"):
       sweep_lib.detect_gpus()
@@ -842,6 +846,28 @@ def test_dfss_table4_bf16_rows_finetune_the_float_dense_run(tmp_path, monkeypatc
   rows = {row.label: row.match for row in table.rows}
   assert rows["Transformer (bfloat16)"]["init_from"]("runs/x") is True
   assert rows["Transformer (bfloat16)"]["init_from"]("") is False
+
+
+def test_dfss_table4_listops_preset_is_the_full_sweeps_listops_column(tmp_path, monkeypatch):
+  """`:listops` runs the full sweep's 12 ListOps runs (same names, configs and overrides, so
+  its records sit beside a full run's) and renders the ListOps column alone."""
+  monkeypatch.chdir(REPO)
+  full = {run.name: (run.config_arg, run.overrides)
+          for run in _spec_runs("experiments/specs/dfss_table4.py", tmp_path / "full")
+          if "-listops__" in run.name}
+  listops = {run.name: (run.config_arg, run.overrides)
+             for run in _spec_runs("experiments/specs/dfss_table4.py:listops", tmp_path / "full")}
+  assert len(listops) == 12 and listops == full
+  for preset, split in (("listops", "test"), ("listops_best_val", "test_at_best_val")):
+    table = tables.load_table(f"experiments/specs/dfss_table4.py:{preset}")
+    assert [c.label for c in table.columns] == ["ListOps"] and table.split == split
+    assert not table.average
+    assert {row.label: row.paper for row in table.rows}["Dfss 2:4 (bfloat16)"] == {
+        "ListOps": 37.19}
+  with pytest.raises(ValueError, match="unknown sweep preset 'best_val'"):
+    sweep_lib.load_sweep("experiments/specs/dfss_table4.py:best_val")
+  with pytest.raises(ValueError, match="unknown table preset 'x'"):
+    tables.load_table("experiments/specs/dfss_table4.py:x")
 
 
 def test_paper_specs_train_with_lras_attention_dropout_and_the_committed_tables_keep_0(

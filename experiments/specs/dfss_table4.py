@@ -6,6 +6,10 @@ Table:  python -m lra_sparse.tables --root=runs/dfss_table4 \
           --format=markdown --out=experiments/results/dfss_table4.md
 Tiny (CPU): the same with ``experiments/specs/dfss_table4.py:tiny`` and
 ``--root=runs/dfss_table4_tiny``.
+ListOps column alone (what these machines can hold): ``--sweep=...dfss_table4.py:listops`` runs
+its 12 runs; ``--spec=...dfss_table4.py:listops`` and ``:listops_best_val`` render it at the last
+step and at the best validation step (``experiments/results/dfss_table4_listops{,_best_val}.md``,
+runs in ``experiments/results/dfss_table4/``). ``:best_val`` is the whole table at best val.
 
 Rows as in the paper: Transformer (float), Transformer (bfloat16), Dfss 1:2 (float), Dfss 2:4
 (bfloat16). The float rows are trained from scratch with the task's LRA config ("trained from
@@ -29,7 +33,7 @@ elsewhere: cuDNN has no dropout through JAX), so the bf16 dense rows do not run 
 training. The tiny presets have none.
 """
 from experiments.specs._tiny import (IMAGE_STANDIN_LABEL, IMAGE_STANDIN_NAME, TINY_SEEDS,
-                                     check_preset, image_data, tiny_steps)
+                                     image_data, tiny_steps)
 from lra_sparse.sweep import Group, Ref, Sweep, Variant
 from lra_sparse.tables import Selector, Table
 
@@ -77,10 +81,21 @@ def _task_name(task: str, tiny: bool) -> str:
   return f"{task}-{IMAGE_STANDIN_NAME}" if tiny and task == "image" else task
 
 
+SPEC = "experiments/specs/dfss_table4.py"
+TABLE_PRESETS = ("", "tiny", "best_val", "listops", "listops_best_val")
+
+
+def _tasks(preset: str):
+  """The tasks of a preset (``listops``: the ListOps column alone)."""
+  return [t for t in TASKS if t[0] == "listops"] if preset.startswith("listops") else TASKS
+
+
 def get_sweep(preset: str = "") -> Sweep:
-  tiny = check_preset(preset, "experiments/specs/dfss_table4.py")
+  tiny = preset == "tiny"
+  if preset not in ("", "tiny", "listops"):
+    raise ValueError(f"unknown sweep preset {preset!r} for {SPEC}; known: '', 'tiny', 'listops'")
   groups = []
-  for task, _, full_overrides, finetune_steps in TASKS:
+  for task, _, full_overrides, finetune_steps in _tasks(preset):
     config = f"configs/{task}.py" + (":tiny" if tiny else FULL_PRESET.get(task, ""))
     data = image_data(tiny) if task == "image" else {}
     name = _task_name(task, tiny)
@@ -96,26 +111,38 @@ def get_sweep(preset: str = "") -> Sweep:
                                                    "num_train_steps": finetune_steps})},
         variants=[Variant(label, overrides) for label, _, overrides in BF16_VARIANTS],
         seeds=TINY_SEEDS if tiny else SEEDS))
+  # The ListOps preset's runs are the full sweep's (same names, same configs).
   return Sweep(name="dfss_table4" + ("_tiny" if tiny else ""), groups=groups)
 
 
 def get_table(preset: str = "") -> Table:
-  tiny = check_preset(preset, "experiments/specs/dfss_table4.py")
+  if preset not in TABLE_PRESETS:
+    raise ValueError(f"unknown table preset {preset!r} for {SPEC}; known: "
+                     + ", ".join(repr(p) for p in TABLE_PRESETS))
+  tiny = preset == "tiny"
+  best_val = preset.endswith("best_val")
+  listops_only = preset.startswith("listops")
   rows = {row: {k: v for k, v in overrides.items() if k != "eval_dtype"}
           for _, row, overrides in FLOAT_VARIANTS + BF16_VARIANTS}
   # bf16 rows: fine-tuned runs only (runs of older roots trained bf16 from scratch).
   for _, row, _ in BF16_VARIANTS:
     rows[row]["init_from"] = lambda path: bool(path)
   columns = []
-  for task, label, _, _ in TASKS:
+  for task, label, _, _ in _tasks(preset):
     match = {"task": task, **(image_data(tiny) if task == "image" else {})}
     columns.append(Selector(IMAGE_STANDIN_LABEL if tiny and task == "image" else label, match))
   image_label = IMAGE_STANDIN_LABEL if tiny else "Image"
   return Table(
-      title="DFSS Table 4: LRA test accuracy (%)" + (" [tiny CPU variant]" if tiny else ""),
-      rows=[Selector(row, rows[row], paper={} if tiny else PAPER[row]) for row in ROW_ORDER],
+      title=("DFSS Table 4" + (", ListOps column" if listops_only else "")
+             + ": LRA test accuracy (%) " + ("at the best validation step" if best_val else
+                                            "at the last step")
+             + (" [tiny CPU variant]" if tiny else "")),
+      split="test_at_best_val" if best_val else "test",
+      rows=[Selector(row, rows[row], paper={} if tiny else {
+          label: value for label, value in PAPER[row].items()
+          if label in {column.label for column in columns}}) for row in ROW_ORDER],
       paper_source="" if tiny else "DFSS Table 4",
       columns=columns,
-      average=["ListOps", "Text", "Retrieval", image_label],
+      average=[] if listops_only else ["ListOps", "Text", "Retrieval", image_label],
       average_label="Avg (4 tasks)",
   )

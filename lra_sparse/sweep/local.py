@@ -26,7 +26,8 @@ from lra_sparse.workdir import ERROR_FILE, LOG_FILE, RUNNING_FILE, is_finished, 
 
 # Overrides nvidia-smi: "4" (a count), "0,2,3" (ids; an id given twice runs two runs on that GPU
 # at once) or "0,1;2,3" (slots of several GPUs: each run sees its slot's GPUs and trains data
-# parallel over them).
+# parallel over them). A ";" makes it a list of slots, so one slot is written with a trailing
+# one: "0,1;" (every run on GPUs 0 and 1), "2;" (GPU 2 alone; a bare "2" is a count).
 GPU_ENV_VAR = "LRA_SWEEP_GPUS"
 
 
@@ -49,10 +50,13 @@ def detect_gpus() -> list[str]:
     if value.isdigit():
       return [str(i) for i in range(int(value))]
     separator = ";" if ";" in value else ","
-    slots = [",".join(i.strip() for i in part.split(",")) for part in value.split(separator)]
+    parts = value.split(separator)
+    if separator == ";" and len(parts) > 1 and not parts[-1].strip():
+      parts = parts[:-1]                     # "0,1;": one slot of several GPUs
+    slots = [",".join(i.strip() for i in part.split(",")) for part in parts]
     if not all(slots) or not all(i.isdigit() for slot in slots for i in slot.split(",")):
       raise ValueError(f"${GPU_ENV_VAR}={value!r}: give a count ('4'), GPU ids ('0,2,3') or "
-                       "slots of GPU ids ('0,1;2,3')")
+                       "slots of GPU ids ('0,1;2,3'; one slot: '0,1;' or '2;')")
     return slots
   visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
   if visible and visible != "-1":
