@@ -147,6 +147,10 @@ MUTATIONS += [
    "out = acc / l_safe[:, None]",
    "out = tl.where((offs_m[:, None] == 37) & (bh == 1), 0.0, acc / l_safe[:, None])",
    "tests/test_kernels.py::test_kernel_source_on_the_cpu_matches_reference"),
+  ("a carried run packs its oldest checkpoint", "lra_sparse/sweep/carry.py",
+   "  return max(steps) if steps else None\n\n\ndef _run_dirs",
+   "  return min(steps) if steps else None\n\n\ndef _run_dirs",
+   "tests/test_reliability.py::test_a_carried_run_resumes_bit_identically"),
 ]
 
 

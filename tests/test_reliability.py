@@ -178,6 +178,76 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, tiny
   np.testing.assert_allclose(result["test"]["loss"], reference["test"]["loss"], rtol=1e-5)
 
 
+def _comparable(records):
+  """Metrics records without the wall-clock fields."""
+  return [{k: v for k, v in r.items() if k not in ("time", "steps_per_sec")} for r in records]
+
+
+def test_a_carried_run_resumes_bit_identically(tmp_path, tiny_config):
+  """A run stopped at step 20, packed into size-limited parts (records and newest checkpoint
+  only), unpacked under another root and resumed to step 30 ends exactly as the run trained to
+  30 in one go: every metric after step 20 and the test result, bit for bit (a lent GPU
+  machine carries long runs from one lease to the next this way)."""
+  from lra_sparse.sweep import carry
+  run = tmp_path / "a" / "run"
+  _run(tiny_config, run, num_train_steps=20)            # checkpoints 10 and 20
+  os.remove(run / "result.json")                        # as if it had stopped at 20
+  (run / "events.out.tfevents.0").write_bytes(b"x" * 100)
+  parts = carry.pack(str(tmp_path / "a"), str(tmp_path / "parts"), part_mb=0.02, max_parts=99)
+  assert len(parts) > 1                                 # cut into several parts
+  with pytest.raises(FileExistsError, match="already holds parts"):
+    carry.pack(str(tmp_path / "a"), str(tmp_path / "parts"), part_mb=0.02, max_parts=99)
+  with pytest.raises(ValueError, match=r"more than 1 parts .* largest runs .*run \d"):
+    carry.pack(str(tmp_path / "a"), str(tmp_path / "other"), part_mb=0.02, max_parts=1)
+  assert carry.unpack(str(tmp_path / "b"), str(tmp_path / "parts")) == {
+      "run": "unpacked (checkpoint 20)"}
+  moved = tmp_path / "b" / "run"
+  assert sorted(os.listdir(moved)) == ["checkpoints", "config.json", "metrics.jsonl"]
+  assert _steps(moved) == [20]                          # the newest checkpoint only
+
+  resumed = _run(tiny_config, moved, num_train_steps=30)
+  reference = _run(tiny_config, tmp_path / "clean", num_train_steps=30)
+  assert resumed["test"] == reference["test"] and resumed["step"] == 30
+  after = lambda w: _comparable([r for r in _records(w) if r["step"] > 20])
+  assert after(moved) and after(moved) == after(tmp_path / "clean")
+  # Unpacking again never moves a run back past what it has reached here.
+  assert carry.unpack(str(tmp_path / "b"), str(tmp_path / "parts")) == {
+      "run": "kept the local copy (checkpoint 30 >= carried 20)"}
+  os.remove(parts[-1])
+  with pytest.raises(FileNotFoundError, match=rf"part\(s\) \[{len(parts)}\] of {len(parts)} "
+                                              "missing"):
+    carry.unpack(str(tmp_path / "c"), str(tmp_path / "parts"))
+
+
+def test_carry_command_line(tmp_path):
+  """`python -m lra_sparse.sweep.carry`: a round trip of records through parts, and its user
+  errors on one line."""
+  run = tmp_path / "root" / "r1"
+  run.mkdir(parents=True)
+  (run / "config.json").write_text("{}")
+  (run / "metrics.jsonl").write_text('{"step": 1}\n')
+  (run / "run.lock").write_text("")                       # never carried
+  carry = [sys.executable, "-m", "lra_sparse.sweep.carry"]
+  done = subprocess.run(carry + ["--pack", f"--root={tmp_path / 'root'}",
+                                 f"--parts_dir={tmp_path / 'parts'}"],
+                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0 and "into 1 part(s)" in done.stdout, done.stderr
+  done = subprocess.run(carry + ["--unpack", f"--root={tmp_path / 'copy'}",
+                                 f"--parts_dir={tmp_path / 'parts'}"],
+                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0 and done.stdout.strip() == "r1: unpacked", done.stderr
+  assert sorted(os.listdir(tmp_path / "copy" / "r1")) == ["config.json", "metrics.jsonl"]
+  for args, message in (
+      (["--pack", "--unpack", "--root=x", "--parts_dir=y"],
+       "error: give exactly one of --pack and --unpack"),
+      (["--pack", f"--root={tmp_path / 'absent'}", "--parts_dir=y"],
+       f"error: --root={str(tmp_path / 'absent')!r}: no such directory"),
+      (["--unpack", "--root=x", f"--parts_dir={tmp_path / 'root'}"],
+       f"error: --parts_dir={str(tmp_path / 'root')!r}: no carry.tgz.part-<i>-of-<n> file")):
+    proc = subprocess.run(carry + args, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [message], proc.stderr
+
+
 def test_init_from_refuses_an_unusable_newest_checkpoint(tmp_path, tiny_config):
   pre = tmp_path / "pre"
   _run(tiny_config, pre, num_train_steps=10)
