@@ -69,6 +69,8 @@ ADDED_FIELDS = (
     ("attention.dsa.mse_normalization", "scaled_mean", None),
     ("attention.dsa.selection_rule", "float", None),
     ("attention.dsa.mse_kernels", False, None),
+    ("attention.dsa.granularity", "fine", None),
+    ("attention.dsa.block_size", 64, None),
     ("model.dual_head", "nli_one_hidden", ("retrieval",)),
     ("data.mask_black_pixels", False, ("image", "pathfinder", "pathx")),
     ("profile_steps", "", None),

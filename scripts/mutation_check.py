@@ -151,6 +151,14 @@ MUTATIONS += [
    "  return max(steps) if steps else None\n\n\ndef _run_dirs",
    "  return min(steps) if steps else None\n\n\ndef _run_dirs",
    "tests/test_reliability.py::test_a_carried_run_resumes_bit_identically"),
+  ("block DSA pools the padding into its block means", "lra_sparse/kernels/dsa/reference.py",
+   "  real = jnp.ones((b, length), bool) if mask is None else mask.astype(bool)\n  real = jnp.pad(",
+   "  real = jnp.ones((b, length), bool)\n  real = jnp.pad(",
+   "tests/test_attention_kinds.py::test_dsa_block_granularity_follows_the_numpy_chain"),
+  ("block DSA attends to padded keys of a kept block", "lra_sparse/kernels/dsa/reference.py",
+   "  return keep if mask is None else keep & mask.astype(bool)[:, None, None, :]",
+   "  return keep",
+   "tests/test_attention_kinds.py::test_dsa_block_granularity_follows_the_numpy_chain"),
 ]
 
 

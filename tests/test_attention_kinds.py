@@ -771,6 +771,113 @@ def test_dsa_config_errors():
     build_attention(_config("dsa", vector=8), _dims(length=36))
 
 
+def np_block_keep(xp, wq, wk, mask, block, sparsity, scale):
+  """float64 numpy: the block rule. Block means of XP over real positions (a last partial
+  block counts its own), block scores (mean XP_q W~q) . (mean XP_k W~k) * scale, top
+  ceil((1 - s) * real key blocks) real key blocks per live query block. Returns (bool
+  [batch, heads, blocks, blocks], the scores, the margin of each live row's cut)."""
+  b, length, _ = xp.shape
+  blocks = -(-length // block)
+  heads = wq.shape[0]
+  keep = np.zeros((b, heads, blocks, blocks), bool)
+  scores = np.zeros((b, heads, blocks, blocks))
+  margins = []
+  for e in range(b):
+    real = np.asarray(mask[e], bool)
+    pooled, real_block = [], []
+    for j in range(blocks):
+      sl = slice(j * block, min((j + 1) * block, length))
+      r = real[sl]
+      pooled.append(xp[e, sl][r].mean(0) if r.any() else xp[e, sl].mean(0))
+      real_block.append(r.any())
+    pooled, real_block = np.array(pooled), np.array(real_block)
+    last = np.nonzero(real)[0].max() + 1 if real.any() else 0
+    count = max(1, math.ceil((1 - sparsity) * real_block.sum() - 1e-6))
+    for h in range(heads):
+      s = (pooled @ wq[h]) @ (pooled @ wk[h]).T * scale
+      scores[e, h] = s
+      for i in range(blocks):
+        if i * block >= last:
+          continue                                  # past the last real token: keeps none
+        row = np.where(real_block, s[i], -np.inf)
+        order = np.argsort(-row, kind="stable")
+        keep[e, h, i, order[:count]] = True
+        if count < real_block.sum():       # the cut's margin, relative to the row's range
+          span = row[real_block].max() - row[real_block].min()
+          margins.append((row[order[count - 1]] - row[order[count]]) / span)
+  return keep & np.asarray(real_block_all(mask, block, length))[:, None, None, :], scores, margins
+
+
+def real_block_all(mask, block, length):
+  blocks = -(-length // block)
+  return np.array([[np.asarray(m, bool)[j * block:(j + 1) * block].any() for j in range(blocks)]
+                   for m in mask])
+
+
+@pytest.mark.parametrize("sparsity", [0.5, 0.7])
+def test_dsa_block_granularity_follows_the_numpy_chain(sparsity):
+  """granularity="block": the kept (query block, key block) pairs are the top key blocks by
+  the mean predicted score over real pairs (numpy, float64, on rows whose cut has a margin
+  above the int8 code's resolution), with a partial last block and an example whose padding
+  leaves whole blocks empty; the output is the softmax over every real key of the kept blocks;
+  gradients reach the attention inputs; evaluation records the kept share and the hit rate."""
+  block, length, lengths = 16, 72, [67, 21]           # 5 blocks, the last one 8 long
+  rng = np.random.default_rng(10)     # inputs whose cuts all clear 5% of their row's range
+  q, k, v = _qkv(12, (B, length, H, D))
+  x = rng.normal(size=(B, length, 16)).astype(np.float32)
+  mask = _mask(lengths, length)
+  core = build_attention(_config("dsa", granularity="block", block_size=block,
+                                 sparsity=sparsity, sigma=0.5), _dims(length=length))
+  params = _init(core, q, k, v, mask=jnp.asarray(mask), inputs=x)["params"]
+  projection = np.asarray(core.apply({"params": params}, method=lambda mdl: mdl.projection()),
+                          np.float64)
+  xp = x.astype(np.float64) @ projection
+  wq, wk = (np.asarray(params[n], np.float64) for n in ("predictor_query", "predictor_key"))
+  want_blocks, scores, margins = np_block_keep(xp, wq, wk, mask, block, sparsity, D ** -0.5)
+  assert min(margins) > 0.05                # no near-tie: the int8 rule must agree
+  got_blocks = dsa_ref.block_select(
+      dsa_ref.LowRank(jnp.asarray(xp, jnp.float32), jnp.asarray(wq, jnp.float32)),
+      dsa_ref.LowRank(jnp.asarray(xp, jnp.float32), jnp.asarray(wk, jnp.float32)),
+      jnp.asarray(mask), block_size=block, sparsity=sparsity, scale=D ** -0.5)
+  np.testing.assert_array_equal(np.asarray(got_blocks), want_blocks)
+  assert want_blocks[1, :, 2:].sum() == 0 and want_blocks[:, :, :, 2:][1].sum() == 0
+
+  out, state = _apply(core, {"params": params}, q, k, v, mask=jnp.asarray(mask), inputs=x,
+                      mutable=["aux_loss", "aux_metrics"])
+  keep = np.repeat(np.repeat(want_blocks, block, 2), block, 3)[:, :, :length, :length]
+  keep &= mask[:, None, None, :]
+  p = np_softmax_where(np_scores(q, k, None), keep)
+  want = np.einsum("bhqk,bkhd->bqhd", p, np.asarray(v, np.float64))
+  real = mask[:, :, None, None]
+  np.testing.assert_allclose(np.where(real, np.asarray(out), 0), np.where(real, want, 0),
+                             rtol=1e-4, atol=1e-4)
+  pairs = mask[:, None, :, None] & mask[:, None, None, :]
+  share = float(state["aux_metrics"]["dsa_kept_share"][0])
+  assert share == pytest.approx((keep & pairs).sum() / (pairs.sum() * H), rel=1e-6)
+  assert 0.0 < float(state["aux_metrics"]["dsa_hit_rate"][0]) <= 1.0
+
+  def loss(params, q, k, v):
+    out, st = _apply(core, {"params": params}, q, k, v, mask=jnp.asarray(mask), inputs=x,
+                     deterministic=False, mutable=["aux_loss", "aux_metrics"])
+    return jnp.sum(out ** 2) + st["aux_loss"]["dsa_mse"][0]
+
+  grads = jax.grad(loss, argnums=(0, 1, 2, 3))(params, q, k, v)
+  assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
+  assert all(np.abs(np.asarray(g)).sum() > 0 for g in grads[1:])
+
+
+def test_dsa_block_granularity_config_errors():
+  for fields, message in (
+      ({"granularity": "tile"}, r"config.attention.dsa.granularity='tile' is not one of"),
+      ({"granularity": "block", "block_size": 48}, r"config.attention.dsa.block_size=48"),
+      ({"granularity": "block", "vector": 4}, r"config.attention.dsa.vector=4 is the "
+                                              r"fine-grained rule's row grouping"),
+      ({"granularity": "block", "selection_rule": "float"},
+       r"config.attention.dsa.selection_rule='float' must be 'int8'")):
+    with pytest.raises(ValueError, match=message):
+      build_attention(_config("dsa", **fields), _dims())
+
+
 # ------------------------------------------------------------------------------------ Nystrom
 def test_nystrom_as_many_landmarks_as_tokens_is_close_to_dense():
   """Landmarks = tokens: F = A = B = softmax(QK^T/sqrt(d)), so O = A pinv(A) A V = A V once the

@@ -1215,6 +1215,22 @@ def test_dsa_listops_finetunes_each_seeds_dense_run_no_harder_than_it_ended(tmp_
   assert sorted({r.overrides["attention.dsa.mse_weight"] for r in weights if r.depends_on}) == [
       1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0]
   assert "not yet measured" in tables.load_table("experiments/specs/dsa_listops.py").title
+  # granularity: fine-grained and 64 x 64 block DSA at 90 / 95%, each row its own runs.
+  grain = [r for r in _spec_runs("experiments/specs/dsa_listops.py:granularity", tmp_path / "g")
+           if r.depends_on]
+  assert len(grain) == 12 and {
+      (r.overrides["attention.dsa.sparsity"], r.overrides.get("attention.dsa.granularity",
+                                                              "fine")) for r in grain} == {
+      (0.9, "fine"), (0.9, "block"), (0.95, "fine"), (0.95, "block")}
+  table = tables.load_table("experiments/specs/dsa_listops.py:granularity_best_val")
+  assert table.split == "test_at_best_val" and len(table.rows) == 5
+  for r in grain:
+    config = {"attention.kind": "dsa", "attention.dsa.granularity": "fine", **r.overrides}
+    hits = [row.label for row in table.rows
+            if all(m(config.get(k)) if callable(m) else config.get(k) == m
+                   for k, m in row.match.items())]
+    assert len(hits) == 1 and ("blocks" in hits[0]) == (
+        config["attention.dsa.granularity"] == "block"), (r.name, hits)
 
 
 def test_dsa_listops_tiny_runs_end_to_end(tmp_path, monkeypatch, listops_dir):

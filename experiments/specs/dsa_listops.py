@@ -21,8 +21,13 @@ Presets:
     this codebase's stand-in for the paper's random mask of the same density), 3 seeds.
   "table2": the paper's Table 2 grid at DSA-90: sigma x predictor precision (INT2 / 4 / 8,
     FP32), 3 seeds.
-  "best_val", "weight_best_val", "table2_best_val": the same runs, test at the best validation
-    step.
+  "granularity": fine-grained DSA-90 / 95 (the paper's rule) against the block rule at the
+    same sparsities (``attention.dsa.granularity="block"``, 64 x 64 blocks ranked by the mean
+    predicted score of the block pair), with MSE_WEIGHT, 3 seeds: what block granularity, the
+    structure tile-skipping kernels need, costs in accuracy (the runs also log the predictor's
+    hit rate and, for blocks, the share of real pairs kept).
+  "best_val", "weight_best_val", "table2_best_val", "granularity_best_val": the same runs, test
+    at the best validation step.
   "tiny": the sparsity preset at DSA-90 only, one seed, on ``make demo``'s ListOps (a CPU).
 MSE_WEIGHT is a placeholder until the "weight" preset has run: the spec says so in its table
 title.
@@ -40,7 +45,10 @@ from lra_sparse.tables import Selector, Table
 
 SEEDS = (0, 1, 2)
 WEIGHT_SEEDS = (0, 1)
-PRESETS = ("", "best_val", "weight", "weight_best_val", "table2", "table2_best_val", "tiny")
+PRESETS = ("", "best_val", "weight", "weight_best_val", "table2", "table2_best_val",
+           "granularity", "granularity_best_val", "tiny")
+GRANULARITY_SPARSITIES = (0.9, 0.95)
+BLOCK = {"attention.dsa.granularity": "block", "attention.dsa.block_size": 64}
 DENSE_CONFIG = "configs/listops.py:stable"
 DENSE_LEARNING_RATE, DENSE_STEPS = 0.025, 5000          # configs/listops.py:stable
 FINETUNE_STEPS, WARMUP = 1000, 100
@@ -82,6 +90,11 @@ def _variants(kind: str) -> list[Variant]:
                                            "attention.dsa.quant_bits": bits,
                                            "attention.dsa.mse_weight": MSE_WEIGHT})
             for s in SIGMAS for name, bits in PRECISIONS]
+  if kind == "granularity":
+    return [Variant(f"dsa{round(100 * s)}" + ("-block" if block else ""),
+                    {"attention.dsa.sparsity": s, "attention.dsa.mse_weight": MSE_WEIGHT,
+                     **(BLOCK if block else {})})
+            for s in GRANULARITY_SPARSITIES for block in (False, True)]
   sparsities = (0.9,) if kind == "tiny" else SPARSITIES
   return ([Variant(f"dsa{round(100 * s)}", {"attention.dsa.sparsity": s,
                                             "attention.dsa.mse_weight": MSE_WEIGHT})
@@ -136,6 +149,20 @@ def get_table(preset: str = "") -> Table:
                                         **finetuned}) for s in SIGMAS],
         columns=[Selector(name, {"task": "listops", "attention.dsa.quant_bits": bits})
                  for name, bits in PRECISIONS])
+  if kind == "granularity":
+    rows = [Selector("Dense (the base runs)", {"attention.kind": "dense"})]
+    for s in GRANULARITY_SPARSITIES:
+      for block in (False, True):
+        rows.append(Selector(
+            f"DSA-{round(100 * s)}, " + ("64 x 64 blocks" if block else "fine-grained"),
+            {"attention.kind": "dsa", "attention.dsa.sparsity": s,
+             "attention.dsa.mse_weight": MSE_WEIGHT,
+             "attention.dsa.granularity": "block" if block else "fine", **finetuned}))
+    return Table(
+        title=("DSA fine-tuned from dense on ListOps, fine-grained against block selection: "
+               "test accuracy (%) " + ("at the best validation step" if best_val else
+                                       "at the last step") + placeholder),
+        split=split, rows=rows, columns=column)
   sparsities = (0.9,) if kind == "tiny" else SPARSITIES
   rows = [Selector("Dense (the base runs)", {"attention.kind": "dense"})]
   for s in sparsities:

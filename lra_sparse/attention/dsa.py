@@ -44,6 +44,13 @@ Choices (the papers leave these open):
   choose the same keys bit for bit.
 - Column-vector granularity V in {1, 4, 8}: V consecutive query rows share the kept columns,
   chosen from the mean of Q~ (hence of S~) over the real rows of the group.
+- Block granularity (``granularity="block"``, not in the paper): each query block of
+  ``block_size`` rows keeps whole key blocks, the top ceil((1 - sparsity) * real key blocks)
+  by the block pair's mean predicted score, mean(Q~ over the block's real rows) . mean(K~ over
+  the key block's real keys) (S~ is bilinear), ranked by the same int8 rule; every real key of
+  a kept block is attended. This is the structure that lets kernels skip whole tiles; for now
+  it runs on the pure-JAX path ([L, L] scores). Evaluation logs "dsa_kept_share" (real pairs
+  kept) beside the hit rate against the per-row oracle.
 - Backends (``backend``): "triton" runs ``kernels/dsa/triton.py`` (selection as bits, then a
   flash-style softmax over the kept keys, forward and backward; no [L, L] float array;
   with vector 4 or 8 the forward can compute only each 64-row block's union of kept keys,
@@ -89,6 +96,8 @@ BACKENDS = ("auto", "triton", "reference")
 FORWARDS = ("auto", "tiles", "gather")   # the kernels' (dsa_triton.FORWARDS), and "auto"
 GATHER_UNION = 0.7   # forward="auto": gather below this expected share of keys per row block
 SELECTION_RULES = ("int8", "float")
+GRANULARITIES = ("fine", "block")
+BLOCK_SIZES = (16, 32, 64, 128)
 MSE_NORMALIZATIONS = ("eq6", "scaled_mean")
 PROJECTION_SEED = 20220601  # fixed: P must be reproducible without being stored
 
@@ -129,6 +138,12 @@ class DSAConfig(KindConfig):
   # L_MSE on the Gram kernels (kernels/dsa/gram.py: padding skipped) when the attention runs
   # on the kernels | False: the same Gram form in XLA (runs recorded before the kernels).
   mse_kernels: bool = True
+  # "fine": the paper's rule (each row, or row group of ``vector``, keeps its own keys) |
+  # "block": each query block of ``block_size`` rows keeps whole key blocks, ranked by the mean
+  # predicted score of the block pair (``kernels.dsa.reference.block_select``): the structure
+  # tile-skipping kernels need. Pure-JAX path for now (the kernels run "fine" only).
+  granularity: str = "fine"
+  block_size: int = 64             # granularity="block": rows and keys per block
 
   def __post_init__(self):
     self.check_float("sigma", low=0.0, high=1.0, low_open=True)
@@ -148,6 +163,15 @@ class DSAConfig(KindConfig):
                        f"listed together; vector={self.vector})")
     self.check_bool("mse_kernels")
     self.check_choice("selection_rule", SELECTION_RULES)
+    self.check_choice("granularity", GRANULARITIES)
+    self.check_choice("block_size", BLOCK_SIZES)
+    if self.granularity == "block" and self.vector != 1:
+      raise self.error("vector", f"is the fine-grained rule's row grouping; with "
+                       f"granularity='block' the rows of a block share its keys (use vector=1, "
+                       f"got {self.vector})")
+    if self.granularity == "block" and self.selection_rule != "int8":
+      raise self.error("selection_rule", "must be 'int8' with granularity='block' (block "
+                       "scores are ranked by the int8 rule)")
 
   def kernel_forward(self) -> str:
     """The Triton forward this config runs: ``forward``, with "auto" resolved.
@@ -199,7 +223,10 @@ def _kernels(config: DSAConfig, q, k, v):
   if not required and jax.default_backend() != "gpu":
     return None
   reason = None
-  if config.selection_rule != "int8":
+  if config.granularity == "block":
+    reason = ("granularity='block' (the kernels run the fine-grained rule; the block rule runs "
+              "on the pure-JAX path)")
+  elif config.selection_rule != "int8":
     reason = f"selection_rule={config.selection_rule!r} (the kernels rank int8 operands)"
   kernel = common.usable_kernel(dsa_triton, "DSA", required)
   if kernel is not None and reason is None:
@@ -265,11 +292,15 @@ class DSAAttention(nn.Module):
                              preferred_element_type=jnp.float32) * jnp.float32(scale)
       self.sow("intermediates", "predicted_scores", predicted)
 
+    select = dict(sparsity=config.sparsity, selection=config.selection,
+                  threshold=config.threshold)
+    if config.granularity == "block":
+      return self._block_attention(q, k, v, q_pred, k_pred, mask, select, scale, rate, seed,
+                                   deterministic)
+
     # M: the selection rule (dsa_reference) on the predictor's int8-rounded operands.
     ops = None if float_rule else dsa_reference.selection_operands(
         q_pred, k_pred, mask, vector=config.vector, scale=scale)
-    select = dict(sparsity=config.sparsity, selection=config.selection,
-                  threshold=config.threshold)
     if kernel is not None:
       bits = sharding.per_data_shard(
           lambda ops, mask: kernel.select_bits(ops, mask, **select), ops, mask)
@@ -308,6 +339,32 @@ class DSAAttention(nn.Module):
     return dsa_reference.attention_under_keep(
         q, k, v, dsa_reference.expand_groups(keep, config.vector),
         dropout_rate=rate, dropout_seed=seed)
+
+
+  def _block_attention(self, q, k, v, q_pred, k_pred, mask, select, scale, rate, seed,
+                       deterministic):
+    """granularity="block": M = every (query, key) of the kept (query block, key block) pairs
+    (``dsa_reference.block_select``), then A = softmax(S restricted to M) V as in the fine
+    rule. Evaluation also records the hit rate against the fine-grained oracle (the same rule
+    on the real Q, K, per row) and the share of real (row, key) pairs kept."""
+    config = self.config
+    keep_blocks = dsa_reference.block_select(
+        q_pred, k_pred, mask, block_size=config.block_size, scale=scale,
+        topk_algorithm=config.topk_algorithm, **select)
+    keep = dsa_reference.expand_blocks(keep_blocks, config.block_size, q.shape[1], mask)
+    if deterministic:
+      oracle = dsa_reference.reference_select(_oracle_operands(q, k, mask), mask,
+                                              sparsity=config.sparsity,
+                                              topk_algorithm=config.topk_algorithm)
+      self.sow(AUX_METRICS, "dsa_hit_rate", dsa_reference.hit_rate(
+          dsa_reference.pack_bits(keep), dsa_reference.pack_bits(oracle), mask=mask))
+      rows = jnp.ones(q.shape[:2], bool) if mask is None else mask.astype(bool)
+      real_pairs = rows[:, None, :, None] & rows[:, None, None, :]
+      self.sow(AUX_METRICS, "dsa_kept_share",
+               jnp.sum(keep & real_pairs, dtype=jnp.float32)
+               / jnp.maximum(jnp.sum(real_pairs, dtype=jnp.float32) * q.shape[2], 1.0))
+    return dsa_reference.attention_under_keep(q, k, v, keep, dropout_rate=rate,
+                                              dropout_seed=seed)
 
 
 def prediction_mse(q, k, q_pred, k_pred, mask, *, normalization: str, kernels: bool):

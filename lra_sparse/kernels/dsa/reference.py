@@ -288,6 +288,50 @@ def expand_groups(keep_groups, vector: int):
   return keep_groups if vector == 1 else jnp.repeat(keep_groups, vector, axis=2)
 
 
+# ----------------------------------------------------------------------------- block
+# granularity: the same rule on (query block, key block) pairs
+def pool_blocks(x, mask, block_size: int):
+  """[batch, length, r] -> (the mean of each block of ``block_size`` positions over its real
+  ones (all of them when none is real) [batch, blocks, r] fp32, bool [batch, blocks]: the
+  block holds a real position). A last partial block counts its positions only."""
+  b, length, _ = x.shape
+  blocks = -(-length // block_size)
+  pad = blocks * block_size - length
+  real = jnp.ones((b, length), bool) if mask is None else mask.astype(bool)
+  real = jnp.pad(real, ((0, 0), (0, pad)))
+  x = jnp.pad(x.astype(jnp.float32), ((0, 0), (0, pad), (0, 0)))
+  pooled = group_queries(x[:, :, None, :], real, block_size)[:, :, 0]
+  return pooled, jnp.any(real.reshape(b, blocks, block_size), axis=-1)
+
+
+def block_select(q_pred: "LowRank", k_pred: "LowRank", mask=None, *, block_size: int,
+                 sparsity: float = 0.9, selection: str = "topk", threshold: float = 0.0,
+                 scale: float = 1.0, topk_algorithm: Optional[str] = None):
+  """The kept key blocks of each query block: bool [batch, heads, blocks, blocks].
+
+  A block pair's predicted score is the mean of S~ over its real (query, key) pairs, which is
+  (block mean of Q~) . (block mean of K~) since S~ is bilinear: the factored predictor applied
+  to block means of XP (``pool_blocks``), no [L, L] array. The fine-grained rule then runs on
+  blocks (``selection_operands`` and ``reference_select``): each query block keeps
+  ceil((1 - sparsity) * real key blocks) key blocks (top-k) or those whose mean predicted score
+  reaches ``threshold``; key blocks without a real key are never kept and query blocks past the
+  last real token keep none."""
+  xq, real_blocks = pool_blocks(q_pred.x, mask, block_size)
+  xk, _ = pool_blocks(k_pred.x, mask, block_size)
+  ops = selection_operands(LowRank(xq, q_pred.w), LowRank(xk, k_pred.w), real_blocks,
+                           vector=1, scale=scale)
+  return reference_select(ops, real_blocks, sparsity=sparsity, selection=selection,
+                          threshold=threshold, topk_algorithm=topk_algorithm)
+
+
+def expand_blocks(keep_blocks, block_size: int, length: int, mask=None):
+  """bool [batch, heads, blocks, blocks] -> [batch, heads, length, length]: every (query, key)
+  of a kept block pair, padded keys excluded (rows of a block share its keys)."""
+  keep = jnp.repeat(jnp.repeat(keep_blocks, block_size, axis=2), block_size, axis=3)
+  keep = keep[:, :, :length, :length]
+  return keep if mask is None else keep & mask.astype(bool)[:, None, None, :]
+
+
 def attention_under_keep(q, k, v, keep, *, dropout_rate: float = 0.0, dropout_seed=None,
                          scores=None):
   """softmax(S over ``keep`` [batch, heads, L, L]) V with S = Q K^T / sqrt(d); a row that keeps
