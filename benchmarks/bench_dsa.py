@@ -9,6 +9,10 @@ Rows per shape (bf16, every method on the same random inputs, in one process):
 A setting SPARSITY%:VECTOR:SIGMA:t selects by threshold instead of top-k ("DSA-t99"): the
 threshold is the SPARSITY quantile of the predicted group scores of the shape's first input
 set, and the row names the share of entries the selection then keeps on it.
+A setting SPARSITY%:bBLOCK:SIGMA ("90:b64:0.25") is the block rule
+(``attention.dsa.granularity="block"``): each query block keeps whole key blocks by the block
+pair's mean predicted score (per-head predictor weights W~ drawn once), and the kernels run
+with tiles cut to the blocks, skipping the empty ones (``tiles.block_overrides``).
 "fwd" is the attention output (DSA: the selection from Q~, K~ and the attention over it);
 "fwd+bwd" adds the gradient of sum(out * ct) + L_MSE(S, S~) w.r.t. q, k, v, Q~, K~ and the
 predictor weights (the MSE from Gram matrices of the factors (XP) W~, as in training).
@@ -76,6 +80,29 @@ def _selection(sparsity, threshold):
   return dict(selection="threshold", threshold=threshold)
 
 
+def block_fns(sparsity, block, triton: bool, rate: float = 0.0):
+  """The block rule: block selection from the factored predictor (qp's and kp's first head as
+  X P, per-head W~), then the attention over the kept blocks' keys (kernels with tiles cut to
+  the blocks and empty tiles skipped, or the pure-JAX path)."""
+
+  def attend(q, k, v, qp, kp):
+    b, l, h, d = q.shape
+    rank = qp.shape[-1]
+    w = jax.random.normal(jax.random.PRNGKey(7), (h, rank, rank)) / rank ** 0.5
+    keep_blocks = dsa_reference.block_select(
+        dsa_reference.LowRank(qp[:, :, 0], w), dsa_reference.LowRank(kp[:, :, 0], w), None,
+        block_size=block, sparsity=sparsity, scale=d ** -0.5)
+    if triton:
+      vector = 8 if l % 8 == 0 else 1
+      bits = dsa_reference.block_bits(keep_blocks, block, l, vector=vector)
+      return dsa_triton.dsa_attention_triton(
+          q, k, v, bits, vector=vector, dropout_rate=rate, dropout_seed=_SEED if rate else None,
+          tiles=dsa_tiles.block_overrides(block, jnp.dtype(q.dtype).name))
+    return dsa_reference.attention_under_keep(
+        q, k, v, dsa_reference.expand_blocks(keep_blocks, block, l))
+  return _passes(attend)
+
+
 def dsa_fns(sparsity, vector, triton: bool, rate: float = 0.0, threshold=None,
             forward: str = "tiles", tiles: dsa_tiles.Overrides = ()):
   select = _selection(sparsity, threshold)
@@ -91,6 +118,12 @@ def dsa_fns(sparsity, vector, triton: bool, rate: float = 0.0, threshold=None,
     keep = dsa_reference.reference_select(ops, **select)
     return dsa_reference.attention_under_keep(q, k, v,
                                               dsa_reference.expand_groups(keep, vector))
+  return _passes(attend)
+
+
+def _passes(attend):
+  """(fwd, fwd_bwd) of a DSA attention ``attend(q, k, v, qp, kp)``: the output, and the
+  gradient of sum(out * ct) + L_MSE w.r.t. every input and the predictor weights."""
 
   def fwd(q, k, v, qp, kp, ct):
     del ct
@@ -167,9 +200,11 @@ def main(argv: Sequence[str]) -> None:
   settings = []
   for s in FLAGS.settings.split(","):
     sp, vec, sigma, *rule = s.split(":")
-    if rule not in ([], ["t"]):
-      raise app.UsageError(f"--settings entry {s!r}: SPARSITY%:VECTOR:SIGMA[:t]")
-    settings.append((int(sp) / 100, int(vec), float(sigma), rule == ["t"]))
+    block = int(vec[1:]) if vec.startswith("b") and vec[1:].isdigit() else 0
+    if rule not in ([], ["t"]) or not (block or vec.isdigit()) or (block and rule):
+      raise app.UsageError(f"--settings entry {s!r}: SPARSITY%:VECTOR:SIGMA[:t] or "
+                           "SPARSITY%:bBLOCK:SIGMA")
+    settings.append((int(sp) / 100, block or int(vec), float(sigma), rule == ["t"], bool(block)))
   drop = f" drop {FLAGS.dropout:g}"   # the name suffix of a row with attention dropout
   rows = []
   for b, l in harness.parse_shapes(FLAGS.shapes):
@@ -191,12 +226,22 @@ def main(argv: Sequence[str]) -> None:
     key = jax.random.PRNGKey(b * l)
     base = harness.attention_sets(b, l, h, d, jnp.bfloat16)
     preds = {}
-    for sparsity, vec, sigma, by_threshold in settings:
+    for sparsity, vec, sigma, by_threshold, block in settings:
       rank = max(1, round(sigma * h * d))
       if rank not in preds:
         preds[rank] = [tuple(jax.random.normal(kk, (b, l, h, rank), jnp.float32)
                              for kk in jax.random.split(jax.random.fold_in(key, 10 + i), 2))
                        for i in range(3)]
+      if block:
+        tag = f"DSA-{round(sparsity * 100)} block {vec} k={rank}"
+        if triton_ok:
+          methods[f"{tag} Triton"] = block_fns(sparsity, vec, True) + (rank,)
+          if FLAGS.dropout:
+            methods[f"{tag} Triton{drop}"] = block_fns(sparsity, vec, True,
+                                                       FLAGS.dropout) + (rank,)
+        if not FLAGS.skip_reference:
+          methods[f"{tag} pure-JAX"] = block_fns(sparsity, vec, False) + (rank,)
+        continue
       threshold = None
       tag = f"DSA-{round(sparsity * 100)} V={vec} k={rank}"
       if by_threshold:

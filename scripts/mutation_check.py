@@ -159,6 +159,10 @@ MUTATIONS += [
    "  return keep if mask is None else keep & mask.astype(bool)[:, None, None, :]",
    "  return keep",
    "tests/test_attention_kinds.py::test_dsa_block_granularity_follows_the_numpy_chain"),
+  ("block DSA bits keep padded keys", "lra_sparse/kernels/dsa/reference.py",
+   "  if mask is not None:\n    keys = keys & mask.astype(bool)[:, None, None, :]\n",
+   "",
+   "tests/test_dsa_kernels.py::test_block_bits_are_the_expanded_block_keep"),
 ]
 
 

@@ -736,6 +736,46 @@ def test_module_paths_agree_on_a_gpu(dropout):
     assert rel_err(a.astype(jnp.float32), r.astype(jnp.float32)) < 3e-2
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_block_module_paths_agree_on_a_gpu(dropout):
+  """granularity='block' on backend='triton' (tiles cut to the blocks, empty tiles skipped)
+  and 'reference': same outputs and gradients (bf16, padding), the same hit rate and kept
+  share in evaluation; with attention dropout both drop the same entries."""
+  _kernels()
+  from lra_sparse.attention import AttentionDims, DSAConfig, build_attention
+  b, l, h, d, model = 2, 320, 2, 64, 128
+  dims = AttentionDims(num_heads=h, head_dim=d, model_dim=model, length=l,
+                       dropout_rate=dropout)
+  keys = jax.random.split(jax.random.PRNGKey(1), 5)
+  q, k, v = (jax.random.normal(kk, (b, l, h, d), jnp.bfloat16) for kk in keys[:3])
+  x = jax.random.normal(keys[3], (b, l, model), jnp.bfloat16)
+  mask = jnp.asarray(_mask(b, l, [320, 150]))
+  results = {}
+  for backend in ("triton", "reference"):
+    core = build_attention(DSAConfig(backend=backend, granularity="block", block_size=64,
+                                     sparsity=0.6), dims)
+    params = core.init(keys[4], q, k, v, mask=mask, inputs=x)["params"]
+
+    def loss(params, q, k, v, core=core):
+      out, state = core.apply({"params": params}, q, k, v, mask=mask, inputs=x,
+                              deterministic=not dropout, rngs={"dropout": keys[0]},
+                              mutable=["aux_loss", "aux_metrics"])
+      return jnp.sum(out.astype(jnp.float32)) + state["aux_loss"]["dsa_mse"][0], (out, state)
+
+    (_, (out, state)), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3),
+                                                          has_aux=True))(params, q, k, v)
+    results[backend] = (out, state, grads)
+  (o1, s1, g1), (o2, s2, g2) = results["triton"], results["reference"]
+  assert rel_err(o1.astype(jnp.float32), o2.astype(jnp.float32)) < 2e-2
+  for a, r in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+    assert rel_err(a.astype(jnp.float32), r.astype(jnp.float32)) < 3e-2
+  if not dropout:
+    for name in ("dsa_hit_rate", "dsa_kept_share"):
+      assert float(s1["aux_metrics"][name][0]) == float(s2["aux_metrics"][name][0]), name
+    assert 0.0 < float(s1["aux_metrics"]["dsa_kept_share"][0]) < 1.0
+
+
 def test_float_selection_rule_of_older_runs_still_runs():
   """selection_rule='float' (the rule before the kernels; old config.json files read with it)
   ranks the float S~ the core sows, on the pure-JAX path."""
@@ -764,6 +804,106 @@ def test_float_selection_rule_of_older_runs_still_runs():
     DSAConfig(selection_rule="int4")
 
 
+# ----------------------------------------------------------------------------- block rule
+@pytest.mark.parametrize("block,length,vector", [(16, 100, 1), (32, 96, 8), (64, 130, 1),
+                                                 (16, 64, 8)])
+def test_block_bits_are_the_expanded_block_keep(block, length, vector):
+  """``block_bits`` (what the kernels read) is ``pack_bits`` of the block rule's [L, L] keep,
+  rows grouped by ``vector``, padded keys and holes excluded; built without the [L, L] array."""
+  rng = np.random.default_rng(block + length)
+  blocks = -(-length // block)
+  keep_blocks = jnp.asarray(rng.random((2, 3, blocks, blocks)) < 0.4)
+  mask = jnp.asarray(_mask(2, length, [length - 7, length // 2], hole=(0, 3)))
+  bits = ref.block_bits(keep_blocks, block, length, mask, vector=vector)
+  keep = np.asarray(ref.expand_blocks(keep_blocks, block, length, mask))
+  assert bits.shape == (2, 3, length // vector, -(-length // 32)) and bits.dtype == jnp.int32
+  np.testing.assert_array_equal(np.asarray(ref.unpack_bits(bits, length)), keep[:, :, ::vector])
+  assert not np.asarray(keep)[0, :, :, 3].any() and keep.any()       # the hole is never kept
+  with pytest.raises(ValueError, match="vector 8 must divide block_size 16 and length 100"):
+    ref.block_bits(keep_blocks, 16, 100, vector=8)
+
+
+def test_block_tiles_fit_one_block_and_skip():
+  from lra_sparse.kernels.dsa import tiles as dsa_tiles  # pylint: disable=import-outside-toplevel
+  for block, dtype in ((64, "bfloat16"), (32, "float32"), (16, "float16"), (128, "bfloat16")):
+    overrides = dict(dsa_tiles.block_overrides(block, dtype))
+    assert sorted(overrides) == sorted(dsa_tiles.ATTENTION_KERNELS)
+    for kernel, t in overrides.items():
+      default = dsa_tiles.tiles(kernel, dtype)
+      assert t.skip and t.bm == min(default.bm, block) and t.bn == min(default.bn,
+                                                                        max(32, block))
+      assert block % t.bm == 0 and (max(32, block) % t.bn == 0)
+
+
+def _check_block_kernels(case, deterministic):
+  """The block rule on the attention kernels (tiles cut to the blocks, empty tiles skipped):
+  out, dq, dk, dv against full-precision fp32 on the expanded keep (outputs poisoned), a
+  fully padded example gives zeros, and the skip is exact: bit for bit the same kernels
+  without it."""
+  from lra_sparse.kernels.dsa import tiles as dsa_tiles  # pylint: disable=import-outside-toplevel
+  dt = _kernels()
+  dtype, b, l, h, d, block, sparsity, rate = case
+  seed = zlib.crc32(f"block-{case}-{deterministic}".encode()) % (2 ** 31)
+  keys = jax.random.split(jax.random.PRNGKey(seed), 7)
+  q, k, v, ct = (jax.random.normal(kk, (b, l, h, d), dtype) for kk in keys[:4])
+  if dtype == jnp.float32:
+    q, k, v, ct = (tf32_exact(x) for x in (q, k, v, ct))
+  x = jax.random.normal(keys[4], (b, l, 24))
+  wq, wk = (jax.random.normal(kk, (h, 24, 16)) for kk in keys[5:7])
+  mask = jnp.asarray(_mask(b, l, [int(l * 0.7) + 3] * (b - 1) + [0], hole=(0, 1)))
+  keep_blocks = ref.block_select(ref.LowRank(x, wq), ref.LowRank(x, wk), mask,
+                                 block_size=block, sparsity=sparsity)
+  kept = np.asarray(keep_blocks)[0]
+  assert kept.any() and not kept.all()                  # some tiles to skip, some to compute
+  vector = 8 if l % 8 == 0 else 1
+  bits = ref.block_bits(keep_blocks, block, l, mask, vector=vector)
+  drop, mult = {}, None
+  if rate:
+    from lra_sparse.ops import dropout as ops_dropout  # pylint: disable=import-outside-toplevel
+    drop = dict(dropout_rate=rate, dropout_seed=ops_dropout.seed_words(keys[0]))
+    mult = ops_dropout.key_multiplier(drop["dropout_seed"], b, h, l, l, rate)
+  f_ref = _attention_reference(ref.expand_blocks(keep_blocks, block, l, mask), mult)
+  tiles = dsa_tiles.block_overrides(block, jnp.dtype(dtype).name)
+
+  def run(tiles):
+    return jax.jit(lambda q, k, v: dt.dsa_attention_triton(
+        q, k, v, bits, mask=mask, vector=vector, deterministic=deterministic, poison=True,
+        tiles=tiles, **drop))
+
+  out, vjp = jax.vjp(run(tiles), q, k, v)
+  want_out, vjp_ref = jax.vjp(f_ref, q, k, v)
+  grads = vjp(ct)
+  _check_close(f"block {case} det={deterministic}",
+               [("out", out, want_out)] + list(zip(("dq", "dk", "dv"), grads,
+                                                   vjp_ref(ct.astype(jnp.float32)))), dtype)
+  np.testing.assert_array_equal(np.asarray(out[-1].astype(jnp.float32)), 0.0)  # all padded
+  unskipped = tuple((name, dsa_tiles.Tiles(t.bm, t.bn, t.num_warps, t.num_stages, False))
+                    for name, t in tiles)
+  out_full, vjp_full = jax.vjp(run(unskipped), q, k, v)
+  np.testing.assert_array_equal(np.asarray(out_full), np.asarray(out))
+  if deterministic:     # the one-pass dQ sums by atomics: its last bits may vary
+    for got, want in zip(grads, vjp_full(ct)):
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+BLOCK_CASES = [
+    # dtype, batch, length, heads, head_dim, block_size, sparsity, dropout rate
+    (jnp.bfloat16, 2, 2048, 2, 64, 64, 0.9, 0.0),
+    (jnp.bfloat16, 2, 2000, 2, 64, 64, 0.95, 0.1),
+    (jnp.float32, 2, 1000, 2, 32, 32, 0.75, 0.0),
+    (jnp.float16, 2, 257, 2, 48, 16, 0.5, 0.1),
+    (jnp.bfloat16, 2, 1024, 2, 128, 128, 0.75, 0.0),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("case", BLOCK_CASES, ids=lambda c: f"{jnp.dtype(c[0]).name}-"
+                         f"B{c[1]}L{c[2]}H{c[3]}D{c[4]}-block{c[5]}-s{c[6]}-p{c[7]}")
+def test_block_rule_on_the_kernels_matches_reference(case, deterministic):
+  _check_block_kernels(case, deterministic)
+
+
 # ----------------------------------------------------------------------------- CPU: the source
 INTERPRETED_CASES = [   # small: Triton's interpreter runs every program in numpy
     (jnp.float32, 2, 70, 2, 32, 1, 0.75, 26, "topk"),
@@ -781,7 +921,8 @@ def test_kernel_source_on_the_cpu_matches_reference():
   CPU (in a subprocess: ``triton_cpu``), through the same checks as the GPU test at small
   shapes (``test_interpreted_kernels``)."""
   run_interpreted(__file__, "test_interpreted_kernels or test_interpreted_dropout_kernels or "
-                  "test_interpreted_gather or test_interpreted_padding_skip")
+                  "test_interpreted_gather or test_interpreted_padding_skip or "
+                  "test_interpreted_block_rule")
 
 
 @pytest.mark.parametrize("ints", [False, True])
@@ -828,6 +969,18 @@ def test_interpreted_gather(monkeypatch, case):
   monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
   _check_kernels_against_reference(case[:9], False, rate=case[9] if len(case) > 9 else 0.0,
                                    forward="gather")
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("case", [(jnp.float32, 2, 96, 1, 16, 32, 0.5, 0.0),
+                                  (jnp.float32, 2, 80, 1, 16, 16, 0.5, 0.2)],
+                         ids=["block32", "block16-p0.2"])
+def test_interpreted_block_rule(monkeypatch, case, deterministic):
+  if not interpreting():
+    pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
+  from lra_sparse.kernels.dsa import triton as dsa_triton  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
+  _check_block_kernels(case, deterministic)
 
 
 def _register_report(*args: str) -> dict:

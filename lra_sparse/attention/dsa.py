@@ -48,9 +48,10 @@ Choices (the papers leave these open):
   ``block_size`` rows keeps whole key blocks, the top ceil((1 - sparsity) * real key blocks)
   by the block pair's mean predicted score, mean(Q~ over the block's real rows) . mean(K~ over
   the key block's real keys) (S~ is bilinear), ranked by the same int8 rule; every real key of
-  a kept block is attended. This is the structure that lets kernels skip whole tiles; for now
-  it runs on the pure-JAX path ([L, L] scores). Evaluation logs "dsa_kept_share" (real pairs
-  kept) beside the hit rate against the per-row oracle.
+  a kept block is attended. This is the structure that lets kernels skip whole tiles: on the
+  kernels, tiles are cut to the blocks and empty ones skipped (the selection itself is
+  O((L / block)^2) in XLA). Evaluation logs "dsa_kept_share" (real pairs kept) beside the hit
+  rate against the per-row oracle.
 - Backends (``backend``): "triton" runs ``kernels/dsa/triton.py`` (selection as bits, then a
   flash-style softmax over the kept keys, forward and backward; no [L, L] float array;
   with vector 4 or 8 the forward can compute only each 64-row block's union of kept keys,
@@ -85,6 +86,7 @@ from lra_sparse.attention.registry import (AUX_LOSS, AUX_METRICS, AttentionDims,
                                            register_attention)
 from lra_sparse.kernels.dsa import gram as dsa_gram
 from lra_sparse.kernels.dsa import reference as dsa_reference
+from lra_sparse.kernels.dsa import tiles as dsa_tiles
 from lra_sparse.kernels.dsa import triton as dsa_triton
 from lra_sparse.ops import dropout, sharding, softmax
 
@@ -141,7 +143,7 @@ class DSAConfig(KindConfig):
   # "fine": the paper's rule (each row, or row group of ``vector``, keeps its own keys) |
   # "block": each query block of ``block_size`` rows keeps whole key blocks, ranked by the mean
   # predicted score of the block pair (``kernels.dsa.reference.block_select``): the structure
-  # tile-skipping kernels need. Pure-JAX path for now (the kernels run "fine" only).
+  # that lets the kernels skip whole tiles (``kernels.dsa.tiles.block_overrides``).
   granularity: str = "fine"
   block_size: int = 64             # granularity="block": rows and keys per block
 
@@ -223,10 +225,7 @@ def _kernels(config: DSAConfig, q, k, v):
   if not required and jax.default_backend() != "gpu":
     return None
   reason = None
-  if config.granularity == "block":
-    reason = ("granularity='block' (the kernels run the fine-grained rule; the block rule runs "
-              "on the pure-JAX path)")
-  elif config.selection_rule != "int8":
+  if config.selection_rule != "int8":
     reason = f"selection_rule={config.selection_rule!r} (the kernels rank int8 operands)"
   kernel = common.usable_kernel(dsa_triton, "DSA", required)
   if kernel is not None and reason is None:
@@ -296,7 +295,7 @@ class DSAAttention(nn.Module):
                   threshold=config.threshold)
     if config.granularity == "block":
       return self._block_attention(q, k, v, q_pred, k_pred, mask, select, scale, rate, seed,
-                                   deterministic)
+                                   deterministic, kernel)
 
     # M: the selection rule (dsa_reference) on the predictor's int8-rounded operands.
     ops = None if float_rule else dsa_reference.selection_operands(
@@ -342,27 +341,49 @@ class DSAAttention(nn.Module):
 
 
   def _block_attention(self, q, k, v, q_pred, k_pred, mask, select, scale, rate, seed,
-                       deterministic):
+                       deterministic, kernel):
     """granularity="block": M = every (query, key) of the kept (query block, key block) pairs
     (``dsa_reference.block_select``), then A = softmax(S restricted to M) V as in the fine
-    rule. Evaluation also records the hit rate against the fine-grained oracle (the same rule
-    on the real Q, K, per row) and the share of real (row, key) pairs kept."""
+    rule: on the kernels, with tiles cut to the blocks and empty tiles skipped
+    (``dsa_tiles.block_overrides``), else on the pure-JAX path. Evaluation also records the
+    hit rate against the fine-grained oracle (the same rule on the real Q, K, per row) and
+    the share of real (row, key) pairs kept."""
     config = self.config
+    length, heads = q.shape[1], q.shape[2]
     keep_blocks = dsa_reference.block_select(
         q_pred, k_pred, mask, block_size=config.block_size, scale=scale,
         topk_algorithm=config.topk_algorithm, **select)
-    keep = dsa_reference.expand_blocks(keep_blocks, config.block_size, q.shape[1], mask)
     if deterministic:
-      oracle = dsa_reference.reference_select(_oracle_operands(q, k, mask), mask,
-                                              sparsity=config.sparsity,
-                                              topk_algorithm=config.topk_algorithm)
-      self.sow(AUX_METRICS, "dsa_hit_rate", dsa_reference.hit_rate(
-          dsa_reference.pack_bits(keep), dsa_reference.pack_bits(oracle), mask=mask))
+      bits = dsa_reference.block_bits(keep_blocks, config.block_size, length, mask)
+      oracle_ops = _oracle_operands(q, k, mask)
+      if kernel is not None:
+        oracle = sharding.per_data_shard(
+            lambda ops, mask: kernel.select_bits(ops, mask, sparsity=config.sparsity),
+            oracle_ops, mask)
+      else:
+        oracle = dsa_reference.pack_bits(dsa_reference.reference_select(
+            oracle_ops, mask, sparsity=config.sparsity, topk_algorithm=config.topk_algorithm))
+      self.sow(AUX_METRICS, "dsa_hit_rate", dsa_reference.hit_rate(bits, oracle, mask=mask))
       rows = jnp.ones(q.shape[:2], bool) if mask is None else mask.astype(bool)
-      real_pairs = rows[:, None, :, None] & rows[:, None, None, :]
+      kept = jnp.sum(jax.lax.population_count(jnp.where(rows[:, None, :, None], bits, 0)),
+                     dtype=jnp.float32)
+      real = jnp.sum(rows, axis=1, dtype=jnp.float32)
       self.sow(AUX_METRICS, "dsa_kept_share",
-               jnp.sum(keep & real_pairs, dtype=jnp.float32)
-               / jnp.maximum(jnp.sum(real_pairs, dtype=jnp.float32) * q.shape[2], 1.0))
+               kept / jnp.maximum(jnp.sum(real * real) * heads, 1.0))
+    if kernel is not None:
+      vector = 8 if length % 8 == 0 else 1     # block sizes are multiples of 8
+      bits = dsa_reference.block_bits(keep_blocks, config.block_size, length, mask,
+                                      vector=vector)
+      tiles = dsa_tiles.block_overrides(config.block_size, jnp.dtype(q.dtype).name)
+
+      def attend(q, k, v, bits, mask, seed):
+        return kernel.dsa_attention_triton(q, k, v, bits, mask=mask, vector=vector,
+                                           deterministic=config.deterministic_kernels,
+                                           forward="tiles", dropout_rate=rate,
+                                           dropout_seed=sharding.shard_dropout_seed(seed),
+                                           tiles=tiles)
+      return sharding.per_data_shard(attend, q, k, v, bits, mask, seed, replicated=(5,))
+    keep = dsa_reference.expand_blocks(keep_blocks, config.block_size, length, mask)
     return dsa_reference.attention_under_keep(q, k, v, keep, dropout_rate=rate,
                                               dropout_seed=seed)
 

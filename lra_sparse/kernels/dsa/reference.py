@@ -332,6 +332,20 @@ def expand_blocks(keep_blocks, block_size: int, length: int, mask=None):
   return keep if mask is None else keep & mask.astype(bool)[:, None, None, :]
 
 
+def block_bits(keep_blocks, block_size: int, length: int, mask=None, *, vector: int = 1):
+  """The keep bits of the block rule, as ``pack_bits`` of ``expand_blocks`` grouped by
+  ``vector`` rows (what the attention kernels read): int32 [batch, heads, length / vector,
+  ceil(length / 32)], built from [batch, heads, blocks, length] without an [L, L] array.
+  ``vector`` must divide ``block_size`` and ``length``."""
+  if block_size % vector or length % vector:
+    raise ValueError(f"vector {vector} must divide block_size {block_size} and length {length}")
+  keys = jnp.repeat(keep_blocks, block_size, axis=3)[..., :length]
+  if mask is not None:
+    keys = keys & mask.astype(bool)[:, None, None, :]
+  words = pack_bits(keys)                                  # [batch, heads, blocks, W]
+  return jnp.repeat(words, block_size // vector, axis=2)[:, :, :length // vector]
+
+
 def attention_under_keep(q, k, v, keep, *, dropout_rate: float = 0.0, dropout_seed=None,
                          scores=None):
   """softmax(S over ``keep`` [batch, heads, L, L]) V with S = Q K^T / sqrt(d); a row that keeps

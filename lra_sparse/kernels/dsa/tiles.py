@@ -66,6 +66,23 @@ def tiles(kernel: str, dtype_name: str, overrides: Overrides = ()) -> Tiles:
   return DEFAULT[(kernel, operand_class(dtype_name))]
 
 
+# The attention kernels (everything but the selection and the gathered forward).
+ATTENTION_KERNELS = ("fwd", "fwd_drop", "onepass", "dkdv", "dq")
+
+
+def block_overrides(block_size: int, dtype_name: str) -> Overrides:
+  """Tiles for the block rule (``attention.dsa.granularity="block"``): each attention kernel's
+  default with its rows and keys cut to fit one block (BM <= block_size, BN <= max(32,
+  block_size)) and ``skip`` on, so a tile lies inside one (query block, key block) pair and
+  is either wholly kept or skipped: the work falls with the kept blocks."""
+  out = []
+  for kernel in ATTENTION_KERNELS:
+    t = tiles(kernel, dtype_name)
+    out.append((kernel, Tiles(min(t.bm, block_size), min(t.bn, max(32, block_size)),
+                              t.num_warps, t.num_stages, True)))
+  return tuple(out)
+
+
 def parse_overrides(entries) -> Overrides:
   """``("fwd:128:64:8:3:0", ...)`` (KERNEL:BM:BN:WARPS:STAGES[:SKIP]) -> Overrides, with one
   error naming a bad entry (benchmark and tuning flags)."""
