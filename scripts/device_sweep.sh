@@ -6,18 +6,21 @@
 # trainer saves its checkpoint and stops; the sweep resumes it next time), then the runs' logs
 # (config.json, metrics.jsonl, result.json, TensorBoard events; no checkpoints) as one tarball
 # in $OUT. Merge the roots' run directories into one directory to build the table.
+# Checkpoints travel through lra_sparse.sweep.carry (records and each run's newest checkpoint,
+# in size-limited parts).
 #   bash scripts/device_sweep.sh SPEC ROOT DEADLINE_S REGEX [REGEX ...]
 # Environment:
 #   PREPARE    a command that makes the data (default: LRA-size ListOps into data/listops,
 #              when missing), e.g. the Pathfinder-32 generator for experiments/specs/lra_pixels.py.
-#   CARRY_IN   a directory holding the roots.pI.tgz files of an earlier call: unpacked first,
-#              so runs resume from their checkpoints on a fresh machine (runs longer than one
-#              call: pass the files back in a carried, git-ignored directory). Skipped when the
-#              roots already exist (a later call on the same machine: they are newer).
-#   RETURN_CHECKPOINTS  0: no roots.pI.tgz (runs that finish on one machine, or checkpoints
+#   CARRY_IN   a directory holding the pI/ folders of an earlier call's $OUT (carry parts):
+#              each is unpacked into ROOT.pI first, so runs resume from their checkpoints on a
+#              fresh machine (runs longer than one call: copy $OUT's pI/ folders into a
+#              carried, git-ignored directory such as .carry/). A run already at or past the
+#              carried checkpoint (a later call on the same machine) keeps its own copy.
+#   RETURN_CHECKPOINTS  0: no carry parts (runs that finish on one machine, or checkpoints
 #              too large to come back); default 1.
-# With $OUT set, each root also comes back as $OUT/roots.pI.tgz: its run directories with the
-# newest checkpoint only (for CARRY_IN next time).
+# With $OUT set, each root also comes back as carry parts in $OUT/pI/ (at most 7 files in all
+# beside runs.tgz; a larger pack is one error naming its largest runs).
 set -u
 spec=$1; root=$2; deadline=$3; shift 3
 if [ -n "${PREPARE:-}" ]; then
@@ -27,9 +30,11 @@ elif [ ! -f data/listops/basic_train.tsv ]; then
     --num_val=2000 --num_test=2000 --seed=0 > /dev/null || exit 1
   md5sum data/listops/*.tsv
 fi
-if [ -n "${CARRY_IN:-}" ] && ! ls -d "$root".p* > /dev/null 2>&1; then
-  for f in "$CARRY_IN"/roots.p*.tgz; do
-    [ -f "$f" ] && { tar xzf "$f" -C / || exit 1; echo "resumed from $f"; }
+if [ -n "${CARRY_IN:-}" ]; then
+  for parts in "$CARRY_IN"/p*; do
+    [ -d "$parts" ] || continue
+    python -m lra_sparse.sweep.carry --unpack --root="$root.$(basename "$parts")" \
+      --parts_dir="$parts" || exit 1
   done
 fi
 frac=$(python -c "print(round(0.9 / $#, 2))")
@@ -59,14 +64,7 @@ tar czf "$OUT/runs.tgz" --exclude='checkpoints' --exclude='*.lock' "${roots[@]}"
 [ "${RETURN_CHECKPOINTS:-1}" = 1 ] || exit 0
 i=0
 for r in "${roots[@]}"; do
-  for c in "$r"/*/checkpoints; do   # keep the newest step of each run
-    [ -d "$c" ] || continue
-    newest=$(ls "$c" | grep -E '^[0-9]+$' | sort -n | tail -n 1)
-    for d in "$c"/*; do
-      b=$(basename "$d")
-      [[ "$b" =~ ^[0-9]+$ ]] && [ "$b" != "$newest" ] && rm -rf "$d"
-    done
-  done
-  tar czf "$OUT/roots.p$i.tgz" -P --exclude='*.lock' --exclude='sweep_running.json' "$(realpath "$r")"
+  python -m lra_sparse.sweep.carry --pack --root="$r" --parts_dir="$OUT/p$i" \
+    --max_parts=$((7 / ${#roots[@]})) || exit 1
   i=$((i + 1))
 done

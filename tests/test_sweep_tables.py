@@ -961,6 +961,8 @@ def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
   assert new["flat_dsa"]["attention.dsa.mse_normalization"] == "scaled_mean"
   assert new["dsa"]["attention.dsa.selection_rule"] == "float"
   assert new["dsa"]["attention.dsa.mse_kernels"] is False
+  assert (new["dsa"]["attention.dsa.granularity"], new["dsa"]["attention.dsa.block_size"]) == (
+      "fine", 64)                     # runs before block DSA: the paper's fine-grained rule
   assert new["flat_dsa"]["attention.dsa.sparsity"] == 0.9
   assert new["retrieval"]["model.dual_head"] == "nli_one_hidden"
   assert new["image"]["data.mask_black_pixels"] is False
@@ -977,7 +979,8 @@ def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
   current = {"task": "image", "data": {"mask_black_pixels": True},
              "attention": {"kind": "dsa", "dsa": {"mse_normalization": "eq6",
                                                   "selection_rule": "int8",
-                                                  "mse_kernels": True}},
+                                                  "mse_kernels": True, "granularity": "block",
+                                                  "block_size": 32}},
              "profile_steps": "3:5", "eval_train_mode": True,
              "wandb": {"project": "p", "entity": ""}, "objective": "denoise",
              "denoise": {"mask_rate": 0.3, "mask_share": 1.0, "random_share": 0.0}}
@@ -1102,9 +1105,10 @@ def test_device_sweep_deadline_stops_its_own_runs_only(tmp_path, listops_dir):
 
 
 def test_device_sweep_carries_checkpoints_to_a_fresh_machine(tmp_path, listops_dir):
-  """scripts/device_sweep.sh returns each root with its runs' newest checkpoint
-  (roots.p0.tgz); unpacked from CARRY_IN on a "fresh machine" (the root deleted), the run
-  resumes from that checkpoint instead of starting over."""
+  """scripts/device_sweep.sh returns each root as carry parts ($OUT/p0: its runs' records and
+  newest checkpoint, ``lra_sparse.sweep.carry``); unpacked from CARRY_IN on a "fresh machine"
+  (the root deleted), the run resumes from that checkpoint instead of starting over."""
+  from lra_sparse.sweep import carry  # pylint: disable=import-outside-toplevel
   spec, env = _device_sweep_spec(tmp_path, listops_dir, 8, 4)
   root, out1, out2 = tmp_path / "r", tmp_path / "out1", tmp_path / "out2"
   out1.mkdir()
@@ -1119,21 +1123,16 @@ def test_device_sweep_carries_checkpoints_to_a_fresh_machine(tmp_path, listops_d
   assert done.returncode == 0, done.stdout + done.stderr
   run_dir = os.path.join(str(root) + ".p0", "listops-tiny__seed=0")
   assert os.path.exists(os.path.join(run_dir, "result.json"))
-  listing = subprocess.run(["tar", "tzf", str(out1 / "roots.p0.tgz")], capture_output=True,
-                           text=True, check=True).stdout
-  steps = {line.split("/checkpoints/")[1].split("/")[0] for line in listing.splitlines()
-           if "/checkpoints/" in line and line.split("/checkpoints/")[1]}
-  assert steps == {"8"} and "run.lock" not in listing          # the newest step only
-  # a fresh machine: no root; the carried tarball, with the run made unfinished again
+  assert sorted(os.listdir(run_dir + "/checkpoints")) == ["4", "8"]   # nothing deleted here
+  # a fresh machine: no root; the carried parts, with the run made unfinished again
+  moved = tmp_path / "moved"
+  carry.unpack(str(moved), str(out1 / "p0"))
+  assert sorted(os.listdir(moved / "listops-tiny__seed=0" / "checkpoints")) == ["8"]
+  assert not (moved / "listops-tiny__seed=0" / "run.lock").exists()
+  os.remove(moved / "listops-tiny__seed=0" / "result.json")
+  carry.pack(str(moved), str(tmp_path / "carry" / "p0"))
   subprocess.run(["rm", "-rf", str(root) + ".p0"], check=True)
-  subprocess.run(["tar", "xzf", str(out1 / "roots.p0.tgz"), "-C", "/"], check=True)
-  os.remove(os.path.join(run_dir, "result.json"))
-  carry = tmp_path / "carry"
-  carry.mkdir()
-  subprocess.run(["tar", "czf", str(carry / "roots.p0.tgz"), "-P", str(root) + ".p0"],
-                 check=True)
-  subprocess.run(["rm", "-rf", str(root) + ".p0"], check=True)
-  done = subprocess.run(command, env=dict(env, OUT=str(out2), CARRY_IN=str(carry)),
+  done = subprocess.run(command, env=dict(env, OUT=str(out2), CARRY_IN=str(tmp_path / "carry")),
                         capture_output=True, text=True, timeout=600, check=False)
   assert done.returncode == 0, done.stdout + done.stderr
   with open(os.path.join(run_dir, "sweep_run.log")) as f:
