@@ -689,25 +689,23 @@ def _check_padding_skip(case, deterministic, monkeypatch, layout):
       np.testing.assert_array_equal(a, r, err_msg=name)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dropout", [0.0, 0.2])
-def test_module_paths_agree_on_a_gpu(dropout):
-  """The Flax core on backend='triton' and 'reference': same outputs, MSE, hit rate and
-  gradients (bf16, padding, V = 4); with attention dropout (training) both drop the same
-  entries for the same rng."""
+def _module_runs(configs, length, lengths, dropout, seed):
+  """{name: (out, state, grads)} of the DSA Flax core built from each ``configs[name]``
+  (DSAConfig fields) on the same bf16 inputs with padding, grads of sum(out) + L_MSE w.r.t.
+  the parameters and q, k, v; training (same dropout rng) when ``dropout``, else
+  evaluation."""
   _kernels()
   from lra_sparse.attention import AttentionDims, DSAConfig, build_attention
-  b, l, h, d, model = 2, 256, 2, 64, 128
-  dims = AttentionDims(num_heads=h, head_dim=d, model_dim=model, length=l,
+  b, h, d, model = 2, 2, 64, 128
+  dims = AttentionDims(num_heads=h, head_dim=d, model_dim=model, length=length,
                        dropout_rate=dropout)
-  keys = jax.random.split(jax.random.PRNGKey(0), 5)
-  q, k, v = (jax.random.normal(kk, (b, l, h, d), jnp.bfloat16) for kk in keys[:3])
-  x = jax.random.normal(keys[3], (b, l, model), jnp.bfloat16)
-  mask = jnp.asarray(_mask(b, l, [256, 150]))
+  keys = jax.random.split(jax.random.PRNGKey(seed), 5)
+  q, k, v = (jax.random.normal(kk, (b, length, h, d), jnp.bfloat16) for kk in keys[:3])
+  x = jax.random.normal(keys[3], (b, length, model), jnp.bfloat16)
+  mask = jnp.asarray(_mask(b, length, lengths))
   results = {}
-  for backend, forward in (("triton", "gather"), ("triton", "tiles"), ("reference", "tiles")):
-    core = build_attention(DSAConfig(backend=backend, vector=4, sparsity=0.9, forward=forward),
-                           dims)
+  for name, fields in configs.items():
+    core = build_attention(DSAConfig(**fields), dims)
     params = core.init(keys[4], q, k, v, mask=mask, inputs=x)["params"]
 
     def loss(params, q, k, v, core=core):
@@ -718,22 +716,37 @@ def test_module_paths_agree_on_a_gpu(dropout):
 
     (_, (out, state)), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3),
                                                           has_aux=True))(params, q, k, v)
-    results[backend, forward] = (out, state, grads)
-  (o1, s1, g1), (o2, s2, g2) = results["triton", "tiles"], results["reference", "tiles"]
-  o3, s3, g3 = results["triton", "gather"]
+    results[name] = (out, state, grads)
+  return results
+
+
+def _assert_close_trees(got, want, tol):
+  for a, r in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    assert rel_err(a.astype(jnp.float32), r.astype(jnp.float32)) < tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_module_paths_agree_on_a_gpu(dropout):
+  """The Flax core on backend='triton' and 'reference': same outputs, MSE, hit rate and
+  gradients (bf16, padding, V = 4); with attention dropout (training) both drop the same
+  entries for the same rng."""
+  common = dict(vector=4, sparsity=0.9)
+  results = _module_runs({"gather": dict(common, backend="triton", forward="gather"),
+                          "tiles": dict(common, backend="triton", forward="tiles"),
+                          "reference": dict(common, backend="reference")},
+                         256, [256, 150], dropout, seed=0)
+  (o1, s1, g1), (o2, s2, g2) = results["tiles"], results["reference"]
+  o3, _, g3 = results["gather"]
   assert rel_err(o3.astype(jnp.float32), o1.astype(jnp.float32)) < 1e-2
-  for a, r in zip(jax.tree.leaves(g3), jax.tree.leaves(g1)):
-    assert rel_err(a.astype(jnp.float32), r.astype(jnp.float32)) < 1e-2
+  _assert_close_trees(g3, g1, 1e-2)
   assert rel_err(o1.astype(jnp.float32), o2.astype(jnp.float32)) < 2e-2
+  _assert_close_trees(g1, g2, 3e-2)
   if dropout:   # the hit rate is an evaluation metric: not computed while training
-    for a, r in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
-      assert rel_err(a.astype(jnp.float32), r.astype(jnp.float32)) < 3e-2
     return
   assert float(s1["aux_metrics"]["dsa_hit_rate"][0]) == float(s2["aux_metrics"]["dsa_hit_rate"][0])
   assert float(s1["aux_metrics"]["dsa_mse"][0]) == pytest.approx(
       float(s2["aux_metrics"]["dsa_mse"][0]), rel=1e-5)
-  for a, r in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
-    assert rel_err(a.astype(jnp.float32), r.astype(jnp.float32)) < 3e-2
 
 
 @pytest.mark.gpu
@@ -742,34 +755,13 @@ def test_block_module_paths_agree_on_a_gpu(dropout):
   """granularity='block' on backend='triton' (tiles cut to the blocks, empty tiles skipped)
   and 'reference': same outputs and gradients (bf16, padding), the same hit rate and kept
   share in evaluation; with attention dropout both drop the same entries."""
-  _kernels()
-  from lra_sparse.attention import AttentionDims, DSAConfig, build_attention
-  b, l, h, d, model = 2, 320, 2, 64, 128
-  dims = AttentionDims(num_heads=h, head_dim=d, model_dim=model, length=l,
-                       dropout_rate=dropout)
-  keys = jax.random.split(jax.random.PRNGKey(1), 5)
-  q, k, v = (jax.random.normal(kk, (b, l, h, d), jnp.bfloat16) for kk in keys[:3])
-  x = jax.random.normal(keys[3], (b, l, model), jnp.bfloat16)
-  mask = jnp.asarray(_mask(b, l, [320, 150]))
-  results = {}
-  for backend in ("triton", "reference"):
-    core = build_attention(DSAConfig(backend=backend, granularity="block", block_size=64,
-                                     sparsity=0.6), dims)
-    params = core.init(keys[4], q, k, v, mask=mask, inputs=x)["params"]
-
-    def loss(params, q, k, v, core=core):
-      out, state = core.apply({"params": params}, q, k, v, mask=mask, inputs=x,
-                              deterministic=not dropout, rngs={"dropout": keys[0]},
-                              mutable=["aux_loss", "aux_metrics"])
-      return jnp.sum(out.astype(jnp.float32)) + state["aux_loss"]["dsa_mse"][0], (out, state)
-
-    (_, (out, state)), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3),
-                                                          has_aux=True))(params, q, k, v)
-    results[backend] = (out, state, grads)
+  block = dict(granularity="block", block_size=64, sparsity=0.6)
+  results = _module_runs({"triton": dict(block, backend="triton"),
+                          "reference": dict(block, backend="reference")},
+                         320, [320, 150], dropout, seed=1)
   (o1, s1, g1), (o2, s2, g2) = results["triton"], results["reference"]
   assert rel_err(o1.astype(jnp.float32), o2.astype(jnp.float32)) < 2e-2
-  for a, r in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
-    assert rel_err(a.astype(jnp.float32), r.astype(jnp.float32)) < 3e-2
+  _assert_close_trees(g1, g2, 3e-2)
   if not dropout:
     for name in ("dsa_hit_rate", "dsa_kept_share"):
       assert float(s1["aux_metrics"][name][0]) == float(s2["aux_metrics"][name][0]), name
