@@ -94,8 +94,6 @@ def _params(workdir):
 
 @pytest.mark.parametrize("kind, overrides, fresh_marker", [
     ("dsa", {"attention.dsa.sparsity": 0.75}, "predictor"),
-    ("dsa", {"attention.dsa.sparsity": 0.5, "attention.dsa.granularity": "block",
-             "attention.dsa.block_size": 16}, "predictor"),
     ("dfss", {"attention.dfss.nm": "2:4"}, None),
 ])
 def test_fine_tuning_a_dense_run_into_another_kind(tmp_path, tiny_config, kind, overrides,
