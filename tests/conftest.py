@@ -26,17 +26,14 @@ def _slow_tests() -> tuple[set, set]:
 
 
 def pytest_collection_modifyitems(config, items):
-  """Marks the tests of tests/slow_tests.txt 'slow' (the fast tier runs -m 'not slow') and
-  runs them first (stable order otherwise), so that the two workers of ``make test`` start on
-  the long ones and finish on short ones instead of one waiting out a long tail; off a GPU,
-  skips the tests marked 'gpu'."""
+  """Marks the tests of tests/slow_tests.txt 'slow' (the fast tier runs -m 'not slow'); off a
+  GPU, skips the tests marked 'gpu'."""
   del config
   functions, cases = _slow_tests()
   for item in items:
     nodeid = item.nodeid if item.nodeid.startswith("tests/") else "tests/" + item.nodeid
     if nodeid in cases or nodeid.split("[")[0] in functions:
       item.add_marker(pytest.mark.slow)
-  items.sort(key=lambda item: item.get_closest_marker("slow") is None)
   if jax.default_backend() == "gpu":
     return
   skip = pytest.mark.skip(reason="needs a GPU")
