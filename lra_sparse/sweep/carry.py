@@ -26,7 +26,6 @@ import io
 import os
 import re
 import shutil
-import sys
 import tarfile
 from typing import Optional, Sequence
 
@@ -161,6 +160,7 @@ def unpack(root: str, parts_dir: str) -> dict[str, str]:
   except (tarfile.TarError, EOFError, OSError) as e:
     raise ValueError(f"--parts_dir={parts_dir!r}: the joined parts are not a whole pack ({e})")
   runs: dict[str, list[tarfile.TarInfo]] = {}
+  carried: dict[str, int] = {}          # run -> the step of its carried checkpoint
   root_files = []
   for member in names:
     parts = member.name.split("/")
@@ -170,33 +170,31 @@ def unpack(root: str, parts_dir: str) -> dict[str, str]:
     if len(parts) == 1:
       root_files.append(member)
       continue
-    run = "/".join(parts[:parts.index(workdir_lib.CHECKPOINT_DIR)]
-                   if workdir_lib.CHECKPOINT_DIR in parts[:-1] else parts[:-1])
+    if workdir_lib.CHECKPOINT_DIR in parts[:-1]:     # <run>/checkpoints/<step>/...
+      at = parts.index(workdir_lib.CHECKPOINT_DIR)
+      run = "/".join(parts[:at])
+      if parts[at + 1].isdigit():
+        carried[run] = max(carried.get(run, 0), int(parts[at + 1]))
+    else:
+      run = "/".join(parts[:-1])
     runs.setdefault(run, []).append(member)
   os.makedirs(root, exist_ok=True)
   outcome = {}
   for run, members in sorted(runs.items()):
     local = os.path.join(root, run)
-    carried = _carried_step(run, members)
+    step = carried.get(run)
     have = newest_checkpoint_step(local)
-    if have is not None and (carried is None or have >= carried):
-      outcome[run] = f"kept the local copy (checkpoint {have} >= carried {carried})"
+    if have is not None and (step is None or have >= step):
+      outcome[run] = f"kept the local copy (checkpoint {have} >= carried {step})"
       continue
     if os.path.isdir(local):
       shutil.rmtree(local)
     for member in members:
       tar.extract(member, path=root, filter="data")
-    outcome[run] = f"unpacked (checkpoint {carried})" if carried is not None else "unpacked"
+    outcome[run] = f"unpacked (checkpoint {step})" if step is not None else "unpacked"
   for member in root_files:
     tar.extract(member, path=root, filter="data")
   return outcome
-
-
-def _carried_step(run: str, members: Sequence[tarfile.TarInfo]) -> Optional[int]:
-  prefix = f"{run}/{workdir_lib.CHECKPOINT_DIR}/"
-  steps = {int(m.name[len(prefix):].split("/")[0]) for m in members
-           if m.name.startswith(prefix) and m.name[len(prefix):].split("/")[0].isdigit()}
-  return max(steps) if steps else None
 
 
 def define_flags() -> None:
