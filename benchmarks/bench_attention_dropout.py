@@ -20,12 +20,18 @@ Usage, from the repository root (Hopper GPU, bf16 or fp16):
 
   python -m benchmarks.bench_attention_dropout [--rate=0.1] [--nm=2:4] [--dtype=bf16]
       [--shapes=32x1024,16x2048,8x4096] [--heads=4] [--dim=64] [--steps=20] [--rounds=7]
-      [--ab_mosaic=OLD_COPY_OF_MOSAIC_PY] [--free_random] [--out=FILE]
+      [--ab_mosaic=OLD_COPY_OF_MOSAIC_PY] [--ab_tiles=kept_exp=False] [--free_random]
+      [--out=FILE]
+
+``--ab_tiles`` adds DFSS rows without and with dropout on the same kernels with other
+``Tiles`` fields (e.g. ``kept_exp=False``: every exponential of the tile, the kernels before
+``kept_exp2``), called as the public path calls them, in the same process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from typing import Sequence
 
@@ -44,10 +50,11 @@ FLAGS = flags.FLAGS
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
 
 
-def methods(n: int, m: int, rate: float, ab_module=None) -> dict:
+def methods(n: int, m: int, rate: float, ab_module=None, ab_tiles=None) -> dict:
   """name -> attention(q, k, v) through the public functions; dropout from a fixed rng. With
   ``ab_module`` (another copy of ``kernels.dfss.mosaic``) also its dense and DFSS kernels with
-  dropout (called directly, the A/B rows)."""
+  dropout (called directly, the A/B rows); with ``ab_tiles`` (a ``Tiles``) DFSS without and
+  with dropout on those tiles."""
   rng = jax.random.PRNGKey(0)
   drop = dict(dropout_rate=rate, dropout_rng=rng)
   out = {
@@ -65,7 +72,32 @@ def methods(n: int, m: int, rate: float, ab_module=None) -> dict:
         q, k, v, dropout_rate=rate, dropout_seed=seed)
     out["A/B DFSS+drop"] = lambda q, k, v: ab_module.dfss_attention_mgpu(
         q, k, v, n=n, m=m, dropout_rate=rate, dropout_seed=seed)
+  if ab_tiles is not None:
+    seed = dropout.seed_words(rng)
+    out["A/B tiles DFSS"] = lambda q, k, v: dfss_mgpu.dfss_attention_mgpu(
+        q, k, v, n=n, m=m, tiles=ab_tiles)
+    out["A/B tiles DFSS+drop"] = lambda q, k, v: dfss_mgpu.dfss_attention_mgpu(
+        q, k, v, n=n, m=m, tiles=ab_tiles, dropout_rate=rate, dropout_seed=seed)
   return out
+
+
+def parse_tiles(text: str):
+  """``Tiles`` from 'field=value,...' (values: True/False or integers); one ValueError naming a
+  bad field or value."""
+  fields = {f.name: f.type for f in dataclasses.fields(dfss_mgpu.Tiles)}
+  values = {}
+  for item in filter(None, text.split(",")):
+    name, _, value = item.partition("=")
+    if name not in fields or not value:
+      raise ValueError(f"--ab_tiles: {item!r} is not field=value with a field of Tiles "
+                       f"({', '.join(fields)})")
+    if value in ("True", "False"):
+      values[name] = value == "True"
+    elif value.lstrip("-").isdigit():
+      values[name] = int(value)
+    else:
+      values[name] = value
+  return dfss_mgpu.Tiles(**values)
 
 
 # Rows timed with Philox's rounds removed (``ops.dropout.ROUNDS`` = 0 while tracing): the
@@ -83,6 +115,8 @@ def define_flags() -> None:
   flags.DEFINE_string("out", None, "Also write the table (markdown) here.")
   flags.DEFINE_string("ab_mosaic", None, "Another copy of lra_sparse/kernels/dfss/mosaic.py "
                       "(e.g. from git show): also time its dense and DFSS kernels with dropout.")
+  flags.DEFINE_string("ab_tiles", None, "Tiles fields 'name=value,...' (e.g. kept_exp=False): "
+                      "also time DFSS without and with dropout on those tiles.")
   flags.DEFINE_bool("free_random", False, "Also time the dropout rows without Philox's "
                     "rounds (what generating the random numbers costs).")
 
@@ -101,7 +135,10 @@ def main(argv: Sequence[str]) -> None:
   print(header, flush=True)
   ab_module = (harness.load_module(FLAGS.ab_mosaic, "ab_mosaic") if FLAGS.ab_mosaic
                else None)
-  fns = methods(n, m, FLAGS.rate, ab_module)
+  ab_tiles = parse_tiles(FLAGS.ab_tiles) if FLAGS.ab_tiles else None
+  if ab_tiles is not None:
+    header += f"\nA/B tiles: {ab_tiles}"
+  fns = methods(n, m, FLAGS.rate, ab_module, ab_tiles)
   timed = [(name, fn, False) for name, fn in fns.items()]
   if FLAGS.free_random:
     timed += [(name + ", free random", fns[name], True) for name in FREE_RANDOM]
