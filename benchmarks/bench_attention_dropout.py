@@ -20,12 +20,12 @@ Usage, from the repository root (Hopper GPU, bf16 or fp16):
 
   python -m benchmarks.bench_attention_dropout [--rate=0.1] [--nm=2:4] [--dtype=bf16]
       [--shapes=32x1024,16x2048,8x4096] [--heads=4] [--dim=64] [--steps=20] [--rounds=7]
-      [--ab_mosaic=OLD_COPY_OF_MOSAIC_PY] [--ab_tiles=kept_exp=False] [--free_random]
+      [--ab_mosaic=OLD_COPY_OF_MOSAIC_PY] [--ab_tiles=selection=pairs] [--free_random]
       [--out=FILE]
 
 ``--ab_tiles`` adds DFSS rows without and with dropout on the same kernels with other
-``Tiles`` fields (e.g. ``kept_exp=False``: every exponential of the tile, the kernels before
-``kept_exp2``), called as the public path calls them, in the same process.
+``Tiles`` fields (e.g. ``selection=pairs``, ``block_kv=64``), called as the public path calls
+them, in the same process.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def define_flags() -> None:
   flags.DEFINE_string("out", None, "Also write the table (markdown) here.")
   flags.DEFINE_string("ab_mosaic", None, "Another copy of lra_sparse/kernels/dfss/mosaic.py "
                       "(e.g. from git show): also time its dense and DFSS kernels with dropout.")
-  flags.DEFINE_string("ab_tiles", None, "Tiles fields 'name=value,...' (e.g. kept_exp=False): "
+  flags.DEFINE_string("ab_tiles", None, "Tiles fields 'name=value,...' (e.g. selection=pairs): "
                       "also time DFSS without and with dropout on those tiles.")
   flags.DEFINE_bool("free_random", False, "Also time the dropout rows without Philox's "
                     "rounds (what generating the random numbers costs).")

@@ -111,7 +111,7 @@ def define_flags() -> None:
   flags.DEFINE_string("nm", "2:4", "N:M.")
   flags.DEFINE_bool("check", True, "Run the correctness pass first.")
   flags.DEFINE_list("variants", ["default"], "Tile variants to time (default, nosched, "
-                    "stages3, bkv64, pairs, fullexp); the check runs the first two.")
+                    "stages3, bkv64, pairs); the check runs the first two.")
   flags.DEFINE_bool("masked", False, "Give every method a key padding mask (real lengths "
                     "uniform in [L/4, L], one row full) and a cotangent that is 0 on padded "
                     "rows, as a padded LRA batch and a masked model give.")
@@ -124,7 +124,6 @@ VARIANTS = {
     "stages3": dfss_mgpu.Tiles(stages=3, bwd_stages=3),
     "bkv64": dfss_mgpu.Tiles(block_kv=64),
     "pairs": dfss_mgpu.Tiles(selection="pairs"),
-    "fullexp": dfss_mgpu.Tiles(kept_exp=False),   # every exponential of the tile
 }
 
 

@@ -966,47 +966,6 @@ def test_mosaic_nm_prune_matches_bruteforce(n, m, selection, ints):
   np.testing.assert_array_equal(kept, keep)
 
 
-@pytest.mark.parametrize("n,m", [(1, 2), (1, 4), (2, 4)])
-@pytest.mark.parametrize("ints", [False, True])
-def test_mosaic_kept_exp2_is_the_pruned_tiles_exp2(n, m, ints):
-  """kept_exp2 (N exponentials per group) gives the probabilities of exp2 over the pruned tile:
-  0 where the rule prunes, the same value where it keeps (every kept member takes the
-  exponential of its own value, ties at the top and between the kept and the pruned included),
-  the row sums of those, and the tile's row maxima; padded keys at MASKED, a row without a
-  real key. Both backward kernels' ``pruned_exp2`` and the forward's path go through it; with
-  ``kept_exp`` off pruned_exp2 is the pruned tile's exp2."""
-  from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
-  rng = np.random.default_rng(n * 10 + m + 100 * ints)
-  s = (rng.integers(-2, 3, (64, 192)) if ints else rng.standard_normal((64, 192)))
-  s = s.astype(np.float32)
-  s[5, 3:40] = dfss_mgpu.MASKED
-  s[6, :] = dfss_mgpu.MASKED
-  permuted = dfss_mgpu.permute_keys(jnp.asarray(s)[..., None], m)[..., 0]
-  c = float(np.float32(0.125 * 1.4426950408889634))  # MASKED * c exact in float32 as in float64
-  noise = rng.standard_normal(64).astype(np.float32)
-  noise[6] = 0   # the row without a real key: its shift is MASKED * c, as the forward's
-  shift = jnp.asarray(noise + s.max(axis=1) * np.float32(c))
-  kept = dfss_mgpu.select_kept(permuted, n, m)
-  np.testing.assert_array_equal(np.asarray(kept.row_max), s.max(axis=1))
-  p, row_sum = dfss_mgpu.kept_exp2(kept, c, shift, row_sum=True)
-  p = np.asarray(p)
-  pruned = np.asarray(dfss_mgpu.nm_prune(permuted, n, m, "pairs"))
-  want = np.exp2(pruned.astype(np.float64) * c - np.asarray(shift, np.float64)[:, None])
-  assert np.all((p == 0) == (want == 0)) and np.all(p[pruned == -np.inf] == 0)
-  np.testing.assert_allclose(p, want, rtol=2e-6, atol=0)
-  np.testing.assert_allclose(np.asarray(row_sum), want.sum(axis=1), rtol=2e-6)
-  on = dfss_mgpu.Tiles()
-  assert dfss_mgpu.uses_kept_exp(n, m, on)
-  np.testing.assert_array_equal(np.asarray(dfss_mgpu.pruned_exp2(permuted, n, m, c, shift, on)),
-                                p)
-  off = dfss_mgpu.Tiles(kept_exp=False)
-  assert not dfss_mgpu.uses_kept_exp(n, m, off)
-  np.testing.assert_allclose(np.asarray(dfss_mgpu.pruned_exp2(permuted, n, m, c, shift, off)),
-                             want, rtol=2e-6, atol=0)
-  with pytest.raises(ValueError, match="N:M in"):
-    dfss_mgpu.select_kept(permuted, 3, 4)
-
-
 @pytest.mark.parametrize("m", [2, 4, 8])
 def test_mosaic_key_permutation_layout(m):
   """Inside each 64-key block key g*m + j moves to j*(64/m) + g; unpermute_keys inverts it."""
@@ -1250,7 +1209,7 @@ def _need_mosaic():
 
 
 def _check_mosaic(mg, q, k, v, mask, ct, n, m, label, per_example=False, rate=0.0, seed=None,
-                  exact=False, tiles=None):
+                  exact=False):
   """(out, (dq, dk, dv)) of the Mosaic kernels, each checked against the fp32 reference on
   the same inputs and cotangent (finite; relative error < 2e-2 over the tensor and 1e-1 per
   row (``check_close``; near-tied rows excused unless ``exact``: integer scores), also per
@@ -1262,8 +1221,7 @@ def _check_mosaic(mg, q, k, v, mask, ct, n, m, label, per_example=False, rate=0.
                                         dropout_rate=rate, dropout_seed=seed)
 
   out, vjp = jax.vjp(jax.jit(lambda q, k, v: mg.dfss_attention_mgpu(
-      q, k, v, n=n, m=m, mask=mask, dropout_rate=rate, dropout_seed=seed,
-      tiles=tiles or mg.DEFAULT_TILES)), q, k, v)
+      q, k, v, n=n, m=m, mask=mask, dropout_rate=rate, dropout_seed=seed)), q, k, v)
   grads = vjp(ct)
   want, vjp_ref = jax.vjp(f_ref, q, k, v)
   grads_ref = vjp_ref(ct.astype(jnp.float32))
@@ -1320,20 +1278,6 @@ def test_mosaic_matches_reference(case):
     assert np.all(np.asarray(out[-1].astype(jnp.float32)) == 0.0)
     for g in grads:
       assert np.all(np.asarray(g[-1].astype(jnp.float32)) == 0.0)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("n,m,rate", [(2, 4, 0.0), (1, 4, 0.0), (1, 2, 0.2)])
-def test_mosaic_every_exponential_path_matches_reference(n, m, rate):
-  """The kernels with ``kept_exp`` off (an exponential per entry of the pruned tile, the path
-  the default replaced at 1:2 / 1:4 / 2:4 and the one every other N:M takes) still match the
-  reference, with padding and dropout; the default path is every other Mosaic test's."""
-  mg = _need_mosaic()
-  from lra_sparse.ops import dropout as dd
-  q, k, v, mask, ct = case_inputs(31 + n + m, jnp.bfloat16, 2, 700, 2, 64, True)
-  seed = dd.seed_words(jax.random.PRNGKey(5)) if rate else None
-  _check_mosaic(mg, q, k, v, mask, ct, n, m, f"kept_exp off {n}:{m}", rate=rate, seed=seed,
-                tiles=mg.Tiles(kept_exp=False))
 
 
 @pytest.mark.gpu

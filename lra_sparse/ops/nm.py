@@ -68,8 +68,7 @@ TOURNAMENT_N = (1, 2)   # the N of the N:4 rules ``keep_n_of_4`` computes
 def keep_n_of_4(members, n: int):
   """The N:4 rule (n in ``TOURNAMENT_N``) on groups held as four arrays, ``members[j]``
   member j of every group (the layout the fused kernels hold score tiles in): (keep masks, one
-  per member; the values the kept members hold, largest first: (the groups' maxima,) at 1:4,
-  (maxima, second largest) at 2:4, where a tie at the top makes both the maximum).
+  per member, the groups' maxima).
 
   A tournament: pair (a, b) has winner w1 = max(a, b) and loser l1, pair (c, d) w2 and l2.
   A member beats the other pair's members it is not below (a and b win ties against c and d:
@@ -77,8 +76,7 @@ def keep_n_of_4(members, n: int):
   if it won its own pair and the stronger one if it lost; at 1:4 only a winner can be kept,
   when it beats the other pair's winner. Exact as ``nm_mask``, ties and -inf included. Per
   group: two pair compares and four min/max, then per member one select and one compare,
-  where counting ranks takes three compares per member. The second largest value is
-  max(min(w1, w2), max(l1, l2)): the weaker winner or the stronger loser."""
+  where counting ranks takes three compares per member."""
   if n not in TOURNAMENT_N or len(members) != 4:
     raise ValueError(f"keep_n_of_4 takes four members and n in {TOURNAMENT_N}, got "
                      f"{len(members)} members and n={n}")
@@ -92,7 +90,4 @@ def keep_n_of_4(members, n: int):
     win1, lose1, win2, lose2 = w1, jnp.inf, w2, jnp.inf
   keep = [a >= jnp.where(ab, win2, lose2), b >= jnp.where(ab, lose2, win2),
           c > jnp.where(cd, win1, lose1), d > jnp.where(cd, lose1, win1)]
-  top = jnp.maximum(w1, w2)
-  if n == 1:
-    return keep, (top,)
-  return keep, (top, jnp.maximum(jnp.minimum(w1, w2), jnp.maximum(l1, l2)))
+  return keep, jnp.maximum(w1, w2)

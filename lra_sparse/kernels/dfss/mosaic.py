@@ -17,12 +17,7 @@ tiles while two compute warpgroups each own 64 query rows):
   put back in order by ``unpermute_keys``.
 * ``nm_prune`` sets the pruned entries of a score tile to -inf before the online softmax: the
   row maximum is unchanged (a group's largest member is always kept) and a pruned entry's
-  exponential is exactly 0. At 1:2, 1:4 and 2:4 (``Tiles.kept_exp``) the kernels skip the
-  pruned exponentials instead: a kept member holds one of its group's N largest values, so
-  ``kept_exp2`` takes N exponentials per group and hands each kept member the one of its value
-  (the same bits), N/M of the exponentials of the dense tile. At head dim 64 the exponentials
-  cost about what the matrix products do (FlashAttention-3's reading of Hopper), so this is
-  the part of the work the sparsity removes.
+  exponential is exactly 0.
 * Key padding is an additive bias (0 or ``MASKED``). It is finite, so no inf - inf appears in
   the online softmax, and moderate (-2^25): the compiler contracts ``s * c - max`` into one
   fused multiply-add, which rounds differently from the product that gave the row maximum; at
@@ -68,7 +63,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -107,9 +102,6 @@ class Tiles:
   wide_products: bool = True
   # N:M selection in the score tiles (``prune_with_max``): "tournament" (1:4, 2:4) or "pairs"
   selection: str = "tournament"
-  # 1:2, 1:4 and 2:4 (tournament): one exponential per kept value of a group instead of one per
-  # entry (``kept_exp2``), i.e. N/M of them; the kept entries' probabilities are the same bits
-  kept_exp: bool = True
 
 
 DEFAULT_TILES = Tiles()
@@ -255,8 +247,8 @@ def prune_with_max(s, n: int, m: int, selection: str = DEFAULT_TILES.selection):
   for block in range(s.shape[1] // PERM_BLOCK):
     x = _member_slices(s, m, block)
     if tournament:
-      keep, kept = nm_rule.keep_n_of_4(x, n)
-      maxima.append(kept[0])
+      keep, group_max = nm_rule.keep_n_of_4(x, n)
+      maxima.append(group_max)
     else:
       keep = _keep_by_pairs(x, n, m)
     pieces.extend(jnp.where(k, xi, -jnp.inf) for k, xi in zip(keep, x))
@@ -269,77 +261,6 @@ def prune_with_max(s, n: int, m: int, selection: str = DEFAULT_TILES.selection):
 def nm_prune(s, n: int, m: int, selection: str = DEFAULT_TILES.selection):
   """The pruned tile of ``prune_with_max``."""
   return prune_with_max(s, n, m, selection)[0]
-
-
-KEPT_EXP_NM = ((1, 2), (1, 4), (2, 4))   # the N:M ``select_kept`` takes
-
-
-class Kept(NamedTuple):
-  """A score tile's N:M selection held per 64-key block (``select_kept``)."""
-  members: list    # per block, its M member slices [rows, 64/M]
-  keep: list       # per block, the members' keep masks
-  values: list     # per block, the values the kept members hold, largest first (N slices)
-  row_max: jax.Array
-
-
-def uses_kept_exp(n: int, m: int, tiles: Tiles) -> bool:
-  """True when the kernels take P from ``kept_exp2`` for this N:M and these tiles."""
-  return tiles.kept_exp and (n, m) in KEPT_EXP_NM and (m == 2 or tiles.selection == "tournament")
-
-
-def select_kept(s, n: int, m: int) -> Kept:
-  """The N:M selection of the score tile ``s`` (keys permuted by ``permute_keys``, N:M in
-  ``KEPT_EXP_NM``): per 64-key block the members, their keep masks (the rule of
-  ``prune_with_max``: ties to the lower index) and the N values the kept members of each group
-  hold; the row maxima of ``s``. At 1:2 member 0 is kept when s_0 >= s_1; at N:4 the
-  tournament of ``nm.keep_n_of_4``."""
-  if (n, m) not in KEPT_EXP_NM:
-    raise ValueError(f"select_kept takes N:M in {KEPT_EXP_NM}, got {n}:{m}")
-  members, keeps, values = [], [], []
-  for block in range(s.shape[1] // PERM_BLOCK):
-    x = _member_slices(s, m, block)
-    if m == 2:
-      keep, kept = [x[0] >= x[1], x[1] > x[0]], (jnp.maximum(x[0], x[1]),)
-    else:
-      keep, kept = nm_rule.keep_n_of_4(x, n)
-    members.append(x)
-    keeps.append(keep)
-    values.append(kept)
-  row_max = functools.reduce(jnp.maximum, [v[0] for v in values]).max(axis=1)
-  return Kept(members, keeps, values, row_max)
-
-
-def kept_exp2(kept: Kept, c: float, shift, *, row_sum: bool = False):
-  """(P, its row sums or None): P = exp2(s * c - shift) on the kept entries of the tile
-  ``select_kept`` gave, 0 on the pruned ones; shift f32 [rows].
-
-  Every kept member of a group holds one of the group's N kept values (the largest, or at 2:4
-  the second largest), so each group needs N exponentials, not M: a kept member takes the
-  exponential of the value it equals (the same value, so the same bits as its own
-  exponential). At 2:4 that halves the exponentials of the tile, at 1:4 quarters them; the row
-  sums add N exponentials per group."""
-  zero = jnp.zeros((), jnp.float32)
-  pieces, sums = [], []
-  for x, keep, values in zip(kept.members, kept.keep, kept.values):
-    offset = lax.broadcast_in_dim(shift, values[0].shape, [0])
-    e = [jnp.exp2(value * c - offset) for value in values]
-    for xj, kj in zip(x, keep):
-      pj = e[0] if len(e) == 1 else jnp.where(xj == values[0], e[0], e[1])
-      pieces.append(jnp.where(kj, pj, zero))
-    if row_sum:
-      sums.append(_total(e))
-  p = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
-  return p, (_total(sums).sum(axis=1) if row_sum else None)
-
-
-def pruned_exp2(s, n: int, m: int, c: float, shift, tiles: Tiles):
-  """exp2(s * c - shift) on the entries of the score tile ``s`` the N:M rule keeps, 0 on the
-  pruned ones (the backward kernels' P, shift = LSE): through ``kept_exp2`` where
-  ``uses_kept_exp``, else by pruning to -inf first."""
-  if uses_kept_exp(n, m, tiles):
-    return kept_exp2(select_kept(s, n, m), c, shift)[0]
-  s = nm_prune(s, n, m, tiles.selection)
-  return jnp.exp2(s * c - lax.broadcast_in_dim(shift, s.shape, [0]))
 
 
 # ----------------------------------------------------------------------------- dropout
@@ -488,7 +409,6 @@ def _forward(q, k, v, bias, steps, seed, *, n: int, m: int, scale: float, tiles:
   has_bias = bias is not None
   c = scale * _LOG2E
   transforms = _smem_transforms()
-  kept_exp = uses_kept_exp(n, m, tiles)
 
   def kernel(*refs):
     (q_ref, k_ref, v_ref, bias_ref, steps_ref, seed_ref), rest = _inputs(refs, has_bias,
@@ -552,18 +472,12 @@ def _forward(q, k, v, bias, steps, seed, *, n: int, m: int, scale: float, tiles:
         key_bias = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
         plgpu.barrier_arrive(bias_done)
         s = _add_key_bias(s, key_bias)
-      if kept_exp:
-        kept = select_kept(s, n, m)
-        m_new = jnp.maximum(m_i, kept.row_max * c)
-        p, p_sum = kept_exp2(kept, c, m_new, row_sum=True)
-      else:
-        s, row_max = prune_with_max(s, n, m, tiles.selection)
-        m_new = jnp.maximum(m_i, row_max * c)
-        p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
-        p_sum = p.sum(axis=1)
+      s, row_max = prune_with_max(s, n, m, tiles.selection)
+      m_new = jnp.maximum(m_i, row_max * c)
       alpha = jnp.exp2(m_i - m_new)
+      p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
       acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-      l_i = l_i * alpha + p_sum
+      l_i = l_i * alpha + p.sum(axis=1)
       if draw is not None:
         p = p * draw(s, q_start(), idx[0] * block_kv)
       p16 = p.astype(dtype)
@@ -671,7 +585,8 @@ def _backward_dq(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, til
         key_bias = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))
         plgpu.barrier_arrive(bias_done)
         s = _add_key_bias(s, key_bias)
-      p = pruned_exp2(s, n, m, c, lse, tiles)
+      s = nm_prune(s, n, m, tiles.selection)
+      p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))
 
       def dp_product(acc_ref):
         plgpu.wgmma(acc_ref, do_smem, v_smem.transpose((1, 0)))
@@ -792,9 +707,10 @@ def _backward_dkv(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, ti
       s = pl.run_scoped(qk_product, plgpu.ACC((block_q, block_kv), jnp.float32))
       if has_bias:
         s = _add_key_bias(s, key_bias)
+      s = nm_prune(s, n, m, tiles.selection)
       lse = plgpu.load(lse_smem, layout=plgpu.Layout.WGMMA.reduce(1))
       plgpu.barrier_arrive(lse_done)
-      p = pruned_exp2(s, n, m, c, lse, tiles)
+      p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))
 
       def dp_product(acc_ref):
         plgpu.wgmma(acc_ref, do_smem, v_smem.transpose((1, 0)))
