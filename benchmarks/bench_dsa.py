@@ -80,20 +80,43 @@ def _selection(sparsity, threshold):
   return dict(selection="threshold", threshold=threshold)
 
 
+def _block_keep(q, qp, kp, sparsity, block):
+  """The block rule's kept key blocks from the factored predictor (qp's and kp's first head as
+  X P, per-head W~ drawn once)."""
+  _, _, h, d = q.shape
+  rank = qp.shape[-1]
+  w = jax.random.normal(jax.random.PRNGKey(7), (h, rank, rank)) / rank ** 0.5
+  return dsa_reference.block_select(
+      dsa_reference.LowRank(qp[:, :, 0], w), dsa_reference.LowRank(kp[:, :, 0], w), None,
+      block_size=block, sparsity=sparsity, scale=d ** -0.5)
+
+
+def _block_vector(length: int) -> int:
+  return 8 if length % 8 == 0 else 1
+
+
+def block_select_fns(sparsity, block):
+  """The block rule's selection alone (block scores, top-k, the kernels' bits): what its
+  forward spends before the attention kernel; no backward."""
+
+  def fwd(q, k, v, qp, kp, ct):
+    del k, v, ct
+    l = q.shape[1]
+    return dsa_reference.block_bits(_block_keep(q, qp, kp, sparsity, block), block, l,
+                                    vector=_block_vector(l))
+  return fwd, None
+
+
 def block_fns(sparsity, block, triton: bool, rate: float = 0.0):
   """The block rule: block selection from the factored predictor (qp's and kp's first head as
   X P, per-head W~), then the attention over the kept blocks' keys (kernels with tiles cut to
   the blocks and empty tiles skipped, or the pure-JAX path)."""
 
   def attend(q, k, v, qp, kp):
-    b, l, h, d = q.shape
-    rank = qp.shape[-1]
-    w = jax.random.normal(jax.random.PRNGKey(7), (h, rank, rank)) / rank ** 0.5
-    keep_blocks = dsa_reference.block_select(
-        dsa_reference.LowRank(qp[:, :, 0], w), dsa_reference.LowRank(kp[:, :, 0], w), None,
-        block_size=block, sparsity=sparsity, scale=d ** -0.5)
+    l = q.shape[1]
+    keep_blocks = _block_keep(q, qp, kp, sparsity, block)
     if triton:
-      vector = 8 if l % 8 == 0 else 1
+      vector = _block_vector(l)
       bits = dsa_reference.block_bits(keep_blocks, block, l, vector=vector)
       return dsa_triton.dsa_attention_triton(
           q, k, v, bits, vector=vector, dropout_rate=rate, dropout_seed=_SEED if rate else None,
@@ -239,6 +262,8 @@ def main(argv: Sequence[str]) -> None:
           if FLAGS.dropout:
             methods[f"{tag} Triton{drop}"] = block_fns(sparsity, vec, True,
                                                        FLAGS.dropout) + (rank,)
+        if FLAGS.select_only:
+          methods[f"{tag} selection alone"] = block_select_fns(sparsity, vec) + (rank,)
         if not FLAGS.skip_reference:
           methods[f"{tag} pure-JAX"] = block_fns(sparsity, vec, False) + (rank,)
         continue
