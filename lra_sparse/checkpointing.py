@@ -134,8 +134,8 @@ def save_on_interrupt(manager, state, finite, last_saved) -> tuple[Optional[int]
 def restore_newest_readable(manager: ocp.CheckpointManager, args_fn, where: str,
                             quarantine: bool = False,
                             fall_back: bool = True) -> tuple[Any, Optional[int]]:
-  """(restored, step) of the newest checkpoint that restores and holds finite parameters;
-  (None, None) when there is none at all. Each unusable newer step costs one warning line;
+  """(restored, step) of the newest checkpoint that restores and holds finite parameters
+  (``args_fn(step)``: the restore arguments of a step); (None, None) when there is none at all. Each unusable newer step costs one warning line;
   with ``quarantine`` it is moved to ``<workdir>/corrupt_checkpoints/`` so that the resumed
   run can save that step again. No usable step at all is one error, and so is an unusable
   newest step when ``fall_back`` is False (fine-tuning or analysing an older step than the
@@ -144,7 +144,7 @@ def restore_newest_readable(manager: ocp.CheckpointManager, args_fn, where: str,
   unusable = []
   for step in steps:
     try:
-      restored = manager.restore(step, args=args_fn())
+      restored = manager.restore(step, args=args_fn(step))
       params = restored.params if hasattr(restored, "params") else restored["params"]
       if not bool(all_finite(params)):
         raise ValueError("its parameters are not finite")
@@ -177,7 +177,18 @@ def _open_checkpoints(workdir: str, what: str) -> ocp.CheckpointManager:
   ckpt_dir = os.path.join(os.path.abspath(workdir), workdir_lib.CHECKPOINT_DIR)
   if not os.path.isdir(ckpt_dir):
     raise FileNotFoundError(f"{what}={workdir!r}: no checkpoints/ directory there")
-  return ocp.CheckpointManager(ckpt_dir)
+  return ocp.CheckpointManager(ckpt_dir, item_handlers=ocp.StandardCheckpointHandler())
+
+
+def _restore_here(manager: ocp.CheckpointManager, step: int) -> ocp.args.StandardRestore:
+  """Restore arguments that put every array of checkpoint ``step`` on this process's first
+  device, whatever devices wrote it: without a target orbax restores onto the saving run's
+  topology and refuses a checkpoint that two GPUs wrote on a machine or slot with one."""
+  meta = manager.item_metadata(step)
+  tree = getattr(meta, "tree", meta)
+  here = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  return ocp.args.StandardRestore(jax.tree.map(
+      lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=here), tree))
 
 
 def load_params_from(workdir: str, params, what: str = "config.init_from"
@@ -188,7 +199,7 @@ def load_params_from(workdir: str, params, what: str = "config.init_from"
   path with a different shape is an error.
   """
   manager = _open_checkpoints(workdir, what)
-  restored, step = restore_newest_readable(manager, ocp.args.StandardRestore,
+  restored, step = restore_newest_readable(manager, lambda step: _restore_here(manager, step),
                                            f"{what}={workdir!r}", fall_back=False)
   manager.close()
   if step is None:

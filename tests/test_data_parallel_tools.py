@@ -321,3 +321,51 @@ def test_gram_mse_sums_over_shards_then_normalizes():
   result = subprocess.run([sys.executable, "-c", _GRAM_SCRIPT], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
   assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+_SAVE_ON_TWO_SCRIPT = r"""
+import sys
+import jax, jax.numpy as jnp, numpy as np, orbax.checkpoint as ocp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+assert jax.device_count() == 2
+mesh = Mesh(np.array(jax.devices()), ("data",))
+put = lambda x, spec: jax.device_put(jnp.asarray(x), NamedSharding(mesh, spec))
+state = {"params": {"dense": {"kernel": put(np.arange(12.0).reshape(4, 3), P()),
+                              "bias": put(np.arange(4.0), P("data"))}},
+         "opt_state": {"mu": put(np.ones((4, 3)), P())}, "step": put(7, P())}
+manager = ocp.CheckpointManager(sys.argv[1] + "/checkpoints")
+manager.save(7, args=ocp.args.StandardSave(state))
+manager.wait_until_finished()
+print("saved")
+"""
+
+_LOAD_ON_ONE_SCRIPT = r"""
+import sys
+import jax, jax.numpy as jnp, numpy as np
+from lra_sparse import checkpointing
+assert jax.device_count() == 1
+params = {"dense": {"kernel": jnp.zeros((4, 3)), "bias": jnp.zeros(4)},
+          "head": {"kernel": jnp.full((3, 2), 5.0)}}
+loaded, fresh, unused = checkpointing.load_params_from(sys.argv[1], params)
+np.testing.assert_array_equal(loaded["dense"]["kernel"], np.arange(12.0).reshape(4, 3))
+np.testing.assert_array_equal(loaded["dense"]["bias"], np.arange(4.0))
+np.testing.assert_array_equal(loaded["head"]["kernel"], np.full((3, 2), 5.0))
+assert fresh == ["head/kernel"] and unused == [], (fresh, unused)
+print("ok")
+"""
+
+
+def test_init_from_reads_a_checkpoint_that_two_devices_wrote_on_one(tmp_path):
+  """config.init_from (checkpointing.load_params_from) of a run saved data parallel on two
+  devices, read by a run on one (a fine-tune on one GPU of a dense run trained on two): the
+  parameters come back as saved, the new ones stay at their init. Without a target on this
+  process's devices orbax refused it ("Topology mismatch"), as it did on a 4-GPU machine."""
+  def run(script, devices):
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    return subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+  saved = run(_SAVE_ON_TWO_SCRIPT, 2)
+  assert saved.returncode == 0 and "saved" in saved.stdout, saved.stderr[-3000:]
+  loaded = run(_LOAD_ON_ONE_SCRIPT, 1)
+  assert loaded.returncode == 0 and loaded.stdout.strip().endswith("ok"), loaded.stderr[-3000:]
