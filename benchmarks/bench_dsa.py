@@ -59,6 +59,8 @@ def define_flags() -> None:
   flags.DEFINE_list("forwards", ["tiles", "gather"], "DSA Triton forwards to time "
                     "(dsa_triton.FORWARDS; gather only for vector >= 4).")
   flags.DEFINE_bool("skip_reference", False, "Skip the DSA pure-JAX rows.")
+  flags.DEFINE_bool("block_skip_rows", False, "Block settings: also the kernels testing every "
+                    "tile's bits (no tile lists), the A/B of the lists.")
   flags.DEFINE_string("out", None, "Also write the table here.")
   flags.DEFINE_list("tiles", [], "Kernel tile overrides KERNEL:BM:BN:WARPS:STAGES[:SKIP] "
                     "(kernels.dsa.tiles), e.g. fwd:128:64:8:3:0.")
@@ -107,10 +109,11 @@ def block_select_fns(sparsity, block):
   return fwd, None
 
 
-def block_fns(sparsity, block, triton: bool, rate: float = 0.0):
+def block_fns(sparsity, block, triton: bool, rate: float = 0.0, lists: bool = True):
   """The block rule: block selection from the factored predictor (qp's and kp's first head as
   X P, per-head W~), then the attention over the kept blocks' keys (kernels with tiles cut to
-  the blocks and empty tiles skipped, or the pure-JAX path)."""
+  the blocks visiting the kept tiles' lists, or with ``lists`` False testing every tile's
+  bits and skipping the empty ones; or the pure-JAX path)."""
 
   def attend(q, k, v, qp, kp):
     l = q.shape[1]
@@ -120,7 +123,8 @@ def block_fns(sparsity, block, triton: bool, rate: float = 0.0):
       bits = dsa_reference.block_bits(keep_blocks, block, l, vector=vector)
       return dsa_triton.dsa_attention_triton(
           q, k, v, bits, vector=vector, dropout_rate=rate, dropout_seed=_SEED if rate else None,
-          tiles=dsa_tiles.block_overrides(block, jnp.dtype(q.dtype).name))
+          tiles=dsa_tiles.block_overrides(block, jnp.dtype(q.dtype).name),
+          blocks=keep_blocks if lists else None, block_size=block)
     return dsa_reference.attention_under_keep(
         q, k, v, dsa_reference.expand_blocks(keep_blocks, block, l))
   return _passes(attend)
@@ -259,6 +263,9 @@ def main(argv: Sequence[str]) -> None:
         tag = f"DSA-{round(sparsity * 100)} block {vec} k={rank}"
         if triton_ok:
           methods[f"{tag} Triton"] = block_fns(sparsity, vec, True) + (rank,)
+          if FLAGS.block_skip_rows:
+            methods[f"{tag} Triton, bit-test skip"] = block_fns(sparsity, vec, True,
+                                                                lists=False) + (rank,)
           if FLAGS.dropout:
             methods[f"{tag} Triton{drop}"] = block_fns(sparsity, vec, True,
                                                        FLAGS.dropout) + (rank,)

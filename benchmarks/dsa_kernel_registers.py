@@ -36,6 +36,8 @@ flags.DEFINE_integer("head_dim", 64, "Head dimension (16, 32, 64 or 128).")
 flags.DEFINE_integer("vector", 8, "Column-vector size (1, 4, 8).")
 flags.DEFINE_list("dropout", ["0", "0.1"], "Attention dropout rates.")
 flags.DEFINE_list("tiles", [], "BM:BN:WARPS:STAGES per row; empty: the runtime's tiles.")
+flags.DEFINE_bool("block_rule", False, "The block rule's kernels: tile lists and the empty-tile "
+                  "skip on, at the tiles of 64-key blocks (tiles.block_overrides).")
 
 _TILE_KIND = {"dsa_fwd": "fwd", "dsa_fwd_gather": "gather", "dsa_bwd_onepass": "onepass",
               "dsa_bwd_dkdv": "dkdv", "dsa_bwd_dq": "dq"}
@@ -83,36 +85,42 @@ def signature(kernel: str, dtype: str) -> dict:
   """The kernel's runtime parameters and their Triton types, in order."""
   p = "*" + dtype
   if kernel == "dsa_fwd":
-    names = "Q K V BITS EXT SEED sm_scale L LP H G W O LSE".split()
-    types = [p, p, p, "*i32", "*i32", "*i32", "fp32"] + ["i32"] * 5 + [p, "*fp32"]
+    names = "Q K V BITS EXT SEED LIST COUNT sm_scale L LP H G W NL O LSE".split()
+    types = [p, p, p] + ["*i32"] * 5 + ["fp32"] + ["i32"] * 6 + [p, "*fp32"]
   elif kernel == "dsa_fwd_gather":
     names = "Q K V SLOTS COUNT SEED sm_scale L LP H T O LSE".split()
     types = [p, p, p, "*i32", "*i32", "*i32", "fp32"] + ["i32"] * 4 + [p, "*fp32"]
   else:
-    names = "Q K V BITS DO LSE DELTA EXT ROWS SEED sm_scale L LP H G W".split()
-    types = [p, p, p, "*i32", p, "*fp32", "*fp32", "*i32", "*i32", "*i32", "fp32"] + ["i32"] * 5
+    names = "Q K V BITS DO LSE DELTA EXT ROWS SEED LIST COUNT sm_scale L LP H G W NL".split()
+    types = ([p, p, p, "*i32", p, "*fp32", "*fp32"] + ["*i32"] * 5 + ["fp32"]
+             + ["i32"] * 6)
     outs = {"dsa_bwd_onepass": (["DK", "DV", "DQ"], [p, p, "*fp32"]),
             "dsa_bwd_dkdv": (["DK", "DV"], [p, p]), "dsa_bwd_dq": (["DQ"], [p])}[kernel]
     names, types = names + outs[0], types + outs[1]
   return dict(zip(names, types))
 
 
-def runtime_tile(kernel: str, dtype: str, rate: float) -> tuple:
-  """(BM, BN, warps, stages) that ``kernels.dsa.triton`` launches ``kernel`` with."""
+def runtime_tile(kernel: str, dtype: str, rate: float, block_rule: bool = False) -> tuple:
+  """(BM, BN, warps, stages) that ``kernels.dsa.triton`` launches ``kernel`` with (the block
+  rule's, at 64-key blocks, with ``block_rule``)."""
   kind = _TILE_KIND[kernel] + ("_drop" if rate and kernel == "dsa_fwd" else "")
-  tiles = dsa_tiles.tiles(kind, "float32" if dtype == "fp32" else "bfloat16")
+  dtype_name = "float32" if dtype == "fp32" else "bfloat16"
+  overrides = dsa_tiles.block_overrides(64, dtype_name) if block_rule else ()
+  tiles = dsa_tiles.tiles(kind, dtype_name, overrides)
   return tiles.bm, tiles.bn, tiles.num_warps, tiles.num_stages
 
 
 def kernel_stats(kernel: str, dtype: str, head_dim: int, vector: int, rate: float,
-                 tile=None) -> dict:
+                 tile=None, block_rule: bool = False) -> dict:
   """ptxas's registers, stack and spill instructions (``cubin_stats``) of one kernel at
-  ``tile`` (BM, BN, warps, stages; default the runtime's)."""
+  ``tile`` (BM, BN, warps, stages; default the runtime's); ``block_rule``: with tile lists
+  and the empty-tile skip."""
   from lra_sparse.kernels.dsa import attention_kernels as dsa_attention_kernels
-  bm, bn, warps, stages = tile or runtime_tile(kernel, dtype, rate)
+  bm, bn, warps, stages = tile or runtime_tile(kernel, dtype, rate, block_rule)
   constexprs = dict(D=head_dim, VEC=vector, BM=bm, BN=bn, DROP_T=dfss_dropout.threshold(rate))
   if kernel != "dsa_fwd_gather":
-    constexprs["SKIP"] = False
+    constexprs["SKIP"] = block_rule
+    constexprs["LISTS"] = block_rule
   compiled = compile_one(getattr(dsa_attention_kernels, kernel), signature(kernel, dtype),
                          constexprs, warps, stages)
   return cubin_stats(compiled.asm["cubin"])
@@ -124,11 +132,12 @@ def main(argv: Sequence[str]) -> None:
   rows = []
   for kernel in FLAGS.kernels:
     for rate in (float(r) for r in FLAGS.dropout):
+      block_rule = FLAGS.block_rule and kernel != "dsa_fwd_gather"
       tiles = ([tuple(int(x) for x in t.split(":")) for t in FLAGS.tiles]
-               or [runtime_tile(kernel, FLAGS.dtype, rate)])
+               or [runtime_tile(kernel, FLAGS.dtype, rate, block_rule)])
       for bm, bn, warps, stages in tiles:
         st = kernel_stats(kernel, FLAGS.dtype, FLAGS.head_dim, FLAGS.vector, rate,
-                          (bm, bn, warps, stages))
+                          (bm, bn, warps, stages), block_rule)
         rows.append((kernel, f"{rate:g}", f"{bm}x{bn} w{warps} s{stages}", st["regs"],
                      st["stack"], f"{st['stl']} / {st['ldl']}", st["n_sass"]))
         print(harness.markdown_row(rows[-1]), flush=True)

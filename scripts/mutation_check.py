@@ -163,6 +163,14 @@ MUTATIONS += [
    "  if mask is not None:\n    keys = keys & mask.astype(bool)[:, None, None, :]\n",
    "",
    "tests/test_dsa_kernels.py::test_block_bits_are_the_expanded_block_keep"),
+  ("block DSA tile lists name the tiles without a kept entry", "lra_sparse/kernels/dsa/reference.py",
+   "jnp.argsort(jnp.logical_not(hits), axis=-1, stable=True)",
+   "jnp.argsort(hits, axis=-1, stable=True)",
+   "tests/test_dsa_kernels.py::test_tile_lists_are_the_tiles_with_a_kept_entry"),
+  ("block DSA dK/dV kernels drop a listed query tile", "lra_sparse/kernels/dsa/attention_kernels.py",
+   "      if start < rows:\n",
+   "      if start + BM < rows:\n",
+   "tests/test_dsa_kernels.py::test_kernel_source_on_the_cpu_matches_reference"),
 ]
 
 

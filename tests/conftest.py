@@ -1,8 +1,11 @@
 """Shared test setup: a synthetic task, GPU skipping, and a small ListOps dataset."""
 from __future__ import annotations
 
+import atexit
 import math
 import os
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -10,6 +13,20 @@ import pytest
 # On a GPU, every pytest-xdist worker would otherwise preallocate 75% of the GPU's memory, and
 # with more than one worker the later ones run out of memory (set before jax starts a backend).
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+# One JAX compilation cache for the session's processes: the pytest-xdist workers inherit it
+# from the process that loads this first, and so do the runs tests start as subprocesses
+# (``lra_sparse.main``, sweeps). Many tests train the same tiny configs again (a reference run,
+# then one killed and resumed; both workers; the same op-by-op programs in every process), and
+# compiling was most of their time: a program compiled once is read back instead (tests that
+# train, 10-40% less time). The cache is keyed by the program, its compile options and the
+# jax version, so a hit runs what compiling would give. Fresh for every session: a directory
+# of its own, removed at exit.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _JAX_CACHE = tempfile.mkdtemp(prefix="lra_sparse_tests_jax_cache_")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _JAX_CACHE
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  atexit.register(shutil.rmtree, _JAX_CACHE, ignore_errors=True)
 
 import jax  # pylint: disable=wrong-import-position
 

@@ -101,37 +101,40 @@ def dsa_select_poisoned(Q8, K8, KM, EXT, NEED, FACTOR, threshold, L, G, W, H, BI
 
 
 @triton.jit
-def dsa_fwd_poisoned(Q, K, V, BITS, EXT, SEED, sm_scale, L, LP, H, G, W, O_NAN, LSE_NAN, O,
-                     LSE, D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr,
-                     BN: tl.constexpr, SKIP: tl.constexpr, DROP_T: tl.constexpr):
-  ak.dsa_fwd(Q, K, V, BITS, EXT, SEED, sm_scale, L, LP, H, G, W, O, LSE, D, VEC, BM, BN, SKIP,
-             DROP_T)
+def dsa_fwd_poisoned(Q, K, V, BITS, EXT, SEED, LIST, COUNT, sm_scale, L, LP, H, G, W, NL, O_NAN,
+                     LSE_NAN, O, LSE, D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr,
+                     BN: tl.constexpr, SKIP: tl.constexpr, DROP_T: tl.constexpr,
+                     LISTS: tl.constexpr):
+  ak.dsa_fwd(Q, K, V, BITS, EXT, SEED, LIST, COUNT, sm_scale, L, LP, H, G, W, NL, O, LSE, D,
+             VEC, BM, BN, SKIP, DROP_T, LISTS)
 
 
 @triton.jit
-def dsa_bwd_dkdv_poisoned(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H,
-                          G, W, DK_NAN, DV_NAN, DK, DV, D: tl.constexpr, VEC: tl.constexpr,
-                          BM: tl.constexpr, BN: tl.constexpr, SKIP: tl.constexpr,
-                          DROP_T: tl.constexpr):
-  ak.dsa_bwd_dkdv(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H, G, W, DK,
-                  DV, D, VEC, BM, BN, SKIP, DROP_T)
+def dsa_bwd_dkdv_poisoned(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, LIST, COUNT, sm_scale,
+                          L, LP, H, G, W, NL, DK_NAN, DV_NAN, DK, DV, D: tl.constexpr,
+                          VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                          SKIP: tl.constexpr, DROP_T: tl.constexpr, LISTS: tl.constexpr):
+  ak.dsa_bwd_dkdv(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, LIST, COUNT, sm_scale, L, LP,
+                  H, G, W, NL, DK, DV, D, VEC, BM, BN, SKIP, DROP_T, LISTS)
 
 
 @triton.jit
-def dsa_bwd_dq_poisoned(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H, G,
-                        W, DQ_NAN, DQ, D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr,
-                        BN: tl.constexpr, SKIP: tl.constexpr, DROP_T: tl.constexpr):
-  ak.dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H, G, W, DQ, D,
-                VEC, BM, BN, SKIP, DROP_T)
+def dsa_bwd_dq_poisoned(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, LIST, COUNT, sm_scale,
+                        L, LP, H, G, W, NL, DQ_NAN, DQ, D: tl.constexpr, VEC: tl.constexpr,
+                        BM: tl.constexpr, BN: tl.constexpr, SKIP: tl.constexpr,
+                        DROP_T: tl.constexpr, LISTS: tl.constexpr):
+  ak.dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, LIST, COUNT, sm_scale, L, LP, H,
+                G, W, NL, DQ, D, VEC, BM, BN, SKIP, DROP_T, LISTS)
 
 
 @triton.jit
-def dsa_bwd_onepass_poisoned(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP,
-                             H, G, W, DK_NAN, DV_NAN, DK, DV, DQ, D: tl.constexpr,
-                             VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                             SKIP: tl.constexpr, DROP_T: tl.constexpr):
-  ak.dsa_bwd_onepass(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H, G, W,
-                     DK, DV, DQ, D, VEC, BM, BN, SKIP, DROP_T)
+def dsa_bwd_onepass_poisoned(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, LIST, COUNT,
+                             sm_scale, L, LP, H, G, W, NL, DK_NAN, DV_NAN, DK, DV, DQ,
+                             D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr,
+                             BN: tl.constexpr, SKIP: tl.constexpr, DROP_T: tl.constexpr,
+                             LISTS: tl.constexpr):
+  ak.dsa_bwd_onepass(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, LIST, COUNT, sm_scale, L,
+                     LP, H, G, W, NL, DK, DV, DQ, D, VEC, BM, BN, SKIP, DROP_T, LISTS)
 
 
 @triton.jit

@@ -420,11 +420,15 @@ def _case_id(c):
           f"{c[8]}")
 
 
+# True in the interpreted tests (``_interpret``): the references run as one XLA program each.
+_JIT_REFERENCES = False
+
+
 def _attention_reference(keep, mult=None):
   """softmax(S over ``keep``) V in fp32 at full precision, a function of (q, k, v); keep bool
   [batch, heads, length, length]; mult: the dropout factors Z / (1 - rate) of every entry."""
 
-  def f_ref(q, k, v):
+  def f_ref(q, k, v, keep, mult):
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
     scores = softmax.attention_scores(q, k, precision=HI)
     probs = softmax.masked_softmax(jnp.where(keep, scores, -jnp.inf), keep)
@@ -432,7 +436,8 @@ def _attention_reference(keep, mult=None):
       probs = probs * mult
     return jnp.einsum("bhqk,bkhd->bqhd", probs, v, precision=HI)
 
-  return f_ref
+  f_ref = jax.jit(f_ref) if _JIT_REFERENCES else f_ref
+  return lambda q, k, v: f_ref(q, k, v, keep, mult)
 
 
 def _select_and_check(qp, kp, mask, vector, d, sparsity, selection, threshold=0.02):
@@ -815,6 +820,33 @@ def test_block_bits_are_the_expanded_block_keep(block, length, vector):
     ref.block_bits(keep_blocks, 16, 100, vector=8)
 
 
+@pytest.mark.parametrize("block,length,rows,keys", [(64, 300, 64, 64), (64, 300, 32, 64),
+                                                    (16, 100, 16, 32), (128, 260, 64, 64)])
+def test_tile_lists_are_the_tiles_with_a_kept_entry(block, length, rows, keys):
+  """``tile_lists`` gives each tile of ``rows`` query rows exactly the tiles of ``keys`` keys
+  holding an entry of the expanded block keep (numpy, from the [L, L] array), in increasing
+  order, and their count; with the block keep transposed, each key tile's query tiles."""
+  rng = np.random.default_rng(block + length + rows)
+  blocks = -(-length // block)
+  keep_blocks = jnp.asarray(rng.random((2, 3, blocks, blocks)) < 0.3)
+  keep = np.asarray(ref.expand_blocks(keep_blocks, block, length))
+  padded = -(-length // rows) * rows, -(-length // keys) * keys
+  grid = np.zeros((2, 3) + padded, bool)
+  grid[:, :, :length, :length] = keep
+  hits = grid.reshape(2, 3, padded[0] // rows, rows, padded[1] // keys, keys).any(axis=(3, 5))
+  for transpose in (False, True):
+    got = ref.tile_lists(jnp.swapaxes(keep_blocks, 2, 3) if transpose else keep_blocks, block,
+                         length, *((keys, rows) if transpose else (rows, keys)))
+    want = np.swapaxes(hits, 2, 3) if transpose else hits
+    want = want.reshape((6,) + want.shape[2:])
+    lists, count = (np.asarray(x) for x in got)
+    assert lists.shape == want.shape and lists.dtype == np.int32 and count.dtype == np.int32
+    np.testing.assert_array_equal(count, want.sum(-1))
+    for i in np.ndindex(*want.shape[:2]):
+      np.testing.assert_array_equal(lists[i][:count[i]], np.flatnonzero(want[i]))
+  assert hits.any() and not hits.all()
+
+
 def test_block_tiles_fit_one_block_and_skip():
   from lra_sparse.kernels.dsa import tiles as dsa_tiles  # pylint: disable=import-outside-toplevel
   for block, dtype in ((64, "bfloat16"), (32, "float32"), (16, "float16"), (128, "bfloat16")):
@@ -822,16 +854,18 @@ def test_block_tiles_fit_one_block_and_skip():
     assert sorted(overrides) == sorted(dsa_tiles.ATTENTION_KERNELS)
     for kernel, t in overrides.items():
       default = dsa_tiles.tiles(kernel, dtype)
-      assert t.skip and t.bm == min(default.bm, block) and t.bn == min(default.bn,
-                                                                        max(32, block))
+      cap = dsa_tiles.BLOCK_RULE_MAX_BM.get(kernel, default.bm)
+      assert t.skip and t.bm == min(default.bm, block, cap) and t.bn == min(default.bn,
+                                                                             max(32, block))
       assert block % t.bm == 0 and (max(32, block) % t.bn == 0)
 
 
 def _check_block_kernels(case, deterministic, check_skip=True):
-  """The block rule on the attention kernels (tiles cut to the blocks, empty tiles skipped):
-  out, dq, dk, dv against full-precision fp32 on the expanded keep (outputs poisoned), a
-  fully padded example gives zeros, and (``check_skip``) the skip is exact: bit for bit the
-  same kernels without it."""
+  """The block rule on the attention kernels as the model runs it (tiles cut to the blocks,
+  each kernel visiting only its tile lists, ``ref.tile_lists``): out, dq, dk, dv against
+  full-precision fp32 on the expanded keep (outputs poisoned), a fully padded example gives
+  zeros, and (``check_skip``) the lists and the bit-test skip are exact: bit for bit the same
+  kernels looping over every tile."""
   from lra_sparse.kernels.dsa import tiles as dsa_tiles  # pylint: disable=import-outside-toplevel
   dt = _kernels()
   dtype, b, l, h, d, block, sparsity, rate = case
@@ -857,10 +891,10 @@ def _check_block_kernels(case, deterministic, check_skip=True):
   f_ref = _attention_reference(ref.expand_blocks(keep_blocks, block, l, mask), mult)
   tiles = dsa_tiles.block_overrides(block, jnp.dtype(dtype).name)
 
-  def run(tiles):
+  def run(tiles, lists=True):
     return jax.jit(lambda q, k, v: dt.dsa_attention_triton(
         q, k, v, bits, mask=mask, vector=vector, deterministic=deterministic, poison=True,
-        tiles=tiles, **drop))
+        tiles=tiles, blocks=keep_blocks if lists else None, block_size=block, **drop))
 
   out, vjp = jax.vjp(run(tiles), q, k, v)
   want_out, vjp_ref = jax.vjp(f_ref, q, k, v)
@@ -873,11 +907,14 @@ def _check_block_kernels(case, deterministic, check_skip=True):
     return
   unskipped = tuple((name, dsa_tiles.Tiles(t.bm, t.bn, t.num_warps, t.num_stages, False))
                     for name, t in tiles)
-  out_full, vjp_full = jax.vjp(run(unskipped), q, k, v)
-  np.testing.assert_array_equal(np.asarray(out_full), np.asarray(out))
+  out_full, vjp_full = jax.vjp(run(unskipped, lists=False), q, k, v)
+  out_bits, vjp_bits = jax.vjp(run(tiles, lists=False), q, k, v)
+  for other in (out_full, out_bits):
+    np.testing.assert_array_equal(np.asarray(other), np.asarray(out))
   if deterministic:     # the one-pass dQ sums by atomics: its last bits may vary
-    for got, want in zip(grads, vjp_full(ct)):
-      np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    for got, full, by_bits in zip(grads, vjp_full(ct), vjp_bits(ct)):
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(full))
+      np.testing.assert_array_equal(np.asarray(by_bits), np.asarray(full))
 
 
 BLOCK_CASES = [
@@ -910,6 +947,36 @@ INTERPRETED_DROPOUT_CASES = [
 ]
 
 
+# The reference functions the interpreted checks call, with their static arguments.
+_REFERENCES = (
+    ("selection_operands", ("vector", "scale")),
+    ("reference_select", ("sparsity", "selection", "threshold", "topk_algorithm")),
+    ("block_select", ("block_size", "sparsity", "selection", "threshold", "scale",
+                      "topk_algorithm")),
+    ("expand_groups", ("vector",)),
+    ("expand_blocks", ("block_size", "length")),
+    ("block_bits", ("block_size", "length", "vector")),
+    ("unpack_bits", ("length",)),
+)
+
+
+def _interpret(monkeypatch):
+  """Skips outside ``run_interpreted``'s subprocess; there, the kernels run under Triton's
+  interpreter and the references of the checks (the same functions) each as one XLA program:
+  run op by op, every new shape compiled some hundred small programs, most of these tests'
+  time outside the interpreter."""
+  if not interpreting():
+    pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
+  from lra_sparse.kernels.dsa import triton as dsa_triton  # pylint: disable=import-outside-toplevel
+  from lra_sparse.ops import dropout  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
+  for name, static in _REFERENCES:
+    monkeypatch.setattr(ref, name, jax.jit(getattr(ref, name), static_argnames=static))
+  monkeypatch.setattr(dropout, "key_multiplier",
+                      jax.jit(dropout.key_multiplier, static_argnums=(1, 2, 3, 4, 5)))
+  monkeypatch.setitem(globals(), "_JIT_REFERENCES", True)
+
+
 def test_kernel_source_on_the_cpu_matches_reference():
   """The selection and attention kernels' Triton source, run by Triton's interpreter on the
   CPU (in a subprocess: ``triton_cpu``), through the same checks as the GPU test at small
@@ -922,10 +989,7 @@ def test_kernel_source_on_the_cpu_matches_reference():
 @pytest.mark.parametrize("ints", [False, True])
 @pytest.mark.parametrize("case", INTERPRETED_CASES, ids=_case_id)
 def test_interpreted_kernels(monkeypatch, case, ints):
-  if not interpreting():
-    pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
-  from lra_sparse.kernels.dsa import triton as dsa_triton  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
+  _interpret(monkeypatch)
   _check_kernels_against_reference(case, ints)
 
 
@@ -933,10 +997,7 @@ def test_interpreted_kernels(monkeypatch, case, ints):
 @pytest.mark.parametrize("case", INTERPRETED_DROPOUT_CASES,
                          ids=lambda c: f"{_case_id(c[:-1])}-p{c[-1]}")
 def test_interpreted_dropout_kernels(monkeypatch, case, deterministic):
-  if not interpreting():
-    pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
-  from lra_sparse.kernels.dsa import triton as dsa_triton  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
+  _interpret(monkeypatch)
   _check_kernels_against_reference(case[:-1], deterministic, rate=case[-1])
 
 
@@ -945,10 +1006,7 @@ def test_interpreted_padding_skip(monkeypatch, deterministic):
   """The padding skip of the kernels (key tiles past an example's last real key, query tiles
   past its last row with a non-zero dO) against the reference and the full loops, under the
   interpreter, at 320 keys in 64-key tiles."""
-  if not interpreting():
-    pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
-  from lra_sparse.kernels.dsa import triton as dsa_triton  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
+  _interpret(monkeypatch)
   _check_padding_skip((jnp.float32, 320, 1, 16, 4, 0.75, 26, "topk"), deterministic,
                       monkeypatch, PAD_LAYOUT_INTERPRETED)
 
@@ -957,10 +1015,7 @@ def test_interpreted_padding_skip(monkeypatch, deterministic):
                          [c for c in INTERPRETED_DROPOUT_CASES if c[5] >= 4],
                          ids=lambda c: _case_id(c[:9]) + (f"-p{c[9]}" if len(c) > 9 else ""))
 def test_interpreted_gather(monkeypatch, case):
-  if not interpreting():
-    pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
-  from lra_sparse.kernels.dsa import triton as dsa_triton  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
+  _interpret(monkeypatch)
   _check_kernels_against_reference(case[:9], False, rate=case[9] if len(case) > 9 else 0.0,
                                    forward="gather")
 
@@ -970,10 +1025,7 @@ def test_interpreted_gather(monkeypatch, case):
     ((jnp.float32, 2, 80, 1, 16, 16, 0.5, 0.2), True)],      # dropout, two-kernel backward
                          ids=["block32", "block16-p0.2-det"])
 def test_interpreted_block_rule(monkeypatch, case, deterministic):
-  if not interpreting():
-    pytest.skip("runs under Triton's interpreter (test_kernel_source_on_the_cpu_...)")
-  from lra_sparse.kernels.dsa import triton as dsa_triton  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(dsa_triton, "launch", interpreted_launch())
+  _interpret(monkeypatch)
   _check_block_kernels(case, deterministic, check_skip=not case[-1])   # once, without dropout
 
 
@@ -994,13 +1046,16 @@ def _register_report(*args: str) -> dict:
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_runtime_tiles_compile_for_hopper_without_spills(dtype):
+@pytest.mark.parametrize("block_rule", [False, True], ids=["fine", "block-lists"])
+def test_runtime_tiles_compile_for_hopper_without_spills(dtype, block_rule):
   """Every DSA attention kernel at the tile ``kernels.dsa.triton`` launches it with, with and
-  without
-  attention dropout, compiled for sm_90a on the CPU: ptxas spills nothing (no STL / LDL; the
-  128x64 forward with dropout spilled, hence its own "fwd_drop" tile)."""
+  without attention dropout, compiled for sm_90a on the CPU: ptxas spills nothing (no STL /
+  LDL; the 128x64 forward with dropout spilled, hence its own "fwd_drop" tile); also the block
+  rule's (tile lists and the skip test at its tiles; the one-pass backward with dropout
+  spilled at 64 rows, hence ``tiles.BLOCK_RULE_MAX_BM``)."""
   pytest.importorskip("triton")
-  report = _register_report(f"--dtype={dtype}", "--dropout=0,0.1")
+  report = _register_report(f"--dtype={dtype}", "--dropout=0,0.1",
+                            *(["--block_rule"] if block_rule else []))
   kernels = ("dsa_fwd", "dsa_fwd_gather", "dsa_bwd_onepass", "dsa_bwd_dkdv", "dsa_bwd_dq")
   assert set(report) == {(kernel, rate) for kernel in kernels for rate in (0.0, 0.1)}
   for key, stats in report.items():

@@ -869,9 +869,17 @@ def test_dense_auto_runs_float32_on_triton_with_the_xla_mask():
 # The fused and compressed kernels' Triton source run by Triton's interpreter on the CPU (in a
 # subprocess: ``triton_cpu``), through the GPU tests' checks at small shapes.
 INTERPRETED_CASES = [
+    # Every kernel's loop runs twice, over a whole tile and a partial one (L 70, tiles of 64):
+    # the forward's and dQ's over key tiles, the one-pass and dK/dV kernels' over query tiles
+    # (two programs each), the compressed kernels' 2 x 2 tiles.
     (jnp.float32, 2, 4, 2, 70, 2, 32, True),
     (jnp.bfloat16, 1, 2, 1, 40, 1, 16, False),
-    (jnp.bfloat16, 3, 8, 3, 130, 1, 64, "holes"),
+    # M=8 in one 128-key tile ending inside a group of 8 (124 = 15 * 8 + 4: padded keys in a
+    # group), 8 query tiles of 16 in its backward, holes; sequences 0 and 2 fully padded
+    # (make_holes_mask pads 200 keys of sequence 0). L 124, not 130: one 128-row tile (LP 128)
+    # instead of two, a third of the interpreter's work; the loops over several tiles run at
+    # 2:4 in the case above and in INTERPRETED_DROPOUT_CASES' bfloat16 one.
+    (jnp.bfloat16, 3, 8, 3, 124, 1, 64, "holes"),
 ]
 INTERPRETED_DROPOUT_CASES = [
     (jnp.bfloat16, 2, 4, 2, 70, 2, 32, True, 0.1),
@@ -892,6 +900,11 @@ def _interpret_kernels(monkeypatch):
   launch = interpreted_launch()
   monkeypatch.setattr(dfss_triton, "launch", launch)
   monkeypatch.setattr(dfss_compressed, "launch", launch)
+  # The same reference compiled as one XLA program (as the model runs it) instead of op by op:
+  # each new shape compiled some 70 small programs, most of these tests' time outside the
+  # interpreter.
+  monkeypatch.setattr(ref, "dfss_attention_reference", jax.jit(
+      ref.dfss_attention_reference, static_argnames=("n", "m", "precision", "dropout_rate")))
 
 
 @pytest.mark.parametrize("impl", ["fused", "fused-deterministic", "compressed"])
@@ -915,7 +928,9 @@ def test_interpreted_dense_kernels(monkeypatch, case):
 
 # Pathfinder-32's head dim 4 and Path-X's 8, zero-padded by the fused kernels' wrapper.
 INTERPRETED_SMALL_HEAD_CASES = [
-    (jnp.bfloat16, 2, 4, 2, 70, 2, 4, "holes"),
+    # Batch 3: make_holes_mask pads sequence 0 (its first 200 keys) and the last one, so the
+    # holes are in sequence 1 (at batch 2 every key was padded: outputs and gradients all 0).
+    (jnp.bfloat16, 2, 4, 3, 70, 2, 4, "holes"),
     (jnp.float32, 1, 2, 2, 64, 1, 8, True),
 ]
 

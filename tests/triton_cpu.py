@@ -67,7 +67,12 @@ def run_interpreted(test_file: str, selection: str, timeout_s: int = 900) -> Non
   triton is not installed)."""
   if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed")
-  env = dict(os.environ, TRITON_INTERPRET="1", JAX_PLATFORMS="cpu")
+  # JAX_DISABLE_MOST_OPTIMIZATIONS: XLA compiles without LLVM's optimisation passes. The
+  # programs there are small and run once or twice each, while each new shape compiles anew:
+  # compiling took more time than running (a quarter less time in all at -O0). And no
+  # compilation cache (tests/conftest.py): its programs call back into this process.
+  env = dict(os.environ, TRITON_INTERPRET="1", JAX_PLATFORMS="cpu",
+             JAX_DISABLE_MOST_OPTIMIZATIONS="1", JAX_ENABLE_COMPILATION_CACHE="false")
   result = subprocess.run(
       [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
        test_file, "-k", selection], cwd=REPO, env=env, capture_output=True, text=True,

@@ -143,7 +143,7 @@ class DSAConfig(KindConfig):
   # "fine": the paper's rule (each row, or row group of ``vector``, keeps its own keys) |
   # "block": each query block of ``block_size`` rows keeps whole key blocks, ranked by the mean
   # predicted score of the block pair (``kernels.dsa.reference.block_select``): the structure
-  # that lets the kernels skip whole tiles (``kernels.dsa.tiles.block_overrides``).
+  # that lets the kernels visit only the kept tiles (``kernels.dsa.reference.tile_lists``).
   granularity: str = "fine"
   block_size: int = 64             # granularity="block": rows and keys per block
 
@@ -344,8 +344,9 @@ class DSAAttention(nn.Module):
                        deterministic, kernel):
     """granularity="block": M = every (query, key) of the kept (query block, key block) pairs
     (``dsa_reference.block_select``), then A = softmax(S restricted to M) V as in the fine
-    rule: on the kernels, with tiles cut to the blocks and empty tiles skipped
-    (``dsa_tiles.block_overrides``), else on the pure-JAX path. Evaluation also records the
+    rule: on the kernels, with tiles cut to the blocks, each kernel visiting only the tiles of
+    kept block pairs (``dsa_tiles.block_overrides``, ``dsa_reference.tile_lists``), else on
+    the pure-JAX path. Evaluation also records the
     hit rate against the fine-grained oracle (the same rule on the real Q, K, per row) and
     the share of real (row, key) pairs kept."""
     config = self.config
@@ -376,13 +377,15 @@ class DSAAttention(nn.Module):
                                       vector=vector)
       tiles = dsa_tiles.block_overrides(config.block_size, jnp.dtype(q.dtype).name)
 
-      def attend(q, k, v, bits, mask, seed):
+      def attend(q, k, v, bits, keep_blocks, mask, seed):
         return kernel.dsa_attention_triton(q, k, v, bits, mask=mask, vector=vector,
                                            deterministic=config.deterministic_kernels,
                                            forward="tiles", dropout_rate=rate,
                                            dropout_seed=sharding.shard_dropout_seed(seed),
-                                           tiles=tiles)
-      return sharding.per_data_shard(attend, q, k, v, bits, mask, seed, replicated=(5,))
+                                           tiles=tiles, blocks=keep_blocks,
+                                           block_size=config.block_size)
+      return sharding.per_data_shard(attend, q, k, v, bits, keep_blocks, mask, seed,
+                                     replicated=(6,))
     keep = dsa_reference.expand_blocks(keep_blocks, config.block_size, length, mask)
     return dsa_reference.attention_under_keep(q, k, v, keep, dropout_rate=rate,
                                               dropout_seed=seed)

@@ -8,7 +8,9 @@ words per row; row i reads its group i // VEC) and treats every other entry as -
 kernel writes S or P: the forward keeps an online softmax and writes O and a per-row
 log-sum-exp; the backward recomputes the tile.  A key-tile whose bits are all zero for the
 whole query block is skipped when SKIP (no products, no exponentials), so the work falls as
-the kept set thins out in blocks.
+the kept set thins out in blocks.  With LISTS (the block rule) a block's loop runs over a list
+of tile indices instead of every tile (``kernels.dsa.reference.tile_lists``: the tiles that
+meet a kept block pair), so the skipped tiles cost nothing at all, not even their bit test.
 
 ``dsa_fwd_gather`` is the forward over compact key lists instead (``dsa_compact``): per block of
 query rows it loads only the keys its row groups keep (K and V rows by index), so its work is
@@ -91,34 +93,65 @@ def _unpack(words, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def dsa_fwd(Q, K, V, BITS, EXT, SEED, sm_scale, L, LP, H, G, W, O, LSE, D: tl.constexpr,
-            VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SKIP: tl.constexpr,
-            DROP_T: tl.constexpr):
+def _fwd_tile(start, K, V, BITS, bbase, base, offs_m, offs_d, rin, RS, q, m_i, l_i, acc,
+              qk_scale, L, W, bh, k0, k1, VEC: tl.constexpr, BM: tl.constexpr,
+              BN: tl.constexpr, SKIP: tl.constexpr, DROP_T: tl.constexpr):
+  """The forward's step over the key tile at ``start``: (m_i, l_i, acc) updated."""
+  words = _tile_words(BITS, bbase, offs_m, rin, start, W, VEC, BN)
+  if _go(words, SKIP):
+    keep = _unpack(words, BM, BN)
+    offs_n = start + tl.arange(0, BN)
+    kin = offs_n < L
+    kt = tl.load(K + base + offs_n[None, :] * RS + offs_d[:, None], mask=kin[None, :],
+                 other=0.0)
+    p, alpha, m_i, l_i = _online_softmax(tl.where(keep, tl.dot(q, kt), NEG_INF), m_i, l_i,
+                                         qk_scale)
+    if DROP_T > 0:
+      p = tl.where(dropout.key_draws(k0, k1, bh, offs_m, start, BN, False) >= DROP_T, p, 0.0)
+    v = tl.load(V + base + offs_n[:, None] * RS + offs_d[None, :], mask=kin[:, None],
+                other=0.0)
+    acc = tl.dot(p.to(V.dtype.element_ty), v, acc * alpha[:, None])
+  return m_i, l_i, acc
+
+
+@triton.jit
+def _listed(LIST, COUNT, NL, block, bh, n_blocks, live):
+  """(the list row's base offset, its length): the tiles a block visits in list mode (0 of
+  them when not ``live``)."""
+  row = bh.to(tl.int64) * n_blocks + block
+  return row * NL, tl.where(live, tl.load(COUNT + row), 0)
+
+
+@triton.jit
+def dsa_fwd(Q, K, V, BITS, EXT, SEED, LIST, COUNT, sm_scale, L, LP, H, G, W, NL, O, LSE,
+            D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+            SKIP: tl.constexpr, DROP_T: tl.constexpr, LISTS: tl.constexpr):
   """Forward: one program per BM query rows, online softmax over the kept keys (the key
   tiles below the example's extent EXT: no bit is set past it; none for a block of rows past
-  EXT, trailing padding, whose rows keep nothing: O = 0)."""
+  EXT, trailing padding, whose rows keep nothing: O = 0).  LISTS: only the key tiles of the
+  block's list (LIST int32 [batch*heads, row blocks, NL] tile indices, increasing, COUNT of
+  them): the tiles whose bits can be set, in the same order, so the same result."""
   pid_m, bh, b, base, bbase = _program(L, H, G, W, D)
   RS, offs_m, offs_d, rin, q, m_i, l_i, acc = _fwd_start(Q, base, pid_m, L, H, D, BM)
   qk_scale = sm_scale * LOG2E
+  k0 = 0
+  k1 = 0
   if DROP_T > 0:
     k0, k1 = dropout.seed_key(SEED)
   ext = tl.load(EXT + b)
   ext = tl.where(pid_m * BM < ext, ext, 0)
-  for start in range(0, ext, BN):
-    words = _tile_words(BITS, bbase, offs_m, rin, start, W, VEC, BN)
-    if _go(words, SKIP):
-      keep = _unpack(words, BM, BN)
-      offs_n = start + tl.arange(0, BN)
-      kin = offs_n < L
-      kt = tl.load(K + base + offs_n[None, :] * RS + offs_d[:, None], mask=kin[None, :],
-                   other=0.0)
-      p, alpha, m_i, l_i = _online_softmax(tl.where(keep, tl.dot(q, kt), NEG_INF), m_i, l_i,
-                                           qk_scale)
-      if DROP_T > 0:
-        p = tl.where(dropout.key_draws(k0, k1, bh, offs_m, start, BN, False) >= DROP_T, p, 0.0)
-      v = tl.load(V + base + offs_n[:, None] * RS + offs_d[None, :], mask=kin[:, None],
-                  other=0.0)
-      acc = tl.dot(p.to(V.dtype.element_ty), v, acc * alpha[:, None])
+  if LISTS:
+    lbase, n = _listed(LIST, COUNT, NL, pid_m, bh, tl.cdiv(L, BM), ext > 0)
+    for i in range(0, n):
+      start = tl.load(LIST + lbase + i) * BN
+      m_i, l_i, acc = _fwd_tile(start, K, V, BITS, bbase, base, offs_m, offs_d, rin, RS, q,
+                                m_i, l_i, acc, qk_scale, L, W, bh, k0, k1, VEC, BM, BN, SKIP,
+                                DROP_T)
+  else:
+    for start in range(0, ext, BN):
+      m_i, l_i, acc = _fwd_tile(start, K, V, BITS, bbase, base, offs_m, offs_d, rin, RS, q,
+                                m_i, l_i, acc, qk_scale, L, W, bh, k0, k1, VEC, BM, BN, SKIP,
+                                DROP_T)
   _store_out(O, LSE, base, bh * LP, offs_m, rin, offs_d, RS, acc, m_i, l_i, DROP_T)
 
 
@@ -197,14 +230,52 @@ def dsa_fwd_gather(Q, K, V, SLOTS, COUNT, SEED, sm_scale, L, LP, H, T, O, LSE,
 
 
 @triton.jit
-def _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H, G, W, DK, DV,
-              DQ, D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-              SKIP: tl.constexpr, DROP_T: tl.constexpr):
+def _bwd_keys_tile(start, Q, BITS, DO, LSE, DELTA, bbase, base, bh, LP, pid_n, offs_n, offs_d,
+                   RS, k, v, dk, dv, qk_scale, L, W, k0, k1, DQ, VEC: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr, SKIP: tl.constexpr,
+                   DROP_T: tl.constexpr):
+  """The key block's step over the query tile at ``start``: (dk, dv) updated (and dQ's
+  atomics when DQ is not None)."""
+  offs_m = start + tl.arange(0, BM)
+  rin = offs_m < L
+  words = _tile_words(BITS, bbase, offs_m, rin, pid_n * BN, W, VEC, BN)
+  if _go(words, SKIP):
+    keep = tl.trans(_unpack(words, BM, BN))                             # [BN, BM]
+    qt = tl.load(Q + base + offs_m[None, :] * RS + offs_d[:, None], mask=rin[None, :],
+                 other=0.0)
+    do = tl.load(DO + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None],
+                 other=0.0)
+    lse = tl.load(LSE + bh * LP + offs_m, mask=rin, other=POS_INF)
+    dlt = tl.load(DELTA + bh * LP + offs_m, mask=rin, other=0.0)
+    s = tl.dot(k, qt)
+    p = tl.where(keep, tl.math.exp2(s * qk_scale - lse[None, :]), 0.0)
+    dp = tl.dot(v, tl.trans(do))
+    if DROP_T > 0:
+      live = dropout.key_draws(k0, k1, bh, offs_m, pid_n * BN, BN, True) >= DROP_T
+      dv = tl.dot(tl.where(live, p, 0.0).to(DO.dtype.element_ty), do, dv)
+      dp = tl.where(live, dp * dropout.kept_scale(DROP_T), 0.0)
+    else:
+      dv = tl.dot(p.to(DO.dtype.element_ty), do, dv)
+    ds = (p * (dp - dlt[None, :])).to(Q.dtype.element_ty)
+    dk = tl.dot(ds, tl.trans(qt), dk)
+    if DQ is not None:
+      dq = tl.dot(tl.trans(ds), k)
+      tl.atomic_add(DQ + base + offs_m[:, None] * RS + offs_d[None, :], dq,
+                    mask=rin[:, None], sem="relaxed")
+  return dk, dv
+
+
+@triton.jit
+def _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, LIST, COUNT, sm_scale, L, LP, H,
+              G, W, NL, DK, DV, DQ, D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr,
+              BN: tl.constexpr, SKIP: tl.constexpr, DROP_T: tl.constexpr,
+              LISTS: tl.constexpr):
   """dV = P^T dO and dK = scale * dS^T Q for one block of BN keys, over the query blocks
   below ROWS (none when the block starts at or past the key extent EXT), with
   dS = P * (dP - delta), dP = dO V^T (transposed tiles: keys x queries).  With DQ (not None)
   also adds dQ / scale = dS K into the fp32 buffer DQ with atomics (one pass).  DROP_T > 0:
-  the forward's survivors again (module docstring)."""
+  the forward's survivors again (module docstring).  LISTS: only the query tiles of the key
+  block's list (LIST [batch*heads, key blocks, NL], COUNT), those below ROWS."""
   pid_n, bh, b, base, bbase = _program(L, H, G, W, D)
   RS = H * D
   offs_n = pid_n * BN + tl.arange(0, BN)
@@ -215,36 +286,24 @@ def _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H
   v = tl.load(V + base + offs_n[:, None] * RS + offs_d[None, :], mask=kin[:, None], other=0.0)
   dk = tl.zeros([BN, D], tl.float32)
   dv = tl.zeros([BN, D], tl.float32)
+  k0 = 0
+  k1 = 0
   if DROP_T > 0:
     k0, k1 = dropout.seed_key(SEED)
   rows = tl.where(pid_n * BN < tl.load(EXT + b), tl.load(ROWS + b), 0)
-  for start in range(0, rows, BM):
-    offs_m = start + tl.arange(0, BM)
-    rin = offs_m < L
-    words = _tile_words(BITS, bbase, offs_m, rin, pid_n * BN, W, VEC, BN)
-    if _go(words, SKIP):
-      keep = tl.trans(_unpack(words, BM, BN))                             # [BN, BM]
-      qt = tl.load(Q + base + offs_m[None, :] * RS + offs_d[:, None], mask=rin[None, :],
-                   other=0.0)
-      do = tl.load(DO + base + offs_m[:, None] * RS + offs_d[None, :], mask=rin[:, None],
-                   other=0.0)
-      lse = tl.load(LSE + bh * LP + offs_m, mask=rin, other=POS_INF)
-      dlt = tl.load(DELTA + bh * LP + offs_m, mask=rin, other=0.0)
-      s = tl.dot(k, qt)
-      p = tl.where(keep, tl.math.exp2(s * qk_scale - lse[None, :]), 0.0)
-      dp = tl.dot(v, tl.trans(do))
-      if DROP_T > 0:
-        live = dropout.key_draws(k0, k1, bh, offs_m, pid_n * BN, BN, True) >= DROP_T
-        dv = tl.dot(tl.where(live, p, 0.0).to(DO.dtype.element_ty), do, dv)
-        dp = tl.where(live, dp * dropout.kept_scale(DROP_T), 0.0)
-      else:
-        dv = tl.dot(p.to(DO.dtype.element_ty), do, dv)
-      ds = (p * (dp - dlt[None, :])).to(Q.dtype.element_ty)
-      dk = tl.dot(ds, tl.trans(qt), dk)
-      if DQ is not None:
-        dq = tl.dot(tl.trans(ds), k)
-        tl.atomic_add(DQ + base + offs_m[:, None] * RS + offs_d[None, :], dq,
-                      mask=rin[:, None], sem="relaxed")
+  if LISTS:
+    lbase, n = _listed(LIST, COUNT, NL, pid_n, bh, tl.cdiv(L, BN), rows > 0)
+    for i in range(0, n):
+      start = tl.load(LIST + lbase + i) * BM
+      if start < rows:
+        dk, dv = _bwd_keys_tile(start, Q, BITS, DO, LSE, DELTA, bbase, base, bh, LP, pid_n,
+                                offs_n, offs_d, RS, k, v, dk, dv, qk_scale, L, W, k0, k1, DQ,
+                                VEC, BM, BN, SKIP, DROP_T)
+  else:
+    for start in range(0, rows, BM):
+      dk, dv = _bwd_keys_tile(start, Q, BITS, DO, LSE, DELTA, bbase, base, bh, LP, pid_n,
+                              offs_n, offs_d, RS, k, v, dk, dv, qk_scale, L, W, k0, k1, DQ,
+                              VEC, BM, BN, SKIP, DROP_T)
   if DROP_T > 0:
     dv = dv * dropout.kept_scale(DROP_T)
   tl.store(DK + base + offs_n[:, None] * RS + offs_d[None, :],
@@ -254,31 +313,59 @@ def _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H
 
 
 @triton.jit
-def dsa_bwd_dkdv(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H, G, W, DK,
-                 DV, D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                 SKIP: tl.constexpr, DROP_T: tl.constexpr):
+def dsa_bwd_dkdv(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, LIST, COUNT, sm_scale, L, LP,
+                 H, G, W, NL, DK, DV, D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr,
+                 BN: tl.constexpr, SKIP: tl.constexpr, DROP_T: tl.constexpr,
+                 LISTS: tl.constexpr):
   """Deterministic backward, first kernel: dK and dV per key block (dsa_bwd_dq: dQ)."""
-  _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H, G, W, DK, DV,
-            None, D, VEC, BM, BN, SKIP, DROP_T)
+  _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, LIST, COUNT, sm_scale, L, LP, H, G,
+            W, NL, DK, DV, None, D, VEC, BM, BN, SKIP, DROP_T, LISTS)
 
 
 @triton.jit
-def dsa_bwd_onepass(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H, G, W,
-                    DK, DV, DQ, D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr,
-                    BN: tl.constexpr, SKIP: tl.constexpr, DROP_T: tl.constexpr):
+def dsa_bwd_onepass(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, LIST, COUNT, sm_scale, L,
+                    LP, H, G, W, NL, DK, DV, DQ, D: tl.constexpr, VEC: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, SKIP: tl.constexpr,
+                    DROP_T: tl.constexpr, LISTS: tl.constexpr):
   """One-pass backward: dK, dV as dsa_bwd_dkdv, and dQ / scale added into the zeroed fp32
   buffer DQ with atomics (each tile's products and exponentials once; dQ's summation order,
   hence its last bits, can vary run to run)."""
-  _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H, G, W, DK, DV,
-            DQ, D, VEC, BM, BN, SKIP, DROP_T)
+  _bwd_keys(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, LIST, COUNT, sm_scale, L, LP, H, G,
+            W, NL, DK, DV, DQ, D, VEC, BM, BN, SKIP, DROP_T, LISTS)
 
 
 @triton.jit
-def dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, H, G, W, DQ,
-               D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               SKIP: tl.constexpr, DROP_T: tl.constexpr):
+def _dq_tile(start, K, V, BITS, bbase, base, bh, offs_m, offs_d, rin, RS, q, do, lse, dlt, dq,
+             qk_scale, L, W, k0, k1, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+             SKIP: tl.constexpr, DROP_T: tl.constexpr):
+  """The query block's step over the key tile at ``start``: dq updated."""
+  words = _tile_words(BITS, bbase, offs_m, rin, start, W, VEC, BN)
+  if _go(words, SKIP):
+    keep = _unpack(words, BM, BN)
+    offs_n = start + tl.arange(0, BN)
+    kin = offs_n < L
+    kt = tl.load(K + base + offs_n[None, :] * RS + offs_d[:, None], mask=kin[None, :],
+                 other=0.0)
+    vt = tl.load(V + base + offs_n[None, :] * RS + offs_d[:, None], mask=kin[None, :],
+                 other=0.0)
+    p = tl.where(keep, tl.math.exp2(tl.dot(q, kt) * qk_scale - lse[:, None]), 0.0)
+    dp = tl.dot(do, vt)
+    if DROP_T > 0:
+      live = dropout.key_draws(k0, k1, bh, offs_m, start, BN, False) >= DROP_T
+      dp = tl.where(live, dp * dropout.kept_scale(DROP_T), 0.0)
+    ds = p * (dp - dlt[:, None])
+    dq = tl.dot(ds.to(K.dtype.element_ty), tl.trans(kt), dq)
+  return dq
+
+
+@triton.jit
+def dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, LIST, COUNT, sm_scale, L, LP, H,
+               G, W, NL, DQ, D: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr,
+               BN: tl.constexpr, SKIP: tl.constexpr, DROP_T: tl.constexpr,
+               LISTS: tl.constexpr):
   """dQ = scale * dS K for one block of BM query rows, over the key blocks below the key
-  extent EXT (none when the block starts at or past ROWS: its dO is 0)."""
+  extent EXT (none when the block starts at or past ROWS: its dO is 0).  LISTS: the key tiles
+  of the forward's list only."""
   pid_m, bh, b, base, bbase = _program(L, H, G, W, D)
   RS = H * D
   offs_m = pid_m * BM + tl.arange(0, BM)
@@ -290,25 +377,20 @@ def dsa_bwd_dq(Q, K, V, BITS, DO, LSE, DELTA, EXT, ROWS, SEED, sm_scale, L, LP, 
   lse = tl.load(LSE + bh * LP + offs_m, mask=rin, other=POS_INF)
   dlt = tl.load(DELTA + bh * LP + offs_m, mask=rin, other=0.0)
   dq = tl.zeros([BM, D], tl.float32)
+  k0 = 0
+  k1 = 0
   if DROP_T > 0:
     k0, k1 = dropout.seed_key(SEED)
   ext = tl.where(pid_m * BM < tl.load(ROWS + b), tl.load(EXT + b), 0)
-  for start in range(0, ext, BN):
-    words = _tile_words(BITS, bbase, offs_m, rin, start, W, VEC, BN)
-    if _go(words, SKIP):
-      keep = _unpack(words, BM, BN)
-      offs_n = start + tl.arange(0, BN)
-      kin = offs_n < L
-      kt = tl.load(K + base + offs_n[None, :] * RS + offs_d[:, None], mask=kin[None, :],
-                   other=0.0)
-      vt = tl.load(V + base + offs_n[None, :] * RS + offs_d[:, None], mask=kin[None, :],
-                   other=0.0)
-      p = tl.where(keep, tl.math.exp2(tl.dot(q, kt) * qk_scale - lse[:, None]), 0.0)
-      dp = tl.dot(do, vt)
-      if DROP_T > 0:
-        live = dropout.key_draws(k0, k1, bh, offs_m, start, BN, False) >= DROP_T
-        dp = tl.where(live, dp * dropout.kept_scale(DROP_T), 0.0)
-      ds = p * (dp - dlt[:, None])
-      dq = tl.dot(ds.to(K.dtype.element_ty), tl.trans(kt), dq)
+  if LISTS:
+    lbase, n = _listed(LIST, COUNT, NL, pid_m, bh, tl.cdiv(L, BM), ext > 0)
+    for i in range(0, n):
+      start = tl.load(LIST + lbase + i) * BN
+      dq = _dq_tile(start, K, V, BITS, bbase, base, bh, offs_m, offs_d, rin, RS, q, do, lse,
+                    dlt, dq, qk_scale, L, W, k0, k1, VEC, BM, BN, SKIP, DROP_T)
+  else:
+    for start in range(0, ext, BN):
+      dq = _dq_tile(start, K, V, BITS, bbase, base, bh, offs_m, offs_d, rin, RS, q, do, lse,
+                    dlt, dq, qk_scale, L, W, k0, k1, VEC, BM, BN, SKIP, DROP_T)
   tl.store(DQ + base + offs_m[:, None] * RS + offs_d[None, :],
            (dq * sm_scale).to(DQ.dtype.element_ty), mask=rin[:, None])

@@ -346,6 +346,28 @@ def block_bits(keep_blocks, block_size: int, length: int, mask=None, *, vector: 
   return jnp.repeat(words, block_size // vector, axis=2)[:, :, :length // vector]
 
 
+def tile_lists(keep_blocks, block_size: int, length: int, rows: int, keys: int):
+  """The block rule's tiles as the attention kernels' lists: for each tile of ``rows`` query
+  rows, the tiles of ``keys`` keys that meet a kept (query block, key block) pair (a tile that
+  meets none has no keep bit set, so visiting only these is the empty-tile skip without
+  testing the others).  (int32 [batch*heads, cdiv(length, rows), cdiv(length, keys)]: tile
+  indices, increasing, then unspecified; int32 [batch*heads, cdiv(length, rows)]: how many.)
+  With ``swapaxes(keep_blocks, 2, 3)`` and (keys, rows): each key tile's query tiles."""
+  b, h, q_blocks, k_blocks = keep_blocks.shape
+
+  def meets(size, blocks):           # float [tiles, blocks]: tile i overlaps block a
+    tile = jnp.arange(-(-length // size))[:, None]
+    block = jnp.arange(blocks)[None, :]
+    return ((block * block_size < (tile + 1) * size)
+            & ((block + 1) * block_size > tile * size)).astype(jnp.float32)
+
+  hits = jnp.einsum("ia,bhac,jc->bhij", meets(rows, q_blocks),
+                    keep_blocks.astype(jnp.float32), meets(keys, k_blocks)) > 0
+  order = jnp.argsort(jnp.logical_not(hits), axis=-1, stable=True).astype(jnp.int32)
+  count = hits.sum(-1, dtype=jnp.int32)
+  return order.reshape((b * h,) + order.shape[2:]), count.reshape(b * h, -1)
+
+
 def attention_under_keep(q, k, v, keep, *, dropout_rate: float = 0.0, dropout_seed=None,
                          scores=None):
   """softmax(S over ``keep`` [batch, heads, L, L]) V with S = Q K^T / sqrt(d); a row that keeps

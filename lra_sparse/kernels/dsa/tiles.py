@@ -70,16 +70,27 @@ def tiles(kernel: str, dtype_name: str, overrides: Overrides = ()) -> Tiles:
 ATTENTION_KERNELS = ("fwd", "fwd_drop", "onepass", "dkdv", "dq")
 
 
+# The block rule's row cap per kernel: its kernels loop over tile lists, and the one-pass
+# backward with attention dropout then spilled at 64x64 (ptxas for sm_90a: 255 registers, 72
+# stack bytes, 26 STL / 18 LDL, with or without the skip test; 8 warps or 1 stage did not
+# help); at 32x64 it holds 198 registers, no spill (benchmarks/dsa_kernel_registers
+# --block_rule).
+BLOCK_RULE_MAX_BM = {"onepass": 32}
+
+
 def block_overrides(block_size: int, dtype_name: str) -> Overrides:
   """Tiles for the block rule (``attention.dsa.granularity="block"``): each attention kernel's
-  default with its rows and keys cut to fit one block (BM <= block_size, BN <= max(32,
-  block_size)) and ``skip`` on, so a tile lies inside one (query block, key block) pair and
-  is either wholly kept or skipped: the work falls with the kept blocks."""
+  default with its rows and keys cut to fit one block (BM <= block_size, and the caps of
+  ``BLOCK_RULE_MAX_BM``; BN <= max(32, block_size)) and ``skip`` on, so a tile lies inside
+  one (query block, key block) pair and is either wholly kept or skipped: the work falls with
+  the kept blocks (the kernels visit only the tiles of their lists, ``reference.tile_lists``,
+  when given the kept blocks)."""
   out = []
   for kernel in ATTENTION_KERNELS:
     t = tiles(kernel, dtype_name)
-    out.append((kernel, Tiles(min(t.bm, block_size), min(t.bn, max(32, block_size)),
-                              t.num_warps, t.num_stages, True)))
+    bm = min(t.bm, block_size, BLOCK_RULE_MAX_BM.get(kernel, t.bm))
+    out.append((kernel, Tiles(bm, min(t.bn, max(32, block_size)), t.num_warps, t.num_stages,
+                              True)))
   return tuple(out)
 
 

@@ -167,7 +167,20 @@ def key_lists(bits, ext, *, vector: int, block: int, poison: bool = False):
 
 
 # ----------------------------------------------------------------------------- attention
-def _fwd(q, k, v, bits, ext, seed, vector, scale, poison, drop_t, forward, tiles):
+def _tile_lists(blocks, block_size, length, rows, keys, by_keys=False):
+  """(LIST, COUNT, NL, LISTS) operands of an attention kernel: the block rule's tile lists for
+  its (rows x keys) tiles (``reference.tile_lists``; by_keys: each key tile's query tiles), or
+  dummies the kernel does not read when ``blocks`` is None."""
+  if blocks is None:
+    dummy = jnp.zeros((1,), jnp.int32)
+    return dummy, dummy, 1, False
+  keep = jnp.swapaxes(blocks, 2, 3) if by_keys else blocks
+  lists, count = dsa_reference.tile_lists(keep, block_size, length, rows, keys)
+  return lists, count, lists.shape[-1], True
+
+
+def _fwd(q, k, v, bits, ext, seed, blocks, vector, scale, poison, drop_t, forward, tiles,
+         block_size):
   from lra_sparse.kernels.dsa import attention_kernels  # imports triton
   b, l, h, d = q.shape
   lp = padded_rows(l)
@@ -182,61 +195,76 @@ def _fwd(q, k, v, bits, ext, seed, vector, scale, poison, drop_t, forward, tiles
         BM=bm, BN=bn, DROP_T=drop_t)
   bm, bn, warps, stages, skip = _tiles("fwd_drop" if drop_t else "fwd", q.dtype, tiles)
   g, w = bits.shape[2], bits.shape[3]
+  lists, count, nl, listed = _tile_lists(blocks, block_size, l, bm, bn)
   return launch(
-      attention_kernels.dsa_fwd, (q, k, v, bits, ext, seed, scale, l, lp, h, g, w), outs,
+      attention_kernels.dsa_fwd,
+      (q, k, v, bits, ext, seed, lists, count, scale, l, lp, h, g, w, nl), outs,
       (cdiv(l, bm), b * h), num_warps=warps, num_stages=stages, poison=poison,
-      D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip, DROP_T=drop_t)
+      D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip, DROP_T=drop_t, LISTS=listed)
 
 
-def _bwd(q, k, v, bits, ext, seed, o, lse, do, vector, scale, poison, deterministic, drop_t,
-         tiles):
+def _bwd(q, k, v, bits, ext, seed, blocks, o, lse, do, vector, scale, poison, deterministic,
+         drop_t, tiles, block_size):
   from lra_sparse.kernels.dsa import attention_kernels  # imports triton
   b, l, h, d = q.shape
   do = do.astype(q.dtype)   # the rows' extent is read from the dO the kernels read
   g, w = bits.shape[2], bits.shape[3]
-  args = (q, k, v, bits, do, lse, row_delta(o, do), ext, _row_extent(do), seed, scale, l,
-          padded_rows(l), h, g, w)
+  head = (q, k, v, bits, do, lse, row_delta(o, do), ext, _row_extent(do), seed)
+  tail = (scale, l, padded_rows(l), h, g, w)
+
+  def args(bm, bn, by_keys):
+    lists, count, nl, listed = _tile_lists(blocks, block_size, l, *((bn, bm) if by_keys
+                                                                     else (bm, bn)), by_keys)
+    return head + (lists, count) + tail + (nl,), listed
+
   if not deterministic:
     bm, bn, warps, stages, skip = _tiles("onepass", q.dtype, tiles)
+    operands, listed = args(bm, bn, True)
     dk, dv, dq = launch(
-      attention_kernels.dsa_bwd_onepass, args,
+      attention_kernels.dsa_bwd_onepass, operands,
         (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
          jax.ShapeDtypeStruct(q.shape, jnp.float32)),
         (cdiv(l, bn), b * h), num_warps=warps, num_stages=stages, zeroed=(2,), poison=poison,
-      D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip, DROP_T=drop_t)
+      D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip, DROP_T=drop_t, LISTS=listed)
     return (dq * scale).astype(q.dtype), dk, dv
   bm, bn, warps, stages, skip = _tiles("dkdv", q.dtype, tiles)
+  operands, listed = args(bm, bn, True)
   dk, dv = launch(
-      attention_kernels.dsa_bwd_dkdv, args,
+      attention_kernels.dsa_bwd_dkdv, operands,
       (jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
       (cdiv(l, bn), b * h), num_warps=warps, num_stages=stages, poison=poison,
-      D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip, DROP_T=drop_t)
+      D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip, DROP_T=drop_t, LISTS=listed)
   bm, bn, warps, stages, skip = _tiles("dq", q.dtype, tiles)
+  operands, listed = args(bm, bn, False)
   (dq,) = launch(
-      attention_kernels.dsa_bwd_dq, args, (jax.ShapeDtypeStruct(q.shape, q.dtype),),
+      attention_kernels.dsa_bwd_dq, operands, (jax.ShapeDtypeStruct(q.shape, q.dtype),),
       (cdiv(l, bm), b * h), num_warps=warps, num_stages=stages, poison=poison,
-      D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip, DROP_T=drop_t)
+      D=d, VEC=vector, BM=bm, BN=bn, SKIP=skip, DROP_T=drop_t, LISTS=listed)
   return dq, dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11, 12))
-def _attn(q, k, v, bits, ext, seed, vector, scale, poison, deterministic, drop_t, forward, tiles):
-  return _fwd(q, k, v, bits, ext, seed, vector, scale, poison, drop_t, forward, tiles)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11, 12, 13, 14))
+def _attn(q, k, v, bits, ext, seed, blocks, vector, scale, poison, deterministic, drop_t,
+          forward, tiles, block_size):
+  return _fwd(q, k, v, bits, ext, seed, blocks, vector, scale, poison, drop_t, forward, tiles,
+              block_size)[0]
 
 
-def _attn_fwd(q, k, v, bits, ext, seed, vector, scale, poison, deterministic, drop_t, forward,
-              tiles):
+def _attn_fwd(q, k, v, bits, ext, seed, blocks, vector, scale, poison, deterministic, drop_t,
+              forward, tiles, block_size):
   del deterministic  # backward only
-  o, lse = _fwd(q, k, v, bits, ext, seed, vector, scale, poison, drop_t, forward, tiles)
-  return o, (q, k, v, bits, ext, seed, o, lse)
+  o, lse = _fwd(q, k, v, bits, ext, seed, blocks, vector, scale, poison, drop_t, forward,
+                tiles, block_size)
+  return o, (q, k, v, bits, ext, seed, blocks, o, lse)
 
 
-def _attn_bwd(vector, scale, poison, deterministic, drop_t, forward, tiles, res, do):
+def _attn_bwd(vector, scale, poison, deterministic, drop_t, forward, tiles, block_size, res,
+              do):
   del forward  # both forwards give the same O and log-sum-exp
-  q, k, v, bits, ext, seed, o, lse = res
-  dq, dk, dv = _bwd(q, k, v, bits, ext, seed, o, lse, do, vector, scale, poison, deterministic,
-                    drop_t, tiles)
-  return dq, dk, dv, None, None, None
+  q, k, v, bits, ext, seed, blocks, o, lse = res
+  dq, dk, dv = _bwd(q, k, v, bits, ext, seed, blocks, o, lse, do, vector, scale, poison,
+                    deterministic, drop_t, tiles, block_size)
+  return dq, dk, dv, None, None, None, None
 
 
 _attn.defvjp(_attn_fwd, _attn_bwd)
@@ -245,7 +273,7 @@ _attn.defvjp(_attn_fwd, _attn_bwd)
 def dsa_attention_triton(q, k, v, bits, *, mask=None, vector: int = 1,
                          deterministic: bool = False, dropout_rate: float = 0.0,
                          dropout_seed=None, forward: str = "tiles", poison: bool = False,
-                         tiles: dsa_tiles.Overrides = ()):
+                         tiles: dsa_tiles.Overrides = (), blocks=None, block_size: int = 0):
   """softmax(Q K^T / sqrt(d) over the kept keys) V.  q, k, v [batch, length, heads, head_dim]
   (fp32 / bf16 / fp16, head_dim <= 128); bits int32 [batch, heads, length / vector,
   ceil(length / 32)] from ``select_bits`` (padded keys already excluded there).  mask: bool
@@ -259,8 +287,12 @@ def dsa_attention_triton(q, k, v, bits, *, mask=None, vector: int = 1,
   mask in JAX).  forward (``FORWARDS``): "tiles" computes every key tile up to the extent
   under the bits; "gather" lists each 64-row block's kept keys first and computes only those
   (vector 4 or 8; faster when the row groups of a block keep few keys in all; the same
-  backward).  tiles: per-kernel tile overrides (``kernels.dsa.tiles``; tuning).  poison=True
-  (tests) pre-fills every kernel output with NaN."""
+  backward).  blocks (the block rule, forward "tiles"): its kept block pairs bool [batch,
+  heads, L / block_size, L / block_size] (``reference.block_select``), of which ``bits`` are
+  the ``block_bits``: every kernel then visits only the tiles that meet a kept pair
+  (``reference.tile_lists``), in the order of the full loop, so the result is that of the
+  bits alone.  tiles: per-kernel tile overrides (``kernels.dsa.tiles``; tuning).
+  poison=True (tests) pre-fills every kernel output with NaN."""
   tiles = dsa_tiles.check_overrides(tiles)
   reason = unsupported_reason(q, v, k=k, vector=vector, forward=forward, tiles=tiles)
   if reason is not None:
@@ -269,13 +301,21 @@ def dsa_attention_triton(q, k, v, bits, *, mask=None, vector: int = 1,
   want = (b, h, l // vector, cdiv(l, 32))
   if tuple(bits.shape) != want or bits.dtype != jnp.int32:
     raise ValueError(f"bits must be int32 {want}, got {bits.dtype} {tuple(bits.shape)}")
+  if blocks is not None:
+    blocks_want = (b, h, cdiv(l, block_size or 1), cdiv(l, block_size or 1))
+    if block_size <= 0 or tuple(blocks.shape) != blocks_want or forward != "tiles":
+      raise ValueError(f"blocks must be bool {blocks_want} with block_size > 0 (got "
+                       f"{tuple(blocks.shape)}, block_size {block_size}) and forward 'tiles' "
+                       f"(got {forward!r})")
+    blocks = blocks.astype(bool)
   ext = _key_extent(_check_mask(mask, (b, l)), b, l)
   drop_t, seed = dropout.checked_seed(dropout_rate, dropout_seed)
   seed = dropout.seed_operand(seed)
   kernel_dim = kernel_head_dim(d, _HEAD_DIMS)
   scale = 1.0 / math.sqrt(d)
-  flags = (bool(poison), bool(deterministic), drop_t, forward, tiles)
+  flags = (bool(poison), bool(deterministic), drop_t, forward, tiles,
+           int(block_size) if blocks is not None else 0)
   if kernel_dim == d:
-    return _attn(q, k, v, bits, ext, seed, vector, scale, *flags)
+    return _attn(q, k, v, bits, ext, seed, blocks, vector, scale, *flags)
   q, k, v = (zero_pad_head_dim(x, kernel_dim) for x in (q, k, v))
-  return _attn(q, k, v, bits, ext, seed, vector, scale, *flags)[..., :d]
+  return _attn(q, k, v, bits, ext, seed, blocks, vector, scale, *flags)[..., :d]
