@@ -93,6 +93,15 @@ def _unpack(words, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
+def _keys_transposed(K, base, start, offs_d, RS, L, BN: tl.constexpr):
+  """(the key tile's positions, which are in range, its K^T [D, BN]) for keys start .. + BN."""
+  offs_n = start + tl.arange(0, BN)
+  kin = offs_n < L
+  kt = tl.load(K + base + offs_n[None, :] * RS + offs_d[:, None], mask=kin[None, :], other=0.0)
+  return offs_n, kin, kt
+
+
+@triton.jit
 def _fwd_tile(start, K, V, BITS, bbase, base, offs_m, offs_d, rin, RS, q, m_i, l_i, acc,
               qk_scale, L, W, bh, k0, k1, VEC: tl.constexpr, BM: tl.constexpr,
               BN: tl.constexpr, SKIP: tl.constexpr, DROP_T: tl.constexpr):
@@ -100,10 +109,7 @@ def _fwd_tile(start, K, V, BITS, bbase, base, offs_m, offs_d, rin, RS, q, m_i, l
   words = _tile_words(BITS, bbase, offs_m, rin, start, W, VEC, BN)
   if _go(words, SKIP):
     keep = _unpack(words, BM, BN)
-    offs_n = start + tl.arange(0, BN)
-    kin = offs_n < L
-    kt = tl.load(K + base + offs_n[None, :] * RS + offs_d[:, None], mask=kin[None, :],
-                 other=0.0)
+    offs_n, kin, kt = _keys_transposed(K, base, start, offs_d, RS, L, BN)
     p, alpha, m_i, l_i = _online_softmax(tl.where(keep, tl.dot(q, kt), NEG_INF), m_i, l_i,
                                          qk_scale)
     if DROP_T > 0:
@@ -342,10 +348,7 @@ def _dq_tile(start, K, V, BITS, bbase, base, bh, offs_m, offs_d, rin, RS, q, do,
   words = _tile_words(BITS, bbase, offs_m, rin, start, W, VEC, BN)
   if _go(words, SKIP):
     keep = _unpack(words, BM, BN)
-    offs_n = start + tl.arange(0, BN)
-    kin = offs_n < L
-    kt = tl.load(K + base + offs_n[None, :] * RS + offs_d[:, None], mask=kin[None, :],
-                 other=0.0)
+    offs_n, kin, kt = _keys_transposed(K, base, start, offs_d, RS, L, BN)
     vt = tl.load(V + base + offs_n[None, :] * RS + offs_d[:, None], mask=kin[None, :],
                  other=0.0)
     p = tl.where(keep, tl.math.exp2(tl.dot(q, kt) * qk_scale - lse[:, None]), 0.0)
