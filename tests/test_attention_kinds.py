@@ -1191,11 +1191,14 @@ def test_dense_auto_routes_dropout_and_holes_to_the_mosaic_kernels(monkeypatch):
   monkeypatch.setattr(dense_lib, "_triton_runs", lambda q, k, v: triton_runs[0])
 
   def stand_in(name):
-    def kernel(q, k, v, mask=None, *, dropout_rate=0.0, dropout_rng=None):
+    def kernel(q, k, v, mask=None, *, dropout_rate=0.0, dropout_rng=None, **options):
       calls.append((name, q.dtype.name, dropout_rate, dropout_rng is not None))
+      determinism.append(options.get("deterministic"))
       return dense_lib.dense_attention_reference(q, k, v, mask, dropout_rate=dropout_rate,
                                                  dropout_rng=dropout_rng)
     return kernel
+
+  determinism = []
 
   monkeypatch.setattr(dense_lib, "mosaic_attention", stand_in("mosaic"))
   monkeypatch.setattr(dense_lib, "triton_attention", stand_in("triton"))
@@ -1218,7 +1221,13 @@ def test_dense_auto_routes_dropout_and_holes_to_the_mosaic_kernels(monkeypatch):
   dense_attention(q32, k32, v32, mask, dropout_rate=0.1, dropout_rng=rng)
   assert calls[-1] == ("triton", "float32", 0.1, True)
   dense_attention(q32, k32, v32, mask)
-  assert calls[-1] == ("triton", "float32", 0.0, False)
+  assert calls[-1] == ("triton", "float32", 0.0, False) and determinism[-1] is False
+  # config.attention.dense.deterministic_kernels reaches the Triton call (float32's path)
+  core = dense_lib.DenseAttention(dims=AttentionDims(num_heads=H, head_dim=16, model_dim=H * 16,
+                                                     length=30),
+                                  config=dense_lib.DenseConfig(deterministic_kernels=True))
+  core.apply({}, q32, k32, v32, mask=mask)
+  assert calls[-1] == ("triton", "float32", 0.0, False) and determinism[-1] is True
   calls.clear()
   triton_runs[0] = False
   dense_attention(q32, k32, v32, mask, dropout_rate=0.1, dropout_rng=rng)

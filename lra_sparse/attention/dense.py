@@ -44,10 +44,15 @@ class DenseConfig(KindConfig):
   # The task's key masks may have holes (pixel tasks masking black pixels). Set by the model
   # builder from the task (lra_sparse.models.attention_for_masks), not by hand.
   mask_holes: bool = derived(False)
+  # The Triton kernels' backward (float32's path): False = one pass with fp32 atomics for dQ
+  # (fastest; dQ's last bits, and so a run, vary from run to run at a fixed seed) | True =
+  # separate dK/dV and dQ kernels (bit-reproducible runs). The other paths are deterministic.
+  deterministic_kernels: bool = False
 
   def __post_init__(self):
     self.check_choice("implementation", IMPLEMENTATIONS)
     self.check_bool("mask_holes")
+    self.check_bool("deterministic_kernels")
 
 
 CUDNN_HEAD_DIM_MULTIPLE = 8   # cuDNN's fused attention needs head_dim % 8 == 0
@@ -98,16 +103,16 @@ def _mosaic_module(required: bool):
   return common.usable_kernel(mosaic_kernels, "dense", required, backend="mosaic")
 
 
-def _per_shard(kernel, q, k, v, mask, dropout_rate, dropout_rng):
-  """``kernel(q, k, v, mask=, dropout_rate=, dropout_seed=)`` once per data shard; attention
-  dropout (rate > 0 with an rng) by ``ops.dropout``'s mask for the seed
+def _per_shard(kernel, q, k, v, mask, dropout_rate, dropout_rng, **options):
+  """``kernel(q, k, v, mask=, dropout_rate=, dropout_seed=, **options)`` once per data shard;
+  attention dropout (rate > 0 with an rng) by ``ops.dropout``'s mask for the seed
   ``dropout.seed_words(rng)``, as ``dense_attention_reference`` draws it."""
   use_dropout = dropout_rate > 0.0 and dropout_rng is not None
   seed = dropout.seed_words(dropout_rng) if use_dropout else None
 
   def kernel_call(q, k, v, mask, seed):
     return kernel(q, k, v, mask=mask, dropout_rate=dropout_rate if use_dropout else 0.0,
-                  dropout_seed=sharding.shard_dropout_seed(seed))
+                  dropout_seed=sharding.shard_dropout_seed(seed), **options)
 
   return sharding.per_data_shard(kernel_call, q, k, v, mask, seed, replicated=(4,))
 
@@ -123,11 +128,13 @@ def _triton_module(required: bool):
   return common.usable_kernel(triton_kernels, "dense", required, backend="triton")
 
 
-def triton_attention(q, k, v, mask=None, *, dropout_rate: float = 0.0, dropout_rng=None):
+def triton_attention(q, k, v, mask=None, *, dropout_rate: float = 0.0, dropout_rng=None,
+                     deterministic: bool = False):
   """Dense attention on the fused Triton kernels (``dense_attention_triton``: DFSS at 1:1),
-  once per data shard, with attention dropout as ``_per_shard`` draws it."""
+  once per data shard, with attention dropout as ``_per_shard`` draws it; ``deterministic``:
+  the backward without atomics."""
   return _per_shard(triton_kernels.dense_attention_triton, q, k, v, mask, dropout_rate,
-                    dropout_rng)
+                    dropout_rng, deterministic=deterministic)
 
 
 def _triton_runs(q, k, v) -> bool:
@@ -161,7 +168,8 @@ def _check_operands(q, k, v, mask):
 
 
 def dense_attention(q, k, v, mask=None, *, implementation: str = "auto",
-                    mask_holes: bool = False, dropout_rate: float = 0.0, dropout_rng=None):
+                    mask_holes: bool = False, dropout_rate: float = 0.0, dropout_rng=None,
+                    deterministic_kernels: bool = False):
   """Dense attention with the semantics of ``jax.nn.dot_product_attention``, and attention
   dropout (rate > 0 with an rng) by ``ops.dropout``'s mask.
 
@@ -174,6 +182,7 @@ def dense_attention(q, k, v, mask=None, *, implementation: str = "auto",
   GPU with dropout or ``mask_holes`` where it runs, else cuDNN; on a GPU in float32: Triton;
   XLA otherwise). cuDNN has no dropout: asking for it with dropout is an error. A fully
   padded row gives zeros on the kernels, the mean of the values on XLA.
+  ``deterministic_kernels``: the Triton path's backward without atomics (bit-reproducible).
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"unknown dense attention implementation {implementation!r}; "
@@ -195,9 +204,10 @@ def dense_attention(q, k, v, mask=None, *, implementation: str = "auto",
     if reason:
       raise ValueError(f"dense attention: implementation='triton' cannot run this call: "
                        f"{reason}; use 'auto' or 'xla'")
-    return triton_attention(q, k, v, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
-  if implementation == "auto" and not _half(q) and _triton_runs(q, k, v):
-    return triton_attention(q, k, v, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+  if implementation == "triton" or (implementation == "auto" and not _half(q)
+                                    and _triton_runs(q, k, v)):
+    return triton_attention(q, k, v, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+                            deterministic=deterministic_kernels)
   if use_dropout:
     if implementation in ("cudnn", "cudnn_bias"):
       raise ValueError(
@@ -237,7 +247,8 @@ class DenseAttention(nn.Module):
     return dense_attention(q, k, v, mask, implementation=self.config.implementation,
                            mask_holes=self.config.mask_holes,
                            dropout_rate=self.dims.dropout_rate if use_dropout else 0.0,
-                           dropout_rng=self.make_rng("dropout") if use_dropout else None)
+                           dropout_rng=self.make_rng("dropout") if use_dropout else None,
+                           deterministic_kernels=self.config.deterministic_kernels)
 
 
 @register_attention("dense", DenseConfig)
