@@ -82,21 +82,18 @@ def methods(n: int, m: int, rate: float, ab_module=None, ab_tiles=None) -> dict:
 
 
 def parse_tiles(text: str):
-  """``Tiles`` from 'field=value,...' (values: True/False or integers); one ValueError naming a
-  bad field or value."""
-  fields = {f.name: f.type for f in dataclasses.fields(dfss_mgpu.Tiles)}
+  """``Tiles`` from 'field=value,...', each value read as its field's type (True/False,
+  integers, names); one ValueError naming a bad field or value."""
+  defaults = dataclasses.asdict(dfss_mgpu.DEFAULT_TILES)
   values = {}
   for item in filter(None, text.split(",")):
     name, _, value = item.partition("=")
-    if name not in fields or not value:
+    kind = type(defaults.get(name))
+    if name not in defaults or (kind is bool and value not in ("True", "False")) or (
+        kind is int and not value.lstrip("-").isdigit()) or not value:
       raise ValueError(f"--ab_tiles: {item!r} is not field=value with a field of Tiles "
-                       f"({', '.join(fields)})")
-    if value in ("True", "False"):
-      values[name] = value == "True"
-    elif value.lstrip("-").isdigit():
-      values[name] = int(value)
-    else:
-      values[name] = value
+                       f"({', '.join(defaults)}) and a value of its type")
+    values[name] = value == "True" if kind is bool else kind(value)
   return dfss_mgpu.Tiles(**values)
 
 

@@ -93,10 +93,6 @@ def _block_keep(q, qp, kp, sparsity, block):
       block_size=block, sparsity=sparsity, scale=d ** -0.5)
 
 
-def _block_vector(length: int) -> int:
-  return 8 if length % 8 == 0 else 1
-
-
 def block_select_fns(sparsity, block):
   """The block rule's selection alone (block scores, top-k, the kernels' bits): what its
   forward spends before the attention kernel; no backward."""
@@ -105,7 +101,7 @@ def block_select_fns(sparsity, block):
     del k, v, ct
     l = q.shape[1]
     return dsa_reference.block_bits(_block_keep(q, qp, kp, sparsity, block), block, l,
-                                    vector=_block_vector(l))
+                                    vector=dsa_reference.block_vector(l))
   return fwd, None
 
 
@@ -119,7 +115,7 @@ def block_fns(sparsity, block, triton: bool, rate: float = 0.0, lists: bool = Tr
     l = q.shape[1]
     keep_blocks = _block_keep(q, qp, kp, sparsity, block)
     if triton:
-      vector = _block_vector(l)
+      vector = dsa_reference.block_vector(l)
       bits = dsa_reference.block_bits(keep_blocks, block, l, vector=vector)
       return dsa_triton.dsa_attention_triton(
           q, k, v, bits, vector=vector, dropout_rate=rate, dropout_seed=_SEED if rate else None,

@@ -135,7 +135,8 @@ def restore_newest_readable(manager: ocp.CheckpointManager, args_fn, where: str,
                             quarantine: bool = False,
                             fall_back: bool = True) -> tuple[Any, Optional[int]]:
   """(restored, step) of the newest checkpoint that restores and holds finite parameters
-  (``args_fn(step)``: the restore arguments of a step); (None, None) when there is none at all. Each unusable newer step costs one warning line;
+  (``args_fn(step)``: the restore arguments of a step); (None, None) when there is none at
+  all. Each unusable newer step costs one warning line;
   with ``quarantine`` it is moved to ``<workdir>/corrupt_checkpoints/`` so that the resumed
   run can save that step again. No usable step at all is one error, and so is an unusable
   newest step when ``fall_back`` is False (fine-tuning or analysing an older step than the

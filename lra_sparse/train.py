@@ -433,7 +433,8 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     state = replicate(state, replicated)
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
   restored, start_step = restore_newest_readable(
-      manager, lambda step: ocp.args.StandardRestore(abstract), f"workdir {workdir}", quarantine=True)
+      manager, lambda step: ocp.args.StandardRestore(abstract), f"workdir {workdir}",
+      quarantine=True)
   if restored is None:
     start_step = 0
   else:

@@ -881,7 +881,7 @@ def _check_block_kernels(case, deterministic, check_skip=True):
                                  block_size=block, sparsity=sparsity)
   kept = np.asarray(keep_blocks)[0]
   assert kept.any() and not kept.all()                  # some tiles to skip, some to compute
-  vector = 8 if l % 8 == 0 else 1
+  vector = ref.block_vector(l)
   bits = ref.block_bits(keep_blocks, block, l, mask, vector=vector)
   drop, mult = {}, None
   if rate:

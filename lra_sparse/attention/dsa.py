@@ -372,7 +372,7 @@ class DSAAttention(nn.Module):
       self.sow(AUX_METRICS, "dsa_kept_share",
                kept / jnp.maximum(jnp.sum(real * real) * heads, 1.0))
     if kernel is not None:
-      vector = 8 if length % 8 == 0 else 1     # block sizes are multiples of 8
+      vector = dsa_reference.block_vector(length)
       bits = dsa_reference.block_bits(keep_blocks, config.block_size, length, mask,
                                       vector=vector)
       tiles = dsa_tiles.block_overrides(config.block_size, jnp.dtype(q.dtype).name)

@@ -332,6 +332,12 @@ def expand_blocks(keep_blocks, block_size: int, length: int, mask=None):
   return keep if mask is None else keep & mask.astype(bool)[:, None, None, :]
 
 
+def block_vector(length: int) -> int:
+  """The row-group size the block rule's kernel bits use: 8 (block sizes are multiples of 8,
+  so a group never straddles two blocks) when it divides ``length``, else 1."""
+  return 8 if length % 8 == 0 else 1
+
+
 def block_bits(keep_blocks, block_size: int, length: int, mask=None, *, vector: int = 1):
   """The keep bits of the block rule, as ``pack_bits`` of ``expand_blocks`` grouped by
   ``vector`` rows (what the attention kernels read): int32 [batch, heads, length / vector,
