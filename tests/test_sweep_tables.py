@@ -1212,7 +1212,7 @@ def test_dsa_listops_finetunes_each_seeds_dense_run_no_harder_than_it_ended(tmp_
   assert len(grid) == 20 and {q for _, q in grid} == {0, 2, 4, 8}
   weights = _spec_runs("experiments/specs/dsa_listops.py:weight", tmp_path / "w")
   assert sorted({r.overrides["attention.dsa.mse_weight"] for r in weights if r.depends_on}) == [
-      1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0]
+      1e-6, 1e-4, 1e-2, 1.0]
   assert "not yet measured" in tables.load_table("experiments/specs/dsa_listops.py").title
   # granularity: fine-grained and 64 x 64 block DSA at 90 / 95%, each row its own runs.
   grain = [r for r in _spec_runs("experiments/specs/dsa_listops.py:granularity", tmp_path / "g")
@@ -1230,6 +1230,70 @@ def test_dsa_listops_finetunes_each_seeds_dense_run_no_harder_than_it_ended(tmp_
                    for k, m in row.match.items())]
     assert len(hits) == 1 and ("blocks" in hits[0]) == (
         config["attention.dsa.granularity"] == "block"), (r.name, hits)
+
+
+def test_dsa_weight_pick_accuracy_first_then_hit_rate_within_the_noise():
+  """pick_mse_weight: the best mean validation accuracy wins outright when the others are more
+  than VAL_NOISE under it; within VAL_NOISE the predictor's hit rate decides (ties: the
+  smaller weight); a weight short of a seed, or one outside WEIGHTS, is an error."""
+  from experiments.specs import dsa_listops as spec  # pylint: disable=import-outside-toplevel
+  def runs(accuracies, hits):
+    return {w: [(a, h)] * len(spec.WEIGHT_SEEDS)
+            for w, a, h in zip(spec.WEIGHTS, accuracies, hits)}
+  assert spec.WEIGHTS == (1e-6, 1e-4, 1e-2, 1.0)
+  assert spec.pick_mse_weight(runs((0.30, 0.36, 0.34, 0.17), (0.9, 0.1, 0.9, 0.9))) == 1e-4
+  assert spec.pick_mse_weight(runs((0.355, 0.36, 0.34, 0.17), (0.2, 0.1, 0.9, 0.9))) == 1e-6
+  assert spec.pick_mse_weight(runs((0.36, 0.36, 0.36, 0.36), (0.5, 0.5, 0.5, 0.5))) == 1e-6
+  mixed = runs((0.35, 0.35, 0.35, 0.35), (0.1, 0.1, 0.1, 0.1))
+  mixed[1e-2] = [(0.34, 0.5), (0.37, 0.3)]      # mean 0.355 and 0.4: the means decide
+  assert spec.pick_mse_weight(mixed) == 1e-2
+  short = runs((0.3,) * 4, (0.1,) * 4)
+  short[1.0] = short[1.0][:1]
+  with pytest.raises(ValueError, match=r"incomplete: \[1.0\]"):
+    spec.pick_mse_weight(short)
+  with pytest.raises(ValueError, match=r"not in WEIGHTS: \[0.5\]"):
+    spec.pick_mse_weight({**runs((0.3,) * 4, (0.1,) * 4), 0.5: [(0.3, 0.1)] * 2})
+
+
+def test_pick_dsa_weight_script_reads_only_the_presets_finished_runs(tmp_path):
+  """scripts/pick_dsa_weight.py on a root with the weight preset's runs plus runs it must
+  ignore (dense, another sparsity, block selection): prints each weight's seeds and the pick,
+  writes it into a copy of the spec; an unfinished preset run is an error that names it."""
+  from experiments.specs import dsa_listops as spec  # pylint: disable=import-outside-toplevel
+  root = tmp_path / "root"
+  accuracy = {1e-6: 0.33, 1e-4: 0.352, 1e-2: 0.35, 1.0: 0.20}
+  hit = {1e-6: 0.2, 1e-4: 0.4, 1e-2: 0.6, 1.0: 0.7}
+  def run(name, weight, seed, *, result=True, **dsa):
+    extra = {"init_from": "/base", "attention.dsa.mse_weight": weight,
+             "attention.dsa.mse_normalization": "eq6", "attention.dsa.quant_bits": 0,
+             **{f"attention.dsa.{k}": v for k, v in dsa.items()}}
+    workdir = write_run(root, name, task="listops", kind="dsa", seed=seed, extra=extra)
+    if result:
+      (workdir / "result.json").write_text(json.dumps({"step": 1000, "val": {
+          "accuracy": accuracy[weight] + 0.001 * seed, "dsa_hit_rate": hit[weight]}}))
+  for weight in spec.WEIGHTS:
+    for seed in spec.WEIGHT_SEEDS:
+      run(f"w{weight:g}_{seed}", weight, seed)
+  run("other_sparsity", 1e-6, 0, sparsity=0.95)
+  run("block", 1e-6, 0, granularity="block")
+  run("seed2", 1e-6, 2)
+  write_run(root, "dense", task="listops", kind="dense", seed=0, accuracy=0.9)
+  spec_copy = tmp_path / "dsa_listops.py"
+  spec_copy.write_text(open(os.path.join(REPO, "experiments/specs/dsa_listops.py")).read())
+  command = [sys.executable, "-c", "import sys; from scripts import pick_dsa_weight as p; "
+             f"p.SPEC_FILE = {str(spec_copy)!r}; sys.argv[0] = 'pick'; "
+             "from absl import app; app.run(p.main)", f"--root={root}", "--write_spec"]
+  done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr
+  # 1e-4 and 1e-2 lie within VAL_NOISE of each other, 1e-2's predictor hits more.
+  assert "picked Eq. 6 weight: 0.01" in done.stdout, done.stdout
+  assert "| 0.0001 | 35.20 / 35.30 | 35.25 |" in done.stdout, done.stdout
+  text = spec_copy.read_text()
+  assert "\nMSE_WEIGHT = 0.01 " in text and "\nMSE_WEIGHT_MEASURED = True\n" in text
+  run("w1_late", 1.0, 1, result=False)
+  done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert done.returncode != 0 and "unfinished weight runs" in done.stderr
+  assert "w1_late" in done.stderr
 
 
 def test_dsa_listops_tiny_runs_end_to_end(tmp_path, monkeypatch, listops_dir):
