@@ -1213,7 +1213,10 @@ def test_dsa_listops_finetunes_each_seeds_dense_run_no_harder_than_it_ended(tmp_
   weights = _spec_runs("experiments/specs/dsa_listops.py:weight", tmp_path / "w")
   assert sorted({r.overrides["attention.dsa.mse_weight"] for r in weights if r.depends_on}) == [
       1e-6, 1e-4, 1e-2, 1.0]
-  assert "not yet measured" in tables.load_table("experiments/specs/dsa_listops.py").title
+  from experiments.specs import dsa_listops  # pylint: disable=import-outside-toplevel
+  assert dsa_listops.MSE_WEIGHT in dsa_listops.WEIGHTS
+  assert ("not yet measured" in tables.load_table("experiments/specs/dsa_listops.py").title) == (
+      not dsa_listops.MSE_WEIGHT_MEASURED)
   # granularity: fine-grained and 64 x 64 block DSA at 90 / 95%, each row its own runs.
   grain = [r for r in _spec_runs("experiments/specs/dsa_listops.py:granularity", tmp_path / "g")
            if r.depends_on]

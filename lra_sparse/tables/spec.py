@@ -1,7 +1,7 @@
 """A table spec: the table's rows and columns, and its plot.
 
 A table spec is a python file whose ``get_table(preset="")`` returns a :class:`Table`; rows and
-columns are :class:`Selector`\ s (a label and a matcher on a run's flattened config), and
+columns are :class:`Selector` objects (a label and a matcher on a run's flattened config), and
 ``Table.plot`` an optional :class:`Plot`. The spec is loaded by path (:func:`load_table`); it
 imports these classes from ``lra_sparse.tables``, the very ones checked here.
 """
