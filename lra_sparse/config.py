@@ -71,6 +71,7 @@ ADDED_FIELDS = (
     ("attention.dsa.mse_kernels", False, None),
     ("attention.dsa.granularity", "fine", None),
     ("attention.dsa.block_size", 64, None),
+    ("attention.dsa.mse_gradient", "joint", None),
     ("attention.dense.deterministic_kernels", False, None),
     ("model.dual_head", "nli_one_hidden", ("retrieval",)),
     ("data.mask_black_pixels", False, ("image", "pathfinder", "pathx")),

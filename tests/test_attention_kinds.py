@@ -570,6 +570,39 @@ def test_dsa_mse_value_against_numpy_and_gradients_reach_both_paths(normalizatio
   np.testing.assert_array_equal(np.asarray(grad_k)[0, 5], 0.0)
 
 
+def test_dsa_mse_gradient_predictor_leaves_q_and_k_to_the_task_loss():
+  """mse_gradient="predictor": L_MSE has the same value and gives the predictor the same
+  gradient as "joint", and none to q and k (S is a fixed target); the attention output (and
+  so the task loss's gradient) is the same in both."""
+  q, k, v, x = _dsa_inputs(4)
+  mask = jnp.asarray(_mask())
+  grads = {}
+  for mode in ("joint", "predictor"):
+    core = build_attention(_config("dsa", sparsity=0.5, mse_weight=0.3, mse_gradient=mode),
+                           _dims())
+    params = _init(core, q, k, v, mask=mask, inputs=x)["params"]
+
+    def aux(params, q, k, core=core):
+      out, state = _apply(core, {"params": params}, q, k, v, mask=mask, inputs=x,
+                          mutable=["aux_loss", "aux_metrics"])
+      return state["aux_loss"]["dsa_mse"][0], out
+
+    grads[mode] = jax.jit(jax.value_and_grad(aux, argnums=(0, 1, 2), has_aux=True))(
+        params, q, k)
+  (loss_j, out_j), (gp_j, gq_j, gk_j) = grads["joint"]
+  (loss_p, out_p), (gp_p, gq_p, gk_p) = grads["predictor"]
+  assert float(loss_p) == float(loss_j) and float(loss_j) > 0
+  np.testing.assert_array_equal(np.asarray(out_p), np.asarray(out_j))
+  for name in ("predictor_query", "predictor_key"):
+    np.testing.assert_allclose(np.asarray(gp_p[name]), np.asarray(gp_j[name]), rtol=1e-6)
+    assert np.abs(np.asarray(gp_p[name])).sum() > 0
+  assert np.abs(np.asarray(gq_j)).sum() > 0 and np.abs(np.asarray(gk_j)).sum() > 0
+  np.testing.assert_array_equal(np.asarray(gq_p), 0.0)
+  np.testing.assert_array_equal(np.asarray(gk_p), 0.0)
+  with pytest.raises(ValueError, match="mse_gradient"):
+    build_attention(_config("dsa", mse_gradient="both"), _dims())
+
+
 def test_dsa_mse_without_mask_and_with_no_real_token():
   q, k, v, x = _dsa_inputs(8)
   for normalization in ("eq6", "scaled_mean"):

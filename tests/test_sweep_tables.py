@@ -1235,6 +1235,41 @@ def test_dsa_listops_finetunes_each_seeds_dense_run_no_harder_than_it_ended(tmp_
         config["attention.dsa.granularity"] == "block"), (r.name, hits)
 
 
+def test_dsa_listops_mse_preset_warms_the_predictor_on_dense_attention_first(tmp_path,
+                                                                            monkeypatch):
+  """dsa_listops.py:mse: a warm stage per seed (DSA at sparsity 0, predictor-only L_MSE, from
+  that seed's dense run), the warmed variants start from it and the others from the dense run;
+  every run lands in exactly one row of the table (and every DSA-90 run in one hit-rate row)."""
+  monkeypatch.chdir(REPO)
+  runs = _spec_runs("experiments/specs/dsa_listops.py:mse", tmp_path / "m")
+  by_name = {run.name: run for run in runs}
+  dense = {r.overrides["seed"]: r.workdir for r in runs if r.name.startswith("dense__")}
+  warm = {r.overrides["seed"]: r for r in runs if r.name.startswith("warm__")}
+  assert sorted(dense) == sorted(warm) == [0, 1, 2]
+  for seed, run in warm.items():
+    o = run.overrides
+    assert (o["init_from"], o["attention.dsa.sparsity"], o["attention.dsa.mse_gradient"],
+            o["num_train_steps"]) == (dense[seed], 0.0, "predictor", 500)
+  finetunes = [r for r in runs if r.name.startswith("dsa__")]
+  assert len(finetunes) == 12 and len(by_name) == 18
+  tables_by_preset = {p: tables.load_table(f"experiments/specs/dsa_listops.py:{p}")
+                      for p in ("mse", "mse_hit_rate")}
+  for run in runs:
+    config = {"attention.dsa.granularity": "fine", "attention.dsa.mse_gradient": "joint",
+              "init_from": "", **run.overrides}
+    seed = config["seed"]
+    if run in finetunes:
+      warmed = run.name.endswith(f"warm__seed={seed}")
+      assert config["init_from"] == (warm[seed].workdir if warmed else dense[seed])
+      assert (config["attention.dsa.mse_gradient"] == "joint") == ("joint" in run.name)
+    for preset, table in tables_by_preset.items():
+      hits = [row.label for row in table.rows
+              if all(m(config.get(k)) if callable(m) else config.get(k) == m
+                     for k, m in row.match.items())]
+      expected = 1 if preset == "mse" or run in finetunes else 0
+      assert len(hits) == expected, (preset, run.name, hits)
+
+
 def test_dsa_weight_pick_accuracy_first_then_hit_rate_within_the_noise():
   """pick_mse_weight: the best mean validation accuracy wins outright when the others are more
   than VAL_NOISE under it; within VAL_NOISE the predictor's hit rate decides (ties: the

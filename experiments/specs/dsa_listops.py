@@ -28,8 +28,17 @@ Presets:
     predicted score of the block pair), with MSE_WEIGHT, 3 seeds: what block granularity, the
     structure tile-skipping kernels need, costs in accuracy (the runs also log the predictor's
     hit rate and, for blocks, the share of real pairs kept).
-  "best_val", "weight_best_val", "table2_best_val", "granularity_best_val": the same runs, test
-    at the best validation step.
+  "mse": how L_MSE should reach the model, DSA-90, 3 seeds. The weight preset showed that the
+    predictor's hit rate does not move with the Eq. 6 weight (Adam) while the model's accuracy
+    falls as it grows: in the joint update Eq. 6 (10^6 x the cross-entropy at the start even
+    at weight 1e-6) pulls the model's q/k towards a fresh, random predictor. Rows: the joint
+    update at MSE_WEIGHT; the predictor-only update (``attention.dsa.mse_gradient=
+    "predictor"``: S a fixed target); the predictor-only update after WARM_STEPS of a
+    predictor warm-up on dense attention (a "warm" stage from the dense run: DSA at sparsity
+    0, predictor-only, so the first sparse step selects with a trained predictor), fine and
+    64 x 64 block selection. The warm rows train WARM_STEPS more steps in all.
+  "best_val", "weight_best_val", "table2_best_val", "granularity_best_val", "mse_best_val": the
+    same runs, test at the best validation step.
   "granularity_hit_rate": the granularity runs' predictor hit rate on the validation split at
     the last step (the share of the keys each rule keeps that the same rule on the real scores
     keeps too).
@@ -43,6 +52,7 @@ Table:  python -m lra_sparse.tables --root=runs/dsa_listops \\
           --spec=experiments/specs/dsa_listops.py[:PRESET] --format=markdown
 """
 import math
+import os
 from typing import Mapping, Sequence
 
 from experiments.specs._tiny import tiny_steps
@@ -52,12 +62,14 @@ from lra_sparse.tables import Selector, Table
 SEEDS = (0, 1, 2)
 WEIGHT_SEEDS = (0, 1)
 PRESETS = ("", "best_val", "weight", "weight_best_val", "table2", "table2_best_val",
-           "granularity", "granularity_best_val", "granularity_hit_rate", "tiny")
+           "granularity", "granularity_best_val", "granularity_hit_rate", "mse", "mse_best_val",
+           "mse_hit_rate", "tiny")
 GRANULARITY_SPARSITIES = (0.9, 0.95)
 BLOCK = {"attention.dsa.granularity": "block", "attention.dsa.block_size": 64}
 DENSE_CONFIG = "configs/listops.py:stable"
 DENSE_LEARNING_RATE, DENSE_STEPS = 0.025, 5000          # configs/listops.py:stable
 FINETUNE_STEPS, WARMUP = 1000, 100
+WARM_STEPS = 500           # "mse": the predictor warm-up on dense attention
 # Two decades apart: Eq. 6 at weight 1 held a from-scratch model at the majority class, and at
 # 1e-6 it is about 1e-6 * 10^6 pairs = the size of one cross-entropy term per head.
 WEIGHTS = (1e-6, 1e-4, 1e-2, 1.0)
@@ -126,6 +138,15 @@ def _variants(kind: str) -> list[Variant]:
                                            "attention.dsa.quant_bits": bits,
                                            "attention.dsa.mse_weight": MSE_WEIGHT})
             for s in SIGMAS for name, bits in PRECISIONS]
+  if kind == "mse":
+    predictor = {"attention.dsa.sparsity": 0.9, "attention.dsa.mse_gradient": "predictor",
+                 "attention.dsa.mse_weight": 1.0}
+    dense = {"init_from": Ref("dense")}
+    return [Variant("dsa90-joint", {"attention.dsa.sparsity": 0.9,
+                                    "attention.dsa.mse_weight": MSE_WEIGHT, **dense}),
+            Variant("dsa90-predictor", {**predictor, **dense}),
+            Variant("dsa90-warm", {**predictor, "init_from": Ref("warm")}),
+            Variant("dsa90-block-warm", {**predictor, **BLOCK, "init_from": Ref("warm")})]
   if kind == "granularity":
     return [Variant(f"dsa{round(100 * s)}" + ("-block" if block else ""),
                     {"attention.dsa.sparsity": s, "attention.dsa.mse_weight": MSE_WEIGHT,
@@ -151,12 +172,19 @@ def get_sweep(preset: str = "") -> Sweep:
   tiny = kind == "tiny"
   seeds = (0,) if tiny else WEIGHT_SEEDS if kind == "weight" else SEEDS
   config = "configs/listops.py:tiny" if tiny else DENSE_CONFIG
+  warm = [Group(name="warm", config=config, seeds=seeds,
+                overrides={**_fixed(kind), "init_from": Ref("dense"), **FINETUNE,
+                           "num_train_steps": WARM_STEPS, "attention.dsa.sparsity": 0.0,
+                           "attention.dsa.mse_gradient": "predictor",
+                           "attention.dsa.mse_weight": 1.0})] if kind == "mse" else []
   return Sweep(
       name="dsa_listops" + (f"_{kind}" if kind else ""),
       groups=[Group(name="dense", config=config, seeds=seeds,
                     overrides={"attention.kind": "dense", **(tiny_steps(30) if tiny else {})}),
+              *warm,
               Group(name="dsa", config=config, seeds=seeds,
-                    overrides={**_fixed(kind), "init_from": Ref("dense"),
+                    overrides={**_fixed(kind),
+                               **({} if kind == "mse" else {"init_from": Ref("dense")}),
                                **(tiny_steps(10) if tiny else FINETUNE)},
                     variants=_variants(kind))])
 
@@ -185,6 +213,33 @@ def get_table(preset: str = "") -> Table:
                                         **finetuned}) for s in SIGMAS],
         columns=[Selector(name, {"task": "listops", "attention.dsa.quant_bits": bits})
                  for name, bits in PRECISIONS])
+  if kind == "mse":
+    warmed = lambda path: os.path.basename(str(path)).startswith("warm__")  # noqa: E731
+    unwarmed = lambda path: bool(path) and not warmed(path)                  # noqa: E731
+    dsa90 = {"attention.kind": "dsa", "attention.dsa.sparsity": 0.9}
+    predictor = {**dsa90, "attention.dsa.mse_gradient": "predictor"}
+    rows = [
+        Selector(f"DSA-90, joint update (Eq. 6 weight {MSE_WEIGHT:g})",
+                 {**dsa90, "attention.dsa.mse_gradient": "joint",
+                  "attention.dsa.granularity": "fine", "init_from": unwarmed}),
+        Selector("DSA-90, predictor-only L_MSE",
+                 {**predictor, "attention.dsa.granularity": "fine", "init_from": unwarmed}),
+        Selector(f"DSA-90, predictor-only, after a {WARM_STEPS}-step predictor warm-up",
+                 {**predictor, "attention.dsa.granularity": "fine", "init_from": warmed}),
+        Selector("DSA-90 64 x 64 blocks, predictor-only, after the warm-up",
+                 {**predictor, "attention.dsa.granularity": "block", "init_from": warmed})]
+    if preset.endswith("hit_rate"):
+      return Table(title=("How L_MSE reaches the model, DSA-90 fine-tuned from dense on ListOps: "
+                          "the predictor's validation hit rate (%) at the last step"),
+                   split="val", metric="dsa_hit_rate", rows=rows, columns=column)
+    rows = [Selector("Dense (the base runs)", {"attention.kind": "dense"}),
+            Selector(f"Predictor warm-up ({WARM_STEPS} steps on dense attention)",
+                     {"attention.kind": "dsa", "attention.dsa.sparsity": 0.0}), *rows]
+    return Table(
+        title=("How L_MSE reaches the model, DSA-90 fine-tuned from dense on ListOps: test "
+               "accuracy (%) " + ("at the best validation step" if best_val else
+                                  "at the last step")),
+        split=split, rows=rows, columns=column)
   if kind == "granularity":
     rows = [Selector("Dense (the base runs)", {"attention.kind": "dense"})]
     for s in GRANULARITY_SPARSITIES:

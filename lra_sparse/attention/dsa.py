@@ -29,7 +29,13 @@ Choices (the papers leave these open):
   a padded query's output is never pooled, so their scores never reach the model's output;
   fitting them would spend the predictor (and, through S, the main q/k projections) on
   padding, and weight each example by its padded length. Gradients reach both the predictor
-  (W~) and the main q/k projections through S, as the paper's joint update intends.
+  (W~) and the main q/k projections through S, as the paper's joint update intends
+  (``mse_gradient="joint"``). With ``"predictor"`` S is a fixed target: only W~ learns from
+  L_MSE. Adam scales each parameter's step by its own gradient's size, and W~'s gradient comes
+  from L_MSE alone, so W~'s steps hardly depend on mse_weight; what the weight sets is how
+  hard L_MSE pulls the model's q/k towards the predictor ("joint" only). Eq. 6 sums ~10^6
+  squared unscaled scores per head, so at the start of a fine-tune even a weight of 1e-6 makes
+  it ~10^6 x the cross-entropy (``experiments/results/dsa_listops_notes.md``).
 - L_MSE is computed from d x d, d x k and k x k Gram matrices (no [L, L] array, forward or
   backward; ``kernels.dsa.reference.prediction_mse``), with Q~, K~ in factored form (XP) W~. On the
   kernel path the Grams and the gradients' length-sized products are Triton kernels with an
@@ -101,6 +107,7 @@ SELECTION_RULES = ("int8", "float")
 GRANULARITIES = ("fine", "block")
 BLOCK_SIZES = (16, 32, 64, 128)
 MSE_NORMALIZATIONS = ("eq6", "scaled_mean")
+MSE_GRADIENTS = ("joint", "predictor")
 PROJECTION_SEED = 20220601  # fixed: P must be reproducible without being stored
 
 
@@ -116,6 +123,10 @@ class DSAConfig(KindConfig):
   # real pairs) | "scaled_mean": mean over heads and real pairs of the 1/sqrt(d)-scaled
   # scores' squared difference (the earlier default; configs written without this field).
   mse_normalization: str = "eq6"
+  # "joint": L_MSE's gradient reaches the predictor and, through S, the model's query and key
+  # projections (the paper's joint update) | "predictor": S is a fixed target (Q and K enter
+  # L_MSE without gradient), so the model trains on the task loss alone and only W~ fits S.
+  mse_gradient: str = "joint"
   vector: int = 1                  # column-vector granularity: 1 | 4 | 8
   selection: str = "topk"          # "topk" | "threshold"
   threshold: float = 0.0           # selection="threshold": keep S~ >= threshold
@@ -153,6 +164,7 @@ class DSAConfig(KindConfig):
     self.check_choice("quant_bits", QUANT_BITS)
     self.check_float("mse_weight", low=0.0)
     self.check_choice("mse_normalization", MSE_NORMALIZATIONS)
+    self.check_choice("mse_gradient", MSE_GRADIENTS)
     self.check_choice("vector", VECTORS)
     self.check_choice("selection", SELECTIONS)
     self.check_float("threshold")
@@ -280,7 +292,10 @@ class DSAAttention(nn.Module):
     rate = dims.dropout_rate if use_dropout else 0.0
     # lambda * L_MSE(S, S~), from Gram matrices of Q, K and the factors XP, W~: no [L, L]
     # array, and Q~, K~ themselves are not read.
-    mse = prediction_mse(q, k, q_pred, k_pred, mask, normalization=config.mse_normalization,
+    target_q, target_k = ((q, k) if config.mse_gradient == "joint"
+                          else (jax.lax.stop_gradient(q), jax.lax.stop_gradient(k)))
+    mse = prediction_mse(target_q, target_k, q_pred, k_pred, mask,
+                         normalization=config.mse_normalization,
                          kernels=kernel is not None and config.mse_kernels)
     self.sow(AUX_LOSS, "dsa_mse", config.mse_weight * mse)
     self.sow(AUX_METRICS, "dsa_mse", mse)
