@@ -62,6 +62,16 @@ MUTATIONS = [  # (name, file, snippet, replacement, the test that must fail)
   ("init_from copies nothing", "lra_sparse/checkpointing.py",
    "      merged[path] = jnp.asarray(old[path], value.dtype)", "      merged[path] = value",
    "tests/test_training_behaviour.py::test_fine_tuning_a_dense_run_into_another_kind"),
+  ("DSA predictor-only L_MSE still trains the query projection", "lra_sparse/attention/dsa.py",
+   "else (jax.lax.stop_gradient(q), jax.lax.stop_gradient(k)))",
+   "else (q, jax.lax.stop_gradient(k)))",
+   "tests/test_attention_kinds.py::"
+   "test_dsa_mse_gradient_predictor_leaves_q_and_k_to_the_task_loss"),
+  ("DSA Eq. 6 weight pick ignores the validation noise", "experiments/specs/dsa_listops.py",
+   "close = [w for w in WEIGHTS if accuracy[w] >= best - VAL_NOISE]",
+   "close = [w for w in WEIGHTS if accuracy[w] >= best]",
+   "tests/test_sweep_tables.py::"
+   "test_dsa_weight_pick_accuracy_first_then_hit_rate_within_the_noise"),
   ("DSA predictor input not quantised", "lra_sparse/attention/dsa.py",
    "x = dsa_reference.fake_quantize(inputs.astype(jnp.float32), config.quant_bits, real_tokens)",
    "x = inputs.astype(jnp.float32)",
