@@ -963,6 +963,7 @@ def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
   assert new["dsa"]["attention.dsa.mse_kernels"] is False
   assert (new["dsa"]["attention.dsa.granularity"], new["dsa"]["attention.dsa.block_size"]) == (
       "fine", 64)                     # runs before block DSA: the paper's fine-grained rule
+  assert new["dsa"]["attention.dsa.mse_gradient"] == "joint"   # before the option: joint
   assert new["flat_dsa"]["attention.dsa.sparsity"] == 0.9
   assert new["retrieval"]["model.dual_head"] == "nli_one_hidden"
   assert new["image"]["data.mask_black_pixels"] is False
@@ -980,7 +981,7 @@ def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
              "attention": {"kind": "dsa", "dsa": {"mse_normalization": "eq6",
                                                   "selection_rule": "int8",
                                                   "mse_kernels": True, "granularity": "block",
-                                                  "block_size": 32}},
+                                                  "block_size": 32, "mse_gradient": "predictor"}},
              "profile_steps": "3:5", "eval_train_mode": True,
              "wandb": {"project": "p", "entity": ""}, "objective": "denoise",
              "denoise": {"mask_rate": 0.3, "mask_share": 1.0, "random_share": 0.0}}

@@ -217,7 +217,8 @@ def test_cli_sets_a_kind_field_and_records_only_that_kind(tmp_path, listops_dir)
       "mse_normalization": "eq6", "vector": 1, "selection": "topk", "threshold": 0.0,
       "topk_algorithm": "top_k", "backend": "auto", "deterministic_kernels": False,
       "forward": "auto",
-      "selection_rule": "int8", "mse_kernels": True, "granularity": "fine", "block_size": 64}}
+      "selection_rule": "int8", "mse_kernels": True, "granularity": "fine", "block_size": 64,
+      "mse_gradient": "joint"}}
   assert "test accuracy" in proc.stdout
 
 
