@@ -15,55 +15,38 @@ from __future__ import annotations
 import collections
 import os
 import re
-from typing import Any
 
 from absl import flags
 
 from experiments.specs import dsa_listops as spec
 from lra_sparse import cli
 from lra_sparse import tables
-from lra_sparse import workdir as workdir_lib
 
 flags.DEFINE_string("root", None, "The sweep root that holds the weight preset's runs.")
 flags.DEFINE_bool("write_spec", False, "Write the pick into the spec's MSE_WEIGHT and mark it "
                   "measured.")
 FLAGS = flags.FLAGS
 
-SPEC_FILE = os.path.join(os.path.dirname(os.path.abspath(spec.__file__)), "dsa_listops.py")
-
-
-def _is_weight_run(config: dict[str, Any]) -> bool:
-  dsa = config.get("attention", {}).get("dsa", {})
-  return (config.get("attention", {}).get("kind") == "dsa" and bool(config.get("init_from"))
-          and dsa.get("sparsity") == 0.9 and dsa.get("granularity", "fine") == "fine"
-          and dsa.get("sigma") == spec.DSA["attention.dsa.sigma"]
-          and dsa.get("quant_bits") == spec.DSA["attention.dsa.quant_bits"]
-          and dsa.get("mse_normalization") == spec.DSA["attention.dsa.mse_normalization"]
-          and dsa.get("mse_weight") in spec.WEIGHTS and config.get("seed") in spec.WEIGHT_SEEDS)
+SPEC_FILE = os.path.abspath(spec.__file__)
 
 
 def measure(root: str) -> dict[float, list[tuple[int, float, float]]]:
-  """{weight: [(seed, val accuracy, val hit rate), ...]} of the preset's finished runs."""
-  if not os.path.isdir(root):
-    raise FileNotFoundError(f"--root={root} is not a directory")
+  """{weight: [(seed, val accuracy, val hit rate), ...]} of the preset's finished runs: those
+  in a row of the spec's "weight" table, at a seed of WEIGHT_SEEDS."""
+  rows = spec.get_table("weight").rows
+  hit_rates = {r.workdir: r for r in tables.find_runs(root, "val", "dsa_hit_rate")}
   found: dict[float, list[tuple[int, float, float]]] = collections.defaultdict(list)
   unfinished = []
-  for name in sorted(os.listdir(root)):
-    workdir = os.path.join(root, name)
-    if not os.path.isfile(os.path.join(workdir, workdir_lib.CONFIG_FILE)):
+  for run in tables.find_runs(root, "val", "accuracy"):
+    if (run.config.get("seed") not in spec.WEIGHT_SEEDS
+        or not any(tables.matches(run.config, row.match) for row in rows)):
       continue
-    config = workdir_lib.read_config(workdir)
-    if not _is_weight_run(config):
+    hit = hit_rates[run.workdir]
+    if run.status != "finished" or hit.status != "finished":
+      unfinished.append(os.path.basename(run.workdir))
       continue
-    if not workdir_lib.is_finished(workdir):
-      unfinished.append(name)
-      continue
-    val = workdir_lib.read_result(workdir).get("val", {})
-    if "accuracy" not in val or "dsa_hit_rate" not in val:
-      raise ValueError(f"{workdir}/{workdir_lib.RESULT_FILE}: no validation accuracy or "
-                       "dsa_hit_rate")
-    found[config["attention"]["dsa"]["mse_weight"]].append(
-        (config["seed"], float(val["accuracy"]), float(val["dsa_hit_rate"])))
+    found[run.config["attention.dsa.mse_weight"]].append(
+        (run.config["seed"], run.value, hit.value))
   if unfinished:
     raise ValueError(f"unfinished weight runs under {root}: {', '.join(unfinished)}")
   return dict(found)
