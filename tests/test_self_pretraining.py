@@ -181,32 +181,36 @@ def test_bad_objective_fields_are_one_clear_error(tmp_path, tiny_config, overrid
 
 def test_self_pretraining_spec_runs_both_stages_end_to_end(tmp_path, monkeypatch, listops_dir):
   """experiments/specs/self_pretraining.py:tiny on a small generated ListOps set: dense and DSA
-  (the tiny preset's kinds) pretrain with the denoising objective, then fine-tunes the classifier from its own kind's
-  pretrain run of the same seed (the classifier head new, the LM head left behind), and the
-  table has one row per kind."""
+  (the tiny preset's kinds) pretrain with the denoising objective, then fine-tune the
+  classifier from their own kind's pretrain run of the same seed (the classifier head new, the
+  LM head left behind); each kind also trains from scratch on the fine-tune's exact config, and
+  the table has a from-scratch and an SPT row per kind."""
   from lra_sparse import sweep as sweep_lib, tables  # pylint: disable=import-outside-toplevel
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   monkeypatch.chdir(repo)
   spec = spec_on_data(tmp_path, "experiments/specs/self_pretraining.py", "tiny", listops_dir)
   root = tmp_path / "root"
   states = sweep_lib.run_sweep(spec, str(root), show_progress=False)
-  assert len(states) == 4 and set(states.values()) == {"finished"}, states
+  assert len(states) == 6 and set(states.values()) == {"finished"}, states
   kinds = {}
   for name in states:
     config = json.loads((root / name / "config.json").read_text())
-    kinds.setdefault(config["attention"]["kind"], {})[config["objective"]] = (name, config)
+    stage = "scratch" if name.startswith("scratch-") else config["objective"]
+    kinds.setdefault(config["attention"]["kind"], {})[stage] = (name, config)
   assert sorted(kinds) == ["dense", "dsa"]
   for kind, stages in kinds.items():
-    (pre_name, pre), (_, ft) = stages["denoise"], stages["classify"]
+    (pre_name, pre), (_, ft), (_, scratch) = (stages["denoise"], stages["classify"],
+                                              stages["scratch"])
     assert pre["model"]["mask_token"] and ft["model"]["mask_token"]
     assert ft["init_from"] == str(root / pre_name), (kind, ft["init_from"])
+    assert scratch == dict(ft, init_from=""), kind     # the fine-tune's config, from scratch
     records = [json.loads(line) for line in
                (root / stages["classify"][0] / "metrics.jsonl").read_text().splitlines()]
     loaded = [r for r in records if r["split"] == "init_from"]
     assert loaded == [dict(loaded[0], fresh_params=4, unused_params=2)], (kind, loaded)
   text = tables.make_table(str(root), spec, "markdown",
                            report=tables.Reporter(echo=False))
-  assert sum(line.endswith("(n=1) |") for line in text.splitlines()) == 2, text
+  assert sum(line.endswith("(n=1) |") for line in text.splitlines()) == 4, text
 
 
 def test_pretraining_curve_fine_tunes_each_length_from_its_own_pretrain_run(tmp_path,
@@ -219,7 +223,8 @@ def test_pretraining_curve_fine_tunes_each_length_from_its_own_pretrain_run(tmp_
   runs = {run.name: run for run in sweep_lib.expand_sweep(
       sweep_lib.load_sweep("experiments/specs/self_pretraining.py:curve"), str(tmp_path))}
   finetunes = [run for run in runs.values() if run.name.startswith("finetune-")]
-  assert len(finetunes) == len(runs) // 2 == 10
+  from experiments.specs import self_pretraining as spec  # pylint: disable=import-outside-toplevel
+  assert len(finetunes) == len(runs) // 2 == len(spec.CURVE_STEPS) * len(spec.CURVE_KINDS)
   for run in finetunes:
     kind, steps = re.fullmatch(r"finetune-(.+)-after-(\d+)__.*", run.name).groups()
     source = runs[os.path.basename(run.overrides["init_from"])]
@@ -229,6 +234,46 @@ def test_pretraining_curve_fine_tunes_each_length_from_its_own_pretrain_run(tmp_
         source.overrides["optim.warmup_steps"] == 1000
     assert source.overrides["attention.kind"] == run.overrides["attention.kind"]
     assert source.name.startswith(f"pretrain__listops__{kind}-{steps}__")
+
+
+def test_pretrain_recipe_preset_runs_one_dense_pretraining_per_row(tmp_path, monkeypatch):
+  """self_pretraining.py:pretrain_recipe: dense denoising only, the same length and seed for
+  every variant, and each run lands in exactly one row of its table (rows differ in at least
+  one field, so no row averages two variants)."""
+  from experiments.specs import self_pretraining as spec  # pylint: disable=import-outside-toplevel
+  from lra_sparse import sweep as sweep_lib, tables  # pylint: disable=import-outside-toplevel
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  monkeypatch.chdir(repo)
+  runs = sweep_lib.expand_sweep(
+      sweep_lib.load_sweep("experiments/specs/self_pretraining.py:pretrain_recipe"),
+      str(tmp_path))
+  assert len(runs) == len(spec.RECIPE_VARIANTS) == len({r.name for r in runs})
+  table = tables.load_table("experiments/specs/self_pretraining.py:pretrain_recipe")
+  assert table.split == "val"
+  for run in runs:
+    o = run.overrides
+    assert (o["objective"], o["attention.kind"], o["num_train_steps"], o["seed"]) == (
+        "denoise", "dense", spec.RECIPE_STEPS, 0)
+    assert o["optim.warmup_steps"] <= spec.RECIPE_STEPS // 5
+    hits = [row.label for row in table.rows if all(o.get(k) == v for k, v in row.match.items())]
+    assert len(hits) == 1, (run.name, hits)
+    assert all(o.get(k) == v for k, v in table.columns[0].match.items())
+
+
+def test_pretrain_val_table_holds_each_pretrain_run_once_and_no_fine_tune(tmp_path, monkeypatch):
+  """self_pretraining.py:pretrain_val reads the main sweep's pretraining stage: each pretrain
+  run in exactly one row, no fine-tune or from-scratch run in any."""
+  from lra_sparse import sweep as sweep_lib, tables  # pylint: disable=import-outside-toplevel
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  monkeypatch.chdir(repo)
+  runs = sweep_lib.expand_sweep(
+      sweep_lib.load_sweep("experiments/specs/self_pretraining.py:pretrain_val"), str(tmp_path))
+  table = tables.load_table("experiments/specs/self_pretraining.py:pretrain_val")
+  for run in runs:
+    config = {"attention.dsa.sparsity": None, "attention.nystrom.nm": None, **run.overrides}
+    hits = [row.label for row in table.rows
+            if all(config.get(k) == v for k, v in row.match.items())]
+    assert len(hits) == (1 if run.name.startswith("pretrain-") else 0), (run.name, hits)
 
 
 def test_denoiser_predicts_every_input_of_a_dual_encoder_task(tiny_config):

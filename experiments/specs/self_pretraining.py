@@ -14,20 +14,34 @@ matches S4 on LRA. Here every kind (dense, DFSS 2:4, DSA-90, Nystromformer) runs
 
 ListOps fine-tunes on the stable recipe (``configs/listops.py:stable``, the peak learning rate
 halved: ``experiments/results/listops_recipe_notes.md``); Pathfinder-32 on its LRA config.
-Attention dropout is the configs' (LRA's 0.1). PRETRAIN_STEPS are a first choice, not yet
-chosen by the measured curve (fine-tuned accuracy against pretraining steps) the issue asks
-for. The from-scratch rows to compare with are ``lra_listops`` (ListOps) and ``lra_pixels``.
+Attention dropout is the configs' (LRA's 0.1). Both stages compute in bfloat16 (parameters
+float32, the fused kernels: a 5000-step ListOps stage costs about 4 GPU-minutes), and every
+kind also trains from scratch on the fine-tune's exact config (``scratch-<task>-<kind>``: same
+dtype, dropout, recipe and mask-token row, no ``init_from``), so each "+ SPT" row has its own
+from-scratch row beside it. PRETRAIN_STEPS are a first choice; the ``curve`` preset measures
+fine-tuned accuracy against pretraining steps.
 
 Sweep:  python -m lra_sparse.sweep --sweep=experiments/specs/self_pretraining.py \\
           --root=runs/self_pretraining --parallel=gpus
 Table:  python -m lra_sparse.tables --root=runs/self_pretraining \\
           --spec=experiments/specs/self_pretraining.py --format=markdown
-Presets: "" (ListOps at LRA size and Pathfinder-32, 3 seeds); "best_val" (the same runs, test at
-the best validation step); "curve" and "curve_best_val" (how many pretraining steps: ListOps,
-dense and DFSS 2:4, seed 0, pretrained CURVE_STEPS steps each (warmup: 1000 steps or a fifth
+Presets: "" (ListOps at LRA size and Pathfinder-32, 3 seeds: pretrain, fine-tune and from
+scratch per kind); "best_val" (the same runs, test at the best validation step);
+"pretrain_val" (the same runs: the pretraining stage's masked-token accuracy on the validation
+split, per kind); "curve" and
+"curve_best_val" (how many pretraining steps: ListOps, dense, seed 0, pretrained CURVE_STEPS steps each (warmup: 1000 steps or a fifth
 of a shorter run) then fine-tuned; rows are the pretraining lengths); "tiny" (``make demo``'s
 ListOps on a CPU, a few steps per stage, one seed, dense and DSA-90: the pipeline end to end,
-run by ``make test``).
+run by ``make test``); "pretrain_recipe" (what lets a softmax-attention Transformer learn the
+denoising task on ListOps at all: dense pretraining only, RECIPE_STEPS steps, seed 0, one
+variant per RECIPE_VARIANTS row; the table is the denoising accuracy on the validation split).
+
+Why the recipe preset: in the first runs (``experiments/results/self_pretraining_notes.md``)
+dense, DFSS 2:4 and DSA-90 ended pretraining at the context-free level (22.2% validation
+accuracy: the unmasked tokens copied, the most frequent token, "]", at 14.2% of tokens,
+everywhere else) for 5000 and 10000 steps, and their fine-tunes gained 1-2 points; only
+Nystromformer, whose value path has a depthwise convolution along the sequence, learned from
+context (26.1%) and gained 7.3 points.
 """
 from experiments.specs._tiny import tiny_steps
 from lra_sparse.sweep import Group, Ref, Sweep, Variant
@@ -35,9 +49,9 @@ from lra_sparse.tables import Selector, Table
 
 SEEDS = (0, 1, 2)
 TINY_SEED = (0,)
-PRESETS = ("", "best_val", "curve", "curve_best_val", "tiny")
-CURVE_STEPS = (500, 1000, 2500, 5000, 10000)
-CURVE_KINDS = ("dense", "dfss2-4")
+PRESETS = ("", "best_val", "pretrain_val", "curve", "curve_best_val", "pretrain_recipe", "tiny")
+CURVE_STEPS = (1000, 2500, 5000, 10000)
+CURVE_KINDS = ("dense",)
 KINDS = (  # (run-name label, row label, attention overrides)
     ("dense", "Transformer (dense)", {"attention.kind": "dense"}),
     ("dfss2-4", "DFSS 2:4", {"attention.kind": "dfss", "attention.dfss.nm": "2:4"}),
@@ -50,8 +64,30 @@ TASKS = (  # (name, column label, pretrain config, fine-tune config, pretraining
     ("listops", "ListOps", "configs/listops.py", "configs/listops.py:stable", 5000),
     ("pathfinder32", "Pathfinder-32", "configs/pathfinder.py", "configs/pathfinder.py", 20000),
 )
+# The pretrain_recipe preset: each variant sets every field of RECIPE_FIELDS (the rest are the
+# first runs' values), so that each table row matches its run and no other.
+RECIPE_STEPS = 2500
+RECIPE_FIELDS = {"model.pos_emb": "sinusoidal", "optim.learning_rate": 0.05,
+                 "denoise.mask_rate": 0.15, "model.dropout_rate": 0.1,
+                 "model.attention_dropout_rate": 0.1}
+RECIPE_VARIANTS = (  # (run-name label, row label, fields that differ from RECIPE_FIELDS)
+    ("first", "as the first runs (sinusoidal positions, LRA's 0.05 rsqrt)", {}),
+    ("rotary", "rotary positions", {"model.pos_emb": "rotary"}),
+    ("learned", "learned positions", {"model.pos_emb": "learned"}),
+    ("lr0.01", "peak learning rate / 5 (0.01 rsqrt)", {"optim.learning_rate": 0.01}),
+    ("rotary-lr0.01", "rotary, 0.01 rsqrt", {"model.pos_emb": "rotary",
+                                             "optim.learning_rate": 0.01}),
+    ("rotary-lr0.2", "rotary, 0.2 rsqrt (x4)", {"model.pos_emb": "rotary",
+                                              "optim.learning_rate": 0.2}),
+    ("rotary-mask0.3", "rotary, 30% of tokens selected", {"model.pos_emb": "rotary",
+                                                          "denoise.mask_rate": 0.3}),
+    ("rotary-nodropout", "rotary, no dropout", {"model.pos_emb": "rotary",
+                                               "model.dropout_rate": 0.0,
+                                               "model.attention_dropout_rate": 0.0}),
+)
 PRETRAIN = {"objective": "denoise", "model.mask_token": True}
 FINETUNE = {"objective": "classify", "model.mask_token": True}
+COMPUTE = {"model.dtype": "bfloat16"}   # both stages and the from-scratch rows (not :tiny)
 
 
 def _check(preset: str) -> bool:
@@ -71,7 +107,7 @@ def _curve_sweep() -> Sweep:
   """ListOps: each of CURVE_KINDS pretrained for each of CURVE_STEPS, then fine-tuned."""
   _, _, pretrain_config, finetune_config, _ = TASKS[0]
   kinds = [(label, overrides) for label, _, overrides in KINDS if label in CURVE_KINDS]
-  groups = [Group(name="pretrain", config=pretrain_config, overrides=PRETRAIN,
+  groups = [Group(name="pretrain", config=pretrain_config, overrides={**PRETRAIN, **COMPUTE},
                   variants=[Variant(f"{label}-{steps}", {**overrides, "num_train_steps": steps,
                                                          "optim.warmup_steps": _warmup(steps)})
                             for label, overrides in kinds for steps in CURVE_STEPS],
@@ -80,7 +116,7 @@ def _curve_sweep() -> Sweep:
     for steps in CURVE_STEPS:
       groups.append(Group(
           name=f"finetune-{label}-after-{steps}", config=finetune_config,
-          overrides={**FINETUNE, **overrides,
+          overrides={**FINETUNE, **COMPUTE, **overrides,
                      "init_from": Ref("pretrain", same=("seed",),
                                       match={**overrides, "num_train_steps": steps})},
           seeds=(0,)))
@@ -90,7 +126,7 @@ def _curve_sweep() -> Sweep:
 def _curve_table(best_val: bool) -> Table:
   def pretrained_for(steps):
     return lambda path: bool(path) and path.rstrip("/").split("/")[-1].startswith(
-        f"pretrain__listops__") and f"-{steps}__seed=" in path
+        "pretrain__listops__") and f"-{steps}__seed=" in path
   return Table(
       title=("ListOps fine-tuned after self-pretraining for a number of steps (rows), seed 0: "
              "test accuracy (%) " + ("at the best validation step" if best_val
@@ -100,6 +136,27 @@ def _curve_table(best_val: bool) -> Table:
             for steps in CURVE_STEPS],
       columns=[Selector(row, overrides) for label, row, overrides in KINDS
                if label in CURVE_KINDS])
+
+
+def _recipe_sweep() -> Sweep:
+  _, _, pretrain_config, _, _ = TASKS[0]
+  return Sweep(name="self_pretraining_recipe", groups=[Group(
+      name="pretrain", config=pretrain_config,
+      overrides={**PRETRAIN, **COMPUTE, "attention.kind": "dense",
+                 "num_train_steps": RECIPE_STEPS, "optim.warmup_steps": _warmup(RECIPE_STEPS)},
+      variants=[Variant(label, {**RECIPE_FIELDS, **fields})
+                for label, _, fields in RECIPE_VARIANTS],
+      seeds=(0,))])
+
+
+def _recipe_table() -> Table:
+  return Table(
+      title=(f"ListOps denoising (self-pretraining) of the dense Transformer, {RECIPE_STEPS} "
+             "steps, seed 0: masked-token accuracy (%) on the validation split (context-free "
+             "level: 22.2)"),
+      split="val",
+      rows=[Selector(row, {**RECIPE_FIELDS, **fields}) for _, row, fields in RECIPE_VARIANTS],
+      columns=[Selector("dense", {**PRETRAIN, "attention.kind": "dense"})])
 
 
 # The tiny CPU preset runs two kinds end to end (dense and DSA, whose predictor and sown
@@ -122,20 +179,27 @@ def get_sweep(preset: str = "") -> Sweep:
   tiny = _check(preset)
   if preset.startswith("curve"):
     return _curve_sweep()
+  if preset == "pretrain_recipe":
+    return _recipe_sweep()
+  compute = {} if tiny else COMPUTE
   groups = []
   for task, _, pretrain_config, finetune_config, steps in _tasks(tiny):
     pretrain_steps = tiny_steps(12) if tiny else {"num_train_steps": steps}
+    seeds = TINY_SEED if tiny else SEEDS
     groups.append(Group(
         name=f"pretrain-{task}", config=pretrain_config,
-        overrides={**PRETRAIN, **pretrain_steps},
+        overrides={**PRETRAIN, **compute, **pretrain_steps},
         variants=[Variant(label, overrides) for label, _, overrides in _kinds(tiny)],
-        seeds=TINY_SEED if tiny else SEEDS))
+        seeds=seeds))
     for label, _, overrides in _kinds(tiny):
+      finetune = {**FINETUNE, **compute, **overrides, **(tiny_steps(8) if tiny else {})}
       groups.append(Group(
           name=f"finetune-{task}-{label}", config=finetune_config,
-          overrides={**FINETUNE, **overrides, **(tiny_steps(8) if tiny else {}),
+          overrides={**finetune,
                      "init_from": Ref(f"pretrain-{task}", same=("seed",), match=overrides)},
-          seeds=TINY_SEED if tiny else SEEDS))
+          seeds=seeds))
+      groups.append(Group(name=f"scratch-{task}-{label}", config=finetune_config,
+                          overrides=finetune, seeds=seeds))
   return Sweep(name="self_pretraining" + ("_tiny" if tiny else ""), groups=groups)
 
 
@@ -144,13 +208,28 @@ def get_table(preset: str = "") -> Table:
   best_val = preset.endswith("best_val")
   if preset.startswith("curve"):
     return _curve_table(best_val)
+  if preset == "pretrain_recipe":
+    return _recipe_table()
+  if preset == "pretrain_val":
+    return Table(
+        title=("Self-pretraining stage (denoising) per attention kind: masked-token accuracy (%) "
+               "on the validation split at the last step (context-free level: 22.2)"),
+        split="val",
+        rows=[Selector(row, {**overrides, **PRETRAIN}) for _, row, overrides in _kinds(tiny)],
+        columns=[Selector(label, {"task": task.removesuffix("32")})
+                 for task, label, *_ in _tasks(tiny)])
+  rows = []
+  for _, row, overrides in _kinds(tiny):
+    rows.append(Selector(f"{row}, from scratch",
+                         {**overrides, **FINETUNE, "init_from": lambda path: not path}))
+    rows.append(Selector(f"{row} + SPT",
+                         {**overrides, **FINETUNE, "init_from": lambda path: bool(path)}))
   return Table(
-      title=("Self-pretrained (denoising) then fine-tuned, per attention kind: test accuracy (%) "
+      title=("Self-pretrained (denoising) then fine-tuned, against the same config from scratch, "
+             "per attention kind: test accuracy (%) "
              + ("at the best validation step" if best_val else "at the last step")
              + (" [tiny CPU variant]" if tiny else "")),
       split="test_at_best_val" if best_val else "test",
-      rows=[Selector(f"{row} + SPT", {**overrides, **FINETUNE,
-                                      "init_from": lambda path: bool(path)})
-            for _, row, overrides in _kinds(tiny)],
+      rows=rows,
       columns=[Selector(label, {"task": task.removesuffix("32")})
                for task, label, *_ in _tasks(tiny)])
