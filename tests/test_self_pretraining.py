@@ -237,9 +237,10 @@ def test_pretraining_curve_fine_tunes_each_length_from_its_own_pretrain_run(tmp_
 
 
 def test_pretrain_recipe_preset_runs_one_dense_pretraining_per_row(tmp_path, monkeypatch):
-  """self_pretraining.py:pretrain_recipe: dense denoising only, the same length and seed for
-  every variant, and each run lands in exactly one row of its table (rows differ in at least
-  one field, so no row averages two variants)."""
+  """self_pretraining.py:pretrain_recipe: denoising only (dense variants and Nystromformer with
+  and without its conv skip), the same length and seed for every variant, and each run lands
+  in exactly one row of its table (rows differ in at least one field, so no row averages two
+  variants)."""
   from experiments.specs import self_pretraining as spec  # pylint: disable=import-outside-toplevel
   from lra_sparse import sweep as sweep_lib, tables  # pylint: disable=import-outside-toplevel
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -248,12 +249,13 @@ def test_pretrain_recipe_preset_runs_one_dense_pretraining_per_row(tmp_path, mon
       sweep_lib.load_sweep("experiments/specs/self_pretraining.py:pretrain_recipe"),
       str(tmp_path))
   assert len(runs) == len(spec.RECIPE_VARIANTS) == len({r.name for r in runs})
+  assert sorted(r.overrides.get("attention.nystrom.conv_kernel", -1) for r in runs)[-2:] == [0, 35]
   table = tables.load_table("experiments/specs/self_pretraining.py:pretrain_recipe")
   assert table.split == "val"
   for run in runs:
     o = run.overrides
-    assert (o["objective"], o["attention.kind"], o["num_train_steps"], o["seed"]) == (
-        "denoise", "dense", spec.RECIPE_STEPS, 0)
+    assert (o["objective"], o["num_train_steps"], o["seed"]) == ("denoise", spec.RECIPE_STEPS, 0)
+    assert o["attention.kind"] in ("dense", "nystrom")
     assert o["optim.warmup_steps"] <= spec.RECIPE_STEPS // 5
     hits = [row.label for row in table.rows if all(o.get(k) == v for k, v in row.match.items())]
     assert len(hits) == 1, (run.name, hits)
