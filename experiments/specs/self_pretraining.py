@@ -25,16 +25,19 @@ Sweep:  python -m lra_sparse.sweep --sweep=experiments/specs/self_pretraining.py
           --root=runs/self_pretraining --parallel=gpus
 Table:  python -m lra_sparse.tables --root=runs/self_pretraining \\
           --spec=experiments/specs/self_pretraining.py --format=markdown
-Presets: "" (ListOps at LRA size and Pathfinder-32, 3 seeds: pretrain, fine-tune and from
-scratch per kind); "best_val" (the same runs, test at the best validation step);
-"pretrain_val" (the same runs: the pretraining stage's masked-token accuracy on the validation
-split, per kind); "curve" and
-"curve_best_val" (how many pretraining steps: ListOps, dense, seed 0, pretrained CURVE_STEPS steps each (warmup: 1000 steps or a fifth
-of a shorter run) then fine-tuned; rows are the pretraining lengths); "tiny" (``make demo``'s
-ListOps on a CPU, a few steps per stage, one seed, dense and DSA-90: the pipeline end to end,
-run by ``make test``); "pretrain_recipe" (what lets a softmax-attention Transformer learn the
-denoising task on ListOps at all: pretraining only, RECIPE_STEPS steps, seed 0, one variant per
-RECIPE_VARIANTS row (dense ones, and Nystromformer with and without its conv skip); the table is the denoising accuracy on the validation split).
+Presets:
+- "" (ListOps at LRA size and Pathfinder-32, 3 seeds: pretrain, fine-tune and from scratch per
+  kind); "best_val" (the same runs, test at the best validation step); "pretrain_val" (the same
+  runs: the pretraining stage's masked-token accuracy on the validation split, per kind);
+- "curve" and "curve_best_val" (how many pretraining steps: ListOps, dense, seed 0, pretrained
+  CURVE_STEPS steps each (warmup: 1000 steps or a fifth of a shorter run) then fine-tuned; rows
+  are the pretraining lengths);
+- "pretrain_recipe" (what lets a softmax-attention Transformer learn the denoising task on
+  ListOps at all: pretraining only, RECIPE_STEPS steps, seed 0, one variant per RECIPE_VARIANTS
+  row (dense ones, and Nystromformer with and without its conv skip); the table is the
+  denoising accuracy on the validation split);
+- "tiny" (``make demo``'s ListOps on a CPU, a few steps per stage, one seed, dense and DSA-90:
+  the pipeline end to end, run by ``make test``).
 
 Why the recipe preset: in the first runs (``experiments/results/self_pretraining_notes.md``)
 dense, DFSS 2:4 and DSA-90 ended pretraining at the context-free level (22.2% validation
