@@ -95,6 +95,9 @@ RECIPE_VARIANTS = (  # (run-name label, row label, fields that differ from RECIP
 PRETRAIN = {"objective": "denoise", "model.mask_token": True}
 FINETUNE = {"objective": "classify", "model.mask_token": True}
 COMPUTE = {"model.dtype": "bfloat16"}   # both stages and the from-scratch rows (not :tiny)
+# Masked-token accuracy (%) of copying a shown token and otherwise guessing the most frequent
+# one, on LRA-size ListOps: where the first runs' softmax kinds stayed (the notes).
+CONTEXT_FREE_LEVEL = 22.2
 
 
 def _check(preset: str) -> bool:
@@ -149,7 +152,8 @@ def _recipe_sweep() -> Sweep:
   _, _, pretrain_config, _, _ = TASKS[0]
   return Sweep(name="self_pretraining_recipe", groups=[Group(
       name="pretrain", config=pretrain_config,
-      overrides={**PRETRAIN, **COMPUTE, "num_train_steps": RECIPE_STEPS, "optim.warmup_steps": _warmup(RECIPE_STEPS)},
+      overrides={**PRETRAIN, **COMPUTE, "num_train_steps": RECIPE_STEPS,
+                 "optim.warmup_steps": _warmup(RECIPE_STEPS)},
       variants=[Variant(label, {**RECIPE_FIELDS, **fields})
                 for label, _, fields in RECIPE_VARIANTS],
       seeds=(0,))])
@@ -158,7 +162,7 @@ def _recipe_sweep() -> Sweep:
 def _recipe_table() -> Table:
   return Table(
       title=(f"ListOps denoising (self-pretraining), {RECIPE_STEPS} steps, seed 0: masked-token "
-             "accuracy (%) on the validation split (context-free level: 22.2)"),
+             f"accuracy (%) on the validation split (context-free level: {CONTEXT_FREE_LEVEL})"),
       split="val",
       rows=[Selector(row, {**RECIPE_FIELDS, **fields}) for _, row, fields in RECIPE_VARIANTS],
       columns=[Selector("ListOps", PRETRAIN)])
@@ -178,6 +182,10 @@ def _tasks(tiny: bool):
   if tiny:
     return (("listops", "ListOps", "configs/listops.py:tiny", "configs/listops.py:tiny", 0),)
   return TASKS
+
+
+def _task_columns(tiny: bool):
+  return [Selector(label, {"task": task.removesuffix("32")}) for task, label, *_ in _tasks(tiny)]
 
 
 def get_sweep(preset: str = "") -> Sweep:
@@ -218,11 +226,11 @@ def get_table(preset: str = "") -> Table:
   if preset == "pretrain_val":
     return Table(
         title=("Self-pretraining stage (denoising) per attention kind: masked-token accuracy (%) "
-               "on the validation split at the last step (context-free level: 22.2)"),
+               "on the validation split at the last step "
+               f"(context-free level: {CONTEXT_FREE_LEVEL})"),
         split="val",
         rows=[Selector(row, {**overrides, **PRETRAIN}) for _, row, overrides in _kinds(tiny)],
-        columns=[Selector(label, {"task": task.removesuffix("32")})
-                 for task, label, *_ in _tasks(tiny)])
+        columns=_task_columns(tiny))
   rows = []
   for _, row, overrides in _kinds(tiny):
     rows.append(Selector(f"{row}, from scratch",
@@ -236,5 +244,4 @@ def get_table(preset: str = "") -> Table:
              + (" [tiny CPU variant]" if tiny else "")),
       split="test_at_best_val" if best_val else "test",
       rows=rows,
-      columns=[Selector(label, {"task": task.removesuffix("32")})
-               for task, label, *_ in _tasks(tiny)])
+      columns=_task_columns(tiny))
