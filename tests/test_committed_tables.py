@@ -64,8 +64,38 @@ _SPT_PRETRAIN_ROWS = {label: rf"pretrain-listops__listops__{kind}__seed=\d+"
 _SPT_CURVE_ROWS = {f"pretrained {steps} steps":
                    rf"finetune-dense-after-{steps}__listops-stable__seed=0"
                    for steps in (1000, 2500, 5000, 10000)}
-# Runs of a folder that no table of it shows (the curve's pretraining stage).
-_UNTABLED = {"self_pretraining_curve": r"pretrain__listops__dense-\d+__seed=0"}
+_SPT_RECIPE_PRETRAIN_ROWS = {
+    "dense as the first runs (sinusoidal positions, LRA's 0.05 rsqrt)": "first",
+    "dense, rotary positions": "rotary",
+    "dense, learned positions": "learned",
+    "dense, peak learning rate / 5 (0.01 rsqrt)": "lr0.01",
+    "dense, rotary, 0.01 rsqrt": "rotary-lr0.01",
+    "dense, rotary, 0.2 rsqrt (x4)": "rotary-lr0.2",
+    "dense, rotary, no dropout": "rotary-nodropout",
+    "Nystromformer (conv skip of 35, as the first runs)": "nystrom",
+    "Nystromformer without its conv skip": "nystrom-noconv",
+}
+_SPT_RECIPE_SCRATCH = {
+    "dense, sinusoidal positions": "sinusoidal", "dense, rotary positions": "rotary",
+    "dense, learned positions": "learned", "Nystromformer (conv skip of 35)": "nystrom",
+    "Nystromformer without its conv skip": "nystrom-noconv"}
+
+
+def _spt_recipe_finetune_rows(variants, archs):
+  rows = {f"{label}, from scratch": rf"scratch-{re.escape(arch)}__listops-stable__seed=0"
+          for label, arch in _SPT_RECIPE_SCRATCH.items() if arch in archs}
+  rows.update({f"{label} + SPT": rf"finetune-{re.escape(variant)}__listops-stable__seed=0"
+               for label, variant in _SPT_RECIPE_PRETRAIN_ROWS.items() if variant in variants})
+  return rows
+
+
+_SPT_RECIPE_FINETUNE_ROWS = _spt_recipe_finetune_rows(_SPT_RECIPE_PRETRAIN_ROWS.values(),
+                                                      _SPT_RECIPE_SCRATCH.values())
+_SPT_LONG_ROWS = _spt_recipe_finetune_rows(("rotary", "nystrom"), ("rotary", "nystrom"))
+# Runs of a folder that no table of it shows (the pretraining stage of the curve and of the
+# long fine-tunes).
+_UNTABLED = {"self_pretraining_curve": r"pretrain__listops__dense-\d+__seed=0",
+             "self_pretraining_long_finetune": r"pretrain__listops__(rotary|nystrom)__seed=0"}
 # Published values beside the rows, written out here from the papers (LRA: Tay et al. 2021;
 # DFSS Table 4): label -> value; rows not named have none.
 _PAPER = {label: 36.37 for label in _RECIPE_5000_ROWS}
@@ -93,6 +123,17 @@ TABLES = [
     ("self_pretraining_curve.md", "self_pretraining_curve", "test", _SPT_CURVE_ROWS),
     ("self_pretraining_curve_best_val.md", "self_pretraining_curve", "test_at_best_val",
      _SPT_CURVE_ROWS),
+    ("self_pretraining_recipe_pretrain_val.md", "self_pretraining_recipe", "val",
+     {label: rf"pretrain__listops__{re.escape(variant)}__seed=0"
+      for label, variant in _SPT_RECIPE_PRETRAIN_ROWS.items()}),
+    ("self_pretraining_recipe_finetune.md", "self_pretraining_recipe", "test",
+     _SPT_RECIPE_FINETUNE_ROWS),
+    ("self_pretraining_recipe_finetune_best_val.md", "self_pretraining_recipe",
+     "test_at_best_val", _SPT_RECIPE_FINETUNE_ROWS),
+    ("self_pretraining_long_finetune.md", "self_pretraining_long_finetune", "test",
+     _SPT_LONG_ROWS),
+    ("self_pretraining_long_finetune_best_val.md", "self_pretraining_long_finetune",
+     "test_at_best_val", _SPT_LONG_ROWS),
 ]
 
 

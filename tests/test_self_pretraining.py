@@ -236,30 +236,80 @@ def test_pretraining_curve_fine_tunes_each_length_from_its_own_pretrain_run(tmp_
     assert source.name.startswith(f"pretrain__listops__{kind}-{steps}__")
 
 
-def test_pretrain_recipe_preset_runs_one_dense_pretraining_per_row(tmp_path, monkeypatch):
-  """self_pretraining.py:pretrain_recipe: denoising only (dense variants and Nystromformer with
-  and without its conv skip), the same length and seed for every variant, and each run lands
-  in exactly one row of its table (rows differ in at least one field, so no row averages two
-  variants)."""
+def _matches(selector, config) -> bool:
+  return all(v(config.get(k)) if callable(v) else config.get(k) == v
+             for k, v in selector.match.items())
+
+
+@pytest.mark.parametrize("preset,finetune_table_preset", [
+    ("pretrain_recipe", "pretrain_recipe_finetune"), ("long_finetune", "long_finetune")])
+def test_recipe_presets_pretrain_fine_tune_and_train_from_scratch(preset, finetune_table_preset,
+                                                                 tmp_path, monkeypatch):
+  """self_pretraining.py:pretrain_recipe (and :long_finetune, a subset of its variants with a
+  longer fine-tune): one denoising run per variant (same length and seed; dense variants and
+  Nystromformer with and without its conv skip), each fine-tuned from its own pretraining with
+  that pretraining's architecture and none of its pretraining-only fields, and each
+  architecture from scratch on the fine-tune's exact config; every run lands in exactly one
+  row of its table and in no row of the other table."""
   from experiments.specs import self_pretraining as spec  # pylint: disable=import-outside-toplevel
   from lra_sparse import sweep as sweep_lib, tables  # pylint: disable=import-outside-toplevel
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   monkeypatch.chdir(repo)
   runs = sweep_lib.expand_sweep(
-      sweep_lib.load_sweep("experiments/specs/self_pretraining.py:pretrain_recipe"),
-      str(tmp_path))
-  assert len(runs) == len(spec.RECIPE_VARIANTS) == len({r.name for r in runs})
-  assert sorted(r.overrides.get("attention.nystrom.conv_kernel", -1) for r in runs)[-2:] == [0, 35]
-  table = tables.load_table("experiments/specs/self_pretraining.py:pretrain_recipe")
-  assert table.split == "val"
+      sweep_lib.load_sweep(f"experiments/specs/self_pretraining.py:{preset}"), str(tmp_path))
+  variants = (spec.RECIPE_VARIANTS if preset == "pretrain_recipe" else
+              [v for v in spec.RECIPE_VARIANTS if v[0] in spec.LONG_FINETUNE_VARIANTS])
+  finetune_steps = (spec.RECIPE_FINETUNE_STEPS if preset == "pretrain_recipe" else
+                    spec.LONG_FINETUNE_STEPS)
+  assert len(variants) == len(spec.LONG_FINETUNE_VARIANTS) or preset == "pretrain_recipe"
+  by_name = {run.name: run for run in runs}
+  pretrains = [r for r in runs if r.name.startswith("pretrain__")]
+  finetunes = [r for r in runs if r.name.startswith("finetune-")]
+  scratches = [r for r in runs if r.name.startswith("scratch-")]
+  assert len(pretrains) == len(finetunes) == len(variants)
+  assert len(scratches) == len({arch for _, _, arch, _ in variants})
+  assert len(runs) == len(by_name) == len(pretrains) + len(finetunes) + len(scratches)
+  if preset == "pretrain_recipe":
+    assert len(scratches) == len(spec.RECIPE_ARCHS)
+    assert sorted(r.overrides.get("attention.nystrom.conv_kernel", -1)
+                  for r in pretrains)[-2:] == [0, 35]
+  pretrain_table = tables.load_table("experiments/specs/self_pretraining.py:pretrain_recipe")
+  finetune_table = tables.load_table(
+      f"experiments/specs/self_pretraining.py:{finetune_table_preset}")
+  assert (pretrain_table.split, finetune_table.split) == ("val", "test")
+  arch_keys = {k for _, fields in spec.RECIPE_ARCHS.values() for k in fields} | {
+      "attention.kind", "model.pos_emb"}
   for run in runs:
-    o = run.overrides
-    assert (o["objective"], o["num_train_steps"], o["seed"]) == ("denoise", spec.RECIPE_STEPS, 0)
-    assert o["attention.kind"] in ("dense", "nystrom")
-    assert o["optim.warmup_steps"] <= spec.RECIPE_STEPS // 5
-    hits = [row.label for row in table.rows if all(o.get(k) == v for k, v in row.match.items())]
-    assert len(hits) == 1, (run.name, hits)
-    assert all(o.get(k) == v for k, v in table.columns[0].match.items())
+    o = {"task": "listops", **run.overrides}
+    in_pretrain = [row.label for row in pretrain_table.rows if _matches(row, o)
+                   and _matches(pretrain_table.columns[0], o)]
+    in_finetune = [row.label for row in finetune_table.rows if _matches(row, o)
+                   and _matches(finetune_table.columns[0], o)]
+    if run in pretrains:
+      assert (o["objective"], o["num_train_steps"], o["seed"]) == (
+          "denoise", spec.RECIPE_STEPS, 0)
+      assert o["attention.kind"] in ("dense", "nystrom")
+      assert o["optim.warmup_steps"] <= spec.RECIPE_STEPS // 5
+      assert (len(in_pretrain), in_finetune) == (1, []), (run.name, in_pretrain, in_finetune)
+      continue
+    assert (in_pretrain, len(in_finetune)) == ([], 1), (run.name, in_pretrain, in_finetune)
+    assert (o["objective"], o["num_train_steps"]) == ("classify", finetune_steps)
+    assert "optim.learning_rate" not in o and "model.dropout_rate" not in o
+    if run in finetunes:
+      source = by_name[os.path.basename(o["init_from"])]
+      assert source in pretrains
+      assert {k: source.overrides.get(k) for k in arch_keys} == {
+          k: o.get(k) for k in arch_keys}
+      assert in_finetune[0].endswith(" + SPT")
+      label = run.name.split("__")[0].removeprefix("finetune-")
+      assert source.name.startswith(f"pretrain__listops__{label}__")
+    else:
+      twins = [f for f in finetunes if {k: f.overrides.get(k) for k in arch_keys} ==
+               {k: o.get(k) for k in arch_keys}]
+      assert twins
+      for twin in twins:   # the fine-tune's exact config, without init_from
+        assert {k: v for k, v in twin.overrides.items() if k != "init_from"} == run.overrides
+      assert in_finetune[0].endswith(", from scratch")
 
 
 def test_pretrain_val_table_holds_each_pretrain_run_once_and_no_fine_tune(tmp_path, monkeypatch):

@@ -33,9 +33,13 @@ Presets:
   CURVE_STEPS steps each (warmup: 1000 steps or a fifth of a shorter run) then fine-tuned; rows
   are the pretraining lengths);
 - "pretrain_recipe" (what lets a softmax-attention Transformer learn the denoising task on
-  ListOps at all: pretraining only, RECIPE_STEPS steps, seed 0, one variant per RECIPE_VARIANTS
-  row (dense ones, and Nystromformer with and without its conv skip); the table is the
-  denoising accuracy on the validation split);
+  ListOps at all: RECIPE_STEPS steps of pretraining, seed 0, one variant per RECIPE_VARIANTS
+  row (dense ones, and Nystromformer with and without its conv skip), each then fine-tuned,
+  and each architecture from scratch; the table is the denoising accuracy on the validation
+  split); "pretrain_recipe_finetune" and "pretrain_recipe_finetune_best_val" (the same runs:
+  test accuracy of the fine-tunes and from-scratch runs); "long_finetune" and
+  "long_finetune_best_val" (LONG_FINETUNE_VARIANTS pretrained as there, fine-tuned and from
+  scratch for LONG_FINETUNE_STEPS: does the gain grow with the fine-tune's length?);
 - "tiny" (``make demo``'s ListOps on a CPU, a few steps per stage, one seed, dense and DSA-90:
   the pipeline end to end, run by ``make test``).
 
@@ -52,7 +56,9 @@ from lra_sparse.tables import Selector, Table
 
 SEEDS = (0, 1, 2)
 TINY_SEED = (0,)
-PRESETS = ("", "best_val", "pretrain_val", "curve", "curve_best_val", "pretrain_recipe", "tiny")
+PRESETS = ("", "best_val", "pretrain_val", "curve", "curve_best_val", "pretrain_recipe",
+           "pretrain_recipe_finetune", "pretrain_recipe_finetune_best_val", "long_finetune",
+           "long_finetune_best_val", "tiny")
 CURVE_STEPS = (1000, 2500, 5000, 10000)
 CURVE_KINDS = ("dense",)
 KINDS = (  # (run-name label, row label, attention overrides)
@@ -67,31 +73,57 @@ TASKS = (  # (name, column label, pretrain config, fine-tune config, pretraining
     ("listops", "ListOps", "configs/listops.py", "configs/listops.py:stable", 5000),
     ("pathfinder32", "Pathfinder-32", "configs/pathfinder.py", "configs/pathfinder.py", 20000),
 )
-# The pretrain_recipe preset: each variant sets every field of RECIPE_FIELDS (the rest are the
-# first runs' values), so that each table row matches its run and no other. Two Nystromformer
-# rows test whether its conv skip (a fixed local window on V) is what lets it learn.
+# The pretrain_recipe preset: each variant pretrains one architecture (RECIPE_ARCHS: the
+# fields a fine-tune inherits) with some pretraining-only fields (learning rate, dropout); each
+# pretraining run sets every field of RECIPE_FIELDS (the rest are the first runs' values), so
+# that each table row matches its run and no other. Two Nystromformer rows test whether its
+# conv skip (a fixed local window on V) is what lets it learn. Every variant is then fine-tuned
+# (RECIPE_FINETUNE_STEPS, the fine-tune's config otherwise), and every architecture trains from
+# scratch on that same fine-tune config: the gain, not only the denoising accuracy, picks.
 RECIPE_STEPS = 2500
+RECIPE_FINETUNE_STEPS = 2500
 RECIPE_FIELDS = {"attention.kind": "dense", "model.pos_emb": "sinusoidal",
                  "optim.learning_rate": 0.05, "model.dropout_rate": 0.1,
                  "model.attention_dropout_rate": 0.1}
 _NYSTROM = {"attention.kind": "nystrom", "attention.nystrom.nm": ""}
-RECIPE_VARIANTS = (  # (run-name label, row label, fields that differ from RECIPE_FIELDS)
-    ("first", "dense as the first runs (sinusoidal positions, LRA's 0.05 rsqrt)", {}),
-    ("rotary", "dense, rotary positions", {"model.pos_emb": "rotary"}),
-    ("learned", "dense, learned positions", {"model.pos_emb": "learned"}),
-    ("lr0.01", "dense, peak learning rate / 5 (0.01 rsqrt)", {"optim.learning_rate": 0.01}),
-    ("rotary-lr0.01", "dense, rotary, 0.01 rsqrt", {"model.pos_emb": "rotary",
-                                                    "optim.learning_rate": 0.01}),
-    ("rotary-lr0.2", "dense, rotary, 0.2 rsqrt (x4)", {"model.pos_emb": "rotary",
-                                                     "optim.learning_rate": 0.2}),
-    ("rotary-nodropout", "dense, rotary, no dropout", {"model.pos_emb": "rotary",
-                                                      "model.dropout_rate": 0.0,
-                                                      "model.attention_dropout_rate": 0.0}),
-    ("nystrom", "Nystromformer (conv skip of 35, as the first runs)",
-     {**_NYSTROM, "attention.nystrom.conv_kernel": 35}),
-    ("nystrom-noconv", "Nystromformer without its conv skip",
-     {**_NYSTROM, "attention.nystrom.conv_kernel": 0}),
+RECIPE_ARCHS = {  # label: (row label, fields over RECIPE_FIELDS' kind and positions)
+    "sinusoidal": ("dense, sinusoidal positions", {}),
+    "rotary": ("dense, rotary positions", {"model.pos_emb": "rotary"}),
+    "learned": ("dense, learned positions", {"model.pos_emb": "learned"}),
+    "nystrom": ("Nystromformer (conv skip of 35)",
+                {**_NYSTROM, "attention.nystrom.conv_kernel": 35}),
+    "nystrom-noconv": ("Nystromformer without its conv skip",
+                       {**_NYSTROM, "attention.nystrom.conv_kernel": 0}),
+}
+RECIPE_VARIANTS = (  # (run-name label, row label, architecture, pretraining-only fields)
+    ("first", "dense as the first runs (sinusoidal positions, LRA's 0.05 rsqrt)",
+     "sinusoidal", {}),
+    ("rotary", "dense, rotary positions", "rotary", {}),
+    ("learned", "dense, learned positions", "learned", {}),
+    ("lr0.01", "dense, peak learning rate / 5 (0.01 rsqrt)", "sinusoidal",
+     {"optim.learning_rate": 0.01}),
+    ("rotary-lr0.01", "dense, rotary, 0.01 rsqrt", "rotary", {"optim.learning_rate": 0.01}),
+    ("rotary-lr0.2", "dense, rotary, 0.2 rsqrt (x4)", "rotary", {"optim.learning_rate": 0.2}),
+    ("rotary-nodropout", "dense, rotary, no dropout", "rotary",
+     {"model.dropout_rate": 0.0, "model.attention_dropout_rate": 0.0}),
+    ("nystrom", "Nystromformer (conv skip of 35, as the first runs)", "nystrom", {}),
+    ("nystrom-noconv", "Nystromformer without its conv skip", "nystrom-noconv", {}),
 )
+# The long_finetune preset: the variants that left the context-free level, pretrained as in
+# pretrain_recipe and fine-tuned (and trained from scratch) for LONG_FINETUNE_STEPS.
+LONG_FINETUNE_VARIANTS = ("rotary", "nystrom")
+LONG_FINETUNE_STEPS = 10000
+
+
+def _recipe_pretrain_fields(arch: str, fields) -> dict:
+  return {**RECIPE_FIELDS, **RECIPE_ARCHS[arch][1], **fields}
+
+
+def _recipe_arch_fields(arch: str) -> dict:
+  return {"attention.kind": RECIPE_FIELDS["attention.kind"],
+          "model.pos_emb": RECIPE_FIELDS["model.pos_emb"], **RECIPE_ARCHS[arch][1]}
+
+
 PRETRAIN = {"objective": "denoise", "model.mask_token": True}
 FINETUNE = {"objective": "classify", "model.mask_token": True}
 COMPUTE = {"model.dtype": "bfloat16"}   # both stages and the from-scratch rows (not :tiny)
@@ -148,15 +180,35 @@ def _curve_table(best_val: bool) -> Table:
                if label in CURVE_KINDS])
 
 
-def _recipe_sweep() -> Sweep:
-  _, _, pretrain_config, _, _ = TASKS[0]
-  return Sweep(name="self_pretraining_recipe", groups=[Group(
+def _recipe_sweep(variants=RECIPE_VARIANTS, finetune_steps=RECIPE_FINETUNE_STEPS,
+                  name="self_pretraining_recipe") -> Sweep:
+  """Each variant pretrained RECIPE_STEPS steps and fine-tuned ``finetune_steps``; each of its
+  architectures from scratch for ``finetune_steps`` on the fine-tune's config."""
+  _, _, pretrain_config, finetune_config, _ = TASKS[0]
+  groups = [Group(
       name="pretrain", config=pretrain_config,
       overrides={**PRETRAIN, **COMPUTE, "num_train_steps": RECIPE_STEPS,
                  "optim.warmup_steps": _warmup(RECIPE_STEPS)},
-      variants=[Variant(label, {**RECIPE_FIELDS, **fields})
-                for label, _, fields in RECIPE_VARIANTS],
-      seeds=(0,))])
+      variants=[Variant(label, _recipe_pretrain_fields(arch, fields))
+                for label, _, arch, fields in variants],
+      seeds=(0,))]
+  finetune = {**FINETUNE, **COMPUTE, "num_train_steps": finetune_steps,
+              "optim.warmup_steps": _warmup(finetune_steps)}
+  for label, _, arch, fields in variants:
+    groups.append(Group(
+        name=f"finetune-{label}", config=finetune_config,
+        overrides={**finetune, **_recipe_arch_fields(arch),
+                   "init_from": Ref("pretrain", same=("seed",),
+                                    match=_recipe_pretrain_fields(arch, fields))},
+        seeds=(0,)))
+  for arch in dict.fromkeys(arch for _, _, arch, _ in variants):
+    groups.append(Group(name=f"scratch-{arch}", config=finetune_config,
+                        overrides={**finetune, **_recipe_arch_fields(arch)}, seeds=(0,)))
+  return Sweep(name=name, groups=groups)
+
+
+def _long_finetune_variants():
+  return [v for v in RECIPE_VARIANTS if v[0] in LONG_FINETUNE_VARIANTS]
 
 
 def _recipe_table() -> Table:
@@ -164,8 +216,32 @@ def _recipe_table() -> Table:
       title=(f"ListOps denoising (self-pretraining), {RECIPE_STEPS} steps, seed 0: masked-token "
              f"accuracy (%) on the validation split (context-free level: {CONTEXT_FREE_LEVEL})"),
       split="val",
-      rows=[Selector(row, {**RECIPE_FIELDS, **fields}) for _, row, fields in RECIPE_VARIANTS],
+      rows=[Selector(row, _recipe_pretrain_fields(arch, fields))
+            for _, row, arch, fields in RECIPE_VARIANTS],
       columns=[Selector("ListOps", PRETRAIN)])
+
+
+def _recipe_finetune_table(best_val: bool, variants=RECIPE_VARIANTS,
+                           finetune_steps=RECIPE_FINETUNE_STEPS) -> Table:
+  """Each architecture from scratch, then each pretraining variant fine-tuned (its row matches
+  the fine-tune whose ``init_from`` is that variant's pretraining run)."""
+  def pretrained_by(label):
+    return lambda path: bool(path) and path.rstrip("/").split("/")[-1].startswith(
+        f"pretrain__listops__{label}__seed=")
+  finetune = {**FINETUNE, "num_train_steps": finetune_steps}
+  rows = [Selector(f"{RECIPE_ARCHS[arch][0]}, from scratch",
+                   {**finetune, **_recipe_arch_fields(arch), "init_from": lambda path: not path})
+          for arch in dict.fromkeys(arch for _, _, arch, _ in variants)]
+  rows += [Selector(f"{row} + SPT",
+                    {**finetune, **_recipe_arch_fields(arch), "init_from": pretrained_by(label)})
+           for label, row, arch, _ in variants]
+  return Table(
+      title=(f"ListOps fine-tuned for {finetune_steps} steps after each pretraining "
+             f"variant ({RECIPE_STEPS} steps), against each architecture from scratch, seed 0: "
+             "test accuracy (%) " + ("at the best validation step" if best_val
+                                     else "at the last step")),
+      split="test_at_best_val" if best_val else "test",
+      rows=rows, columns=[Selector("ListOps", {"task": "listops"})])
 
 
 # The tiny CPU preset runs two kinds end to end (dense and DSA, whose predictor and sown
@@ -192,8 +268,11 @@ def get_sweep(preset: str = "") -> Sweep:
   tiny = _check(preset)
   if preset.startswith("curve"):
     return _curve_sweep()
-  if preset == "pretrain_recipe":
+  if preset.startswith("pretrain_recipe"):
     return _recipe_sweep()
+  if preset.startswith("long_finetune"):
+    return _recipe_sweep(_long_finetune_variants(), LONG_FINETUNE_STEPS,
+                         "self_pretraining_long_finetune")
   compute = {} if tiny else COMPUTE
   groups = []
   for task, _, pretrain_config, finetune_config, steps in _tasks(tiny):
@@ -223,6 +302,10 @@ def get_table(preset: str = "") -> Table:
     return _curve_table(best_val)
   if preset == "pretrain_recipe":
     return _recipe_table()
+  if preset.startswith("pretrain_recipe_finetune"):
+    return _recipe_finetune_table(best_val)
+  if preset.startswith("long_finetune"):
+    return _recipe_finetune_table(best_val, _long_finetune_variants(), LONG_FINETUNE_STEPS)
   if preset == "pretrain_val":
     return Table(
         title=("Self-pretraining stage (denoising) per attention kind: masked-token accuracy (%) "
