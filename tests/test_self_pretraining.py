@@ -312,20 +312,62 @@ def test_recipe_presets_pretrain_fine_tune_and_train_from_scratch(preset, finetu
       assert in_finetune[0].endswith(", from scratch")
 
 
-def test_pretrain_val_table_holds_each_pretrain_run_once_and_no_fine_tune(tmp_path, monkeypatch):
-  """self_pretraining.py:pretrain_val reads the main sweep's pretraining stage: each pretrain
-  run in exactly one row, no fine-tune or from-scratch run in any."""
+@pytest.mark.parametrize("prefix", ["", "rotary_long_"])
+def test_main_tables_hold_each_run_once(prefix, tmp_path, monkeypatch):
+  """self_pretraining.py's main sweep (and rotary_long's): each pretrain run in exactly one row
+  of the pretrain_val table and in no row of the accuracy table; each fine-tune and
+  from-scratch run in exactly one row of the accuracy table (its own kind's "+ SPT" or
+  "from scratch" row) and in no row of the pretrain_val table."""
   from lra_sparse import sweep as sweep_lib, tables  # pylint: disable=import-outside-toplevel
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   monkeypatch.chdir(repo)
+  main = prefix.removesuffix("_")
   runs = sweep_lib.expand_sweep(
-      sweep_lib.load_sweep("experiments/specs/self_pretraining.py:pretrain_val"), str(tmp_path))
-  table = tables.load_table("experiments/specs/self_pretraining.py:pretrain_val")
+      sweep_lib.load_sweep(f"experiments/specs/self_pretraining.py:{main}"), str(tmp_path))
+  pretrain_val = tables.load_table(
+      f"experiments/specs/self_pretraining.py:{prefix}pretrain_val")
+  accuracy = tables.load_table(f"experiments/specs/self_pretraining.py:{main}")
   for run in runs:
-    config = {"attention.dsa.sparsity": None, "attention.nystrom.nm": None, **run.overrides}
-    hits = [row.label for row in table.rows
-            if all(config.get(k) == v for k, v in row.match.items())]
-    assert len(hits) == (1 if run.name.startswith("pretrain-") else 0), (run.name, hits)
+    config = {"attention.dsa.sparsity": None, "attention.nystrom.nm": None,
+              "task": run.name.split("__")[1].split("-")[0], **run.overrides}
+    rows = lambda table: [row.label for row in table.rows  # noqa: E731
+                          if _matches(row, config) and any(_matches(c, config)
+                                                           for c in table.columns)]
+    stage = run.name.split("-")[0]
+    assert len(rows(pretrain_val)) == (stage == "pretrain"), (run.name, rows(pretrain_val))
+    hits = rows(accuracy)
+    assert len(hits) == (stage != "pretrain"), (run.name, hits)
+    if stage != "pretrain":
+      assert hits[0].endswith(" + SPT" if stage == "finetune" else ", from scratch")
+
+
+def test_rotary_long_preset_is_the_measured_recipe(tmp_path, monkeypatch):
+  """self_pretraining.py:rotary_long: rotary positions for the softmax kinds in both stages and
+  from scratch (Nystromformer as measured: sinusoidal, its conv skip), the recipe study's
+  pretraining length, the long fine-tune for fine-tunes and from-scratch rows, and each
+  fine-tune from its own kind's pretraining of the same seed."""
+  from experiments.specs import self_pretraining as spec  # pylint: disable=import-outside-toplevel
+  from lra_sparse import sweep as sweep_lib  # pylint: disable=import-outside-toplevel
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  monkeypatch.chdir(repo)
+  runs = sweep_lib.expand_sweep(
+      sweep_lib.load_sweep("experiments/specs/self_pretraining.py:rotary_long"), str(tmp_path))
+  by_name = {run.name: run for run in runs}
+  assert len(runs) == 3 * len(spec.KINDS) * len(spec.SEEDS)
+  for run in runs:
+    o = run.overrides
+    kind = re.search(r"(?:__listops__|-listops-)([^_]+)__", run.name).group(1)
+    assert (o.get("model.pos_emb") == "rotary") == (o["attention.kind"] != "nystrom"), run.name
+    assert o["model.dtype"] == "bfloat16"
+    if run.name.startswith("pretrain-"):
+      assert (o["objective"], o["num_train_steps"]) == ("denoise", spec.ROTARY_LONG_PRETRAIN_STEPS)
+      continue
+    assert (o["objective"], o["num_train_steps"]) == ("classify", spec.LONG_FINETUNE_STEPS)
+    if run.name.startswith("finetune-"):
+      source = by_name[os.path.basename(o["init_from"])]
+      assert source.name == f"pretrain-listops__listops__{kind}__seed={o['seed']}"
+      twin = by_name[run.name.replace("finetune-", "scratch-", 1)]
+      assert {k: v for k, v in o.items() if k != "init_from"} == twin.overrides
 
 
 def test_denoiser_predicts_every_input_of_a_dual_encoder_task(tiny_config):

@@ -40,6 +40,9 @@ Presets:
   test accuracy of the fine-tunes and from-scratch runs); "long_finetune" and
   "long_finetune_best_val" (LONG_FINETUNE_VARIANTS pretrained as there, fine-tuned and from
   scratch for LONG_FINETUNE_STEPS: does the gain grow with the fine-tune's length?);
+- "rotary_long", "rotary_long_best_val", "rotary_long_pretrain_val" (the main sweep on ListOps
+  with what those measured: rotary positions for the softmax kinds, ROTARY_LONG_PRETRAIN_STEPS
+  of pretraining, LONG_FINETUNE_STEPS of fine-tuning and from scratch; 3 seeds);
 - "tiny" (``make demo``'s ListOps on a CPU, a few steps per stage, one seed, dense and DSA-90:
   the pipeline end to end, run by ``make test``).
 
@@ -58,7 +61,8 @@ SEEDS = (0, 1, 2)
 TINY_SEED = (0,)
 PRESETS = ("", "best_val", "pretrain_val", "curve", "curve_best_val", "pretrain_recipe",
            "pretrain_recipe_finetune", "pretrain_recipe_finetune_best_val", "long_finetune",
-           "long_finetune_best_val", "tiny")
+           "long_finetune_best_val", "rotary_long", "rotary_long_best_val",
+           "rotary_long_pretrain_val", "tiny")
 CURVE_STEPS = (1000, 2500, 5000, 10000)
 CURVE_KINDS = ("dense",)
 KINDS = (  # (run-name label, row label, attention overrides)
@@ -260,8 +264,35 @@ def _tasks(tiny: bool):
   return TASKS
 
 
-def _task_columns(tiny: bool):
-  return [Selector(label, {"task": task.removesuffix("32")}) for task, label, *_ in _tasks(tiny)]
+# The rotary_long preset: the main sweep again with what the recipe study measured
+# (self_pretraining_notes.md): rotary positions for the softmax kinds in both stages (they left
+# the context-free level only with them), ROTARY_LONG_PRETRAIN_STEPS of pretraining (the level
+# is reached by then) and LONG_FINETUNE_STEPS for the fine-tunes and from-scratch rows (the
+# gain appeared only after 5000). Nystromformer keeps its sinusoidal positions and conv skip:
+# that is the config measured at +13, and rotating q and k before its landmark means would mix
+# rotations of up to L/m positions. DSA's predictor sees the layer's inputs, without positions,
+# while its target S is built from the rotated q and k.
+ROTARY = {"model.pos_emb": "rotary"}
+ROTARY_LONG_PRETRAIN_STEPS = 2500
+SOFTMAX_KINDS = ("dense", "dfss2-4", "dsa90")
+
+
+def _setup(preset: str):
+  """(kinds, tasks, pretrain steps overrides per task steps, fine-tune overrides, sweep name)."""
+  if preset == "tiny":
+    return (_kinds(True), _tasks(True), lambda steps: tiny_steps(12), tiny_steps(8),
+            "self_pretraining_tiny")
+  if preset.startswith("rotary_long"):
+    kinds = [(label, f"{row}, rotary positions", {**overrides, **ROTARY})
+             if label in SOFTMAX_KINDS else (label, row, overrides)
+             for label, row, overrides in KINDS]
+    return (kinds, TASKS[:1],
+            lambda steps: {"num_train_steps": ROTARY_LONG_PRETRAIN_STEPS,
+                           "optim.warmup_steps": _warmup(ROTARY_LONG_PRETRAIN_STEPS)},
+            {"num_train_steps": LONG_FINETUNE_STEPS,
+             "optim.warmup_steps": _warmup(LONG_FINETUNE_STEPS)},
+            "self_pretraining_rotary_long")
+  return KINDS, TASKS, lambda steps: {"num_train_steps": steps}, {}, "self_pretraining"
 
 
 def get_sweep(preset: str = "") -> Sweep:
@@ -273,18 +304,18 @@ def get_sweep(preset: str = "") -> Sweep:
   if preset.startswith("long_finetune"):
     return _recipe_sweep(_long_finetune_variants(), LONG_FINETUNE_STEPS,
                          "self_pretraining_long_finetune")
+  kinds, tasks, pretrain_steps, finetune_steps, name = _setup(preset)
   compute = {} if tiny else COMPUTE
+  seeds = TINY_SEED if tiny else SEEDS
   groups = []
-  for task, _, pretrain_config, finetune_config, steps in _tasks(tiny):
-    pretrain_steps = tiny_steps(12) if tiny else {"num_train_steps": steps}
-    seeds = TINY_SEED if tiny else SEEDS
+  for task, _, pretrain_config, finetune_config, steps in tasks:
     groups.append(Group(
         name=f"pretrain-{task}", config=pretrain_config,
-        overrides={**PRETRAIN, **compute, **pretrain_steps},
-        variants=[Variant(label, overrides) for label, _, overrides in _kinds(tiny)],
+        overrides={**PRETRAIN, **compute, **pretrain_steps(steps)},
+        variants=[Variant(label, overrides) for label, _, overrides in kinds],
         seeds=seeds))
-    for label, _, overrides in _kinds(tiny):
-      finetune = {**FINETUNE, **compute, **overrides, **(tiny_steps(8) if tiny else {})}
+    for label, _, overrides in kinds:
+      finetune = {**FINETUNE, **compute, **overrides, **finetune_steps}
       groups.append(Group(
           name=f"finetune-{task}-{label}", config=finetune_config,
           overrides={**finetune,
@@ -292,7 +323,7 @@ def get_sweep(preset: str = "") -> Sweep:
           seeds=seeds))
       groups.append(Group(name=f"scratch-{task}-{label}", config=finetune_config,
                           overrides=finetune, seeds=seeds))
-  return Sweep(name="self_pretraining" + ("_tiny" if tiny else ""), groups=groups)
+  return Sweep(name=name, groups=groups)
 
 
 def get_table(preset: str = "") -> Table:
@@ -306,25 +337,33 @@ def get_table(preset: str = "") -> Table:
     return _recipe_finetune_table(best_val)
   if preset.startswith("long_finetune"):
     return _recipe_finetune_table(best_val, _long_finetune_variants(), LONG_FINETUNE_STEPS)
-  if preset == "pretrain_val":
+  kinds, tasks, _, finetune_steps, _ = _setup(preset)
+  columns = [Selector(label, {"task": task.removesuffix("32")}) for task, label, *_ in tasks]
+  rotary_long = preset.startswith("rotary_long")
+  protocol = (f" ({ROTARY_LONG_PRETRAIN_STEPS} pretraining steps, {LONG_FINETUNE_STEPS} "
+              "fine-tuning and from-scratch steps, rotary positions for the softmax kinds)"
+              if rotary_long else "")
+  if preset.endswith("pretrain_val"):
     return Table(
-        title=("Self-pretraining stage (denoising) per attention kind: masked-token accuracy (%) "
-               "on the validation split at the last step "
+        title=("Self-pretraining stage (denoising) per attention kind" + protocol
+               + ": masked-token accuracy (%) on the validation split at the last step "
                f"(context-free level: {CONTEXT_FREE_LEVEL})"),
         split="val",
-        rows=[Selector(row, {**overrides, **PRETRAIN}) for _, row, overrides in _kinds(tiny)],
-        columns=_task_columns(tiny))
+        rows=[Selector(row, {**overrides, **PRETRAIN}) for _, row, overrides in kinds],
+        columns=columns)
+  finetune = {**FINETUNE, "num_train_steps": finetune_steps["num_train_steps"]} \
+      if rotary_long else FINETUNE
   rows = []
-  for _, row, overrides in _kinds(tiny):
+  for _, row, overrides in kinds:
     rows.append(Selector(f"{row}, from scratch",
-                         {**overrides, **FINETUNE, "init_from": lambda path: not path}))
+                         {**overrides, **finetune, "init_from": lambda path: not path}))
     rows.append(Selector(f"{row} + SPT",
-                         {**overrides, **FINETUNE, "init_from": lambda path: bool(path)}))
+                         {**overrides, **finetune, "init_from": lambda path: bool(path)}))
   return Table(
       title=("Self-pretrained (denoising) then fine-tuned, against the same config from scratch, "
-             "per attention kind: test accuracy (%) "
+             "per attention kind" + protocol + ": test accuracy (%) "
              + ("at the best validation step" if best_val else "at the last step")
              + (" [tiny CPU variant]" if tiny else "")),
       split="test_at_best_val" if best_val else "test",
       rows=rows,
-      columns=_task_columns(tiny))
+      columns=columns)
