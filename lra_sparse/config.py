@@ -79,6 +79,7 @@ ADDED_FIELDS = (
     ("eval_train_mode", False, None),
     ("wandb", {"project": "", "entity": ""}, None),
     ("model.mask_token", False, None),
+    ("model.value_conv_kernel", 0, None),
     ("objective", "classify", None),
     ("denoise", {"mask_rate": 0.15, "mask_share": 0.8, "random_share": 0.1}, None),
 ) + tuple((key, value, None) for key, value in EARLIER_MODEL.items())
@@ -123,6 +124,10 @@ def get_base_config() -> ml_collections.ConfigDict:
   # One more embedding row (id = the task's vocabulary size) for the denoising objective's
   # mask token; a fine-tune of a denoising run sets it too, so the embedding loads.
   config.model.mask_token = False
+  # A depthwise conv along the sequence on V, added to the attention output, for any kind: the
+  # conv skip of Nystromformer's code (kernel size, odd; 0 = none, as LRA). Not in LRA or in
+  # the DFSS / DSA papers: a local path for the self-pretraining study.
+  config.model.value_conv_kernel = 0
 
   # kind (a name from lra_sparse.attention.attention_kinds()) and one block per kind:
   # attention.dense.implementation, attention.dfss.{nm, backend, deterministic_kernels},

@@ -149,6 +149,85 @@ def test_a_rotary_model_trains(tmp_path, tiny_config):
   assert np.isfinite(result["test"]["loss"])
 
 
+def _conv_skip_reference(x, mask, params, heads, size):
+  """float64 numpy: dense softmax attention (padded keys masked) plus the depthwise conv of the
+  masked V along the length axis ('same' padding), then the output projection."""
+  x = np.asarray(x, np.float64)
+  proj = lambda name: np.einsum("ble,ehd->blhd", x,  # noqa: E731
+                                np.asarray(params[name]["kernel"], np.float64))
+  q, k, v = proj("query"), proj("key"), proj("value")
+  scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+  scores = np.where(mask[:, None, None, :], scores, -np.inf)
+  weights = np.exp(scores - scores.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  out = np.einsum("bhqk,bkhd->bqhd", weights, v)
+  kernel = np.asarray(params["value_conv_kernel"], np.float64)     # [size, heads]
+  vm = np.where(mask[:, :, None, None], v, 0.0)
+  half = size // 2
+  padded = np.pad(vm, ((0, 0), (half, half), (0, 0), (0, 0)))
+  for t in range(size):
+    out += kernel[t][None, None, :, None] * padded[:, t:t + v.shape[1]]
+  return np.einsum("blhd,hde->ble", out, np.asarray(params["out"]["kernel"], np.float64))
+
+
+def test_value_conv_skip_is_a_depthwise_conv_of_v_added_to_attention(tiny_config):
+  """model.value_conv_kernel: the attention layer's output is dense attention plus a per-head
+  conv of the (padding-zeroed) values along the sequence, against a float64 numpy reference;
+  the conv's kernel learns (a non-zero gradient)."""
+  from lra_sparse.attention import parse_attention_config  # pylint: disable=import-outside-toplevel
+  from lra_sparse.models.encoder import MultiHeadAttention  # pylint: disable=import-outside-toplevel
+  config = tiny_config(**{"model.value_conv_kernel": 5, "attention.kind": "dense",
+                          "attention.dense.implementation": "xla"})
+  layer = MultiHeadAttention(config.model, parse_attention_config(config.attention), 24)
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.normal(size=(2, 24, 32)), jnp.float32)
+  mask = np.ones((2, 24), bool)
+  mask[1, 17:] = False
+  params = layer.init(jax.random.key(0), x, jnp.asarray(mask), True)["params"]
+  assert params["value_conv_kernel"].shape == (5, config.model.num_heads)
+  got = layer.apply({"params": params}, x, jnp.asarray(mask), True)
+  want = _conv_skip_reference(x, mask, params, config.model.num_heads, 5)
+  np.testing.assert_allclose(np.asarray(got)[mask], want[mask], rtol=2e-4, atol=2e-4)
+  # the conv is really there: without it the output differs by far more than the tolerance
+  without = {k: v for k, v in params.items() if k != "value_conv_kernel"}
+  plain = MultiHeadAttention(tiny_config(**{"attention.kind": "dense",
+                                            "attention.dense.implementation": "xla"}).model,
+                             parse_attention_config(config.attention), 24)
+  assert np.abs(np.asarray(plain.apply({"params": without}, x, jnp.asarray(mask), True))
+                - np.asarray(got))[mask].max() > 1e-2
+  grad = jax.grad(lambda p: jnp.sum(layer.apply({"params": p}, x, jnp.asarray(mask), True)
+                                    ** 2))(params)
+  assert np.abs(np.asarray(grad["value_conv_kernel"])).min() > 0
+
+
+@pytest.mark.parametrize("attention", [
+    {"attention.kind": "dfss", "attention.dfss.nm": "2:4"},
+    {"attention.kind": "dsa", "attention.dsa.sparsity": 0.5},
+    {"attention.kind": "nystrom", "attention.nystrom.num_landmarks": 8,
+     "attention.nystrom.nm": "", "attention.nystrom.conv_kernel": 0},
+], ids=lambda a: a["attention.kind"])
+def test_every_kind_trains_with_the_value_conv_skip(tmp_path, tiny_config, attention):
+  """model.value_conv_kernel on the sparse kinds (Nystromformer with its own conv off): a few
+  denoising steps to a finite loss, the conv kernel in every layer's parameters."""
+  config = tiny_config(num_train_steps=3, objective="denoise",
+                       **{"model.mask_token": True, "model.value_conv_kernel": 3, **attention})
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert np.isfinite(result["test"]["loss"])
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"model.value_conv_kernel": 4}, "value_conv_kernel=4 must be 0"),
+    ({"model.value_conv_kernel": -3}, "value_conv_kernel=-3 must be 0"),
+    ({"model.value_conv_kernel": True}, "value_conv_kernel=True must be 0"),
+    ({"model.value_conv_kernel": 3, "attention.kind": "nystrom", "attention.nystrom.nm": "",
+      "attention.nystrom.conv_kernel": 35}, "Nystromformer has its own"),
+])
+def test_bad_value_conv_skip_is_one_clear_error(tiny_config, overrides, message):
+  from lra_sparse.models import build_model  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match=message):
+    build_model(tiny_config(**overrides), model_kind="classifier", vocab_size=11, num_classes=2)
+
+
 @pytest.mark.parametrize("attention", [
     {"attention.kind": "dfss", "attention.dfss.nm": "2:4"},
     {"attention.kind": "nystrom", "attention.nystrom.num_landmarks": 8,

@@ -989,6 +989,8 @@ def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
   # Runs from before self-pretraining classified, with no mask token.
   assert new["listops"]["objective"] == "classify"
   assert new["listops"]["model.mask_token"] is False
+  # ... and with no conv skip on V.
+  assert new["listops"]["model.value_conv_kernel"] == 0
 
 
 def test_old_runs_land_apart_from_new_ones_in_tables(tmp_path):

@@ -381,14 +381,20 @@ class NystromAttention(nn.Module):
                             implementation=config.implementation,
                             mask_holes=config.mask_holes)
     if config.conv_kernel:
-      # PyTorch's default Conv2d init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = K.
-      bound = config.conv_kernel ** -0.5
-      init = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound)
-      kernel = self.param("conv_kernel", init, (config.conv_kernel, self.dims.num_heads),
-                          jnp.float32)
-      real = (jnp.ones(v.shape[:2], bool) if mask is None else mask)[:, :, None, None]
-      out = depthwise_length_conv(jnp.where(real, v, 0), kernel, residual=out)
+      out = add_conv_skip(self, "conv_kernel", config.conv_kernel, v, mask, out)
     return out
+
+
+def add_conv_skip(module: nn.Module, name: str, size: int, v, mask, out):
+  """``out`` + the conv skip: a per-head depthwise conv of size ``size`` over the length axis
+  of V (padded keys zeroed), its kernel the parameter ``name`` of ``module`` ([size, heads],
+  PyTorch's default Conv2d init U(-1/sqrt(K), 1/sqrt(K)) as Nystromformer's code). Call from
+  ``module``'s compact ``__call__``."""
+  bound = size ** -0.5
+  init = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound)
+  kernel = module.param(name, init, (size, v.shape[2]), jnp.float32)
+  real = (jnp.ones(v.shape[:2], bool) if mask is None else mask)[:, :, None, None]
+  return depthwise_length_conv(jnp.where(real, v, 0), kernel, residual=out)
 
 
 @register_attention("nystrom", NystromConfig)

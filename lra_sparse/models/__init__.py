@@ -143,6 +143,12 @@ def build_model(config, *, model_kind: str, vocab_size: int, num_classes: int,
     if head not in DUAL_HEADS:
       raise ValueError(f"config.model.dual_head={head!r}; choose one of {DUAL_HEADS} "
                        "(configs/retrieval.py sets it)")
+  if (config.model.get("value_conv_kernel", 0) and config.attention.kind == "nystrom"
+      and config.attention.nystrom.conv_kernel):
+    raise ValueError(
+        f"config.model.value_conv_kernel={config.model.value_conv_kernel} adds a conv skip to "
+        "every attention kind, and Nystromformer has its own (config.attention.nystrom."
+        f"conv_kernel={config.attention.nystrom.conv_kernel}): set one of them to 0")
   attention = attention_for_masks(parse_attention_config(config.attention), padding_at_end)
   if config.get("objective", "classify") == "denoise":
     return Denoiser(config.model, attention, vocab_size=vocab_size,

@@ -3,7 +3,9 @@
 Follows google-research/long-range-arena's transformer_base: token embedding (initialised
 normal(stddev=1.0), as LRA), position embeddings (fixed sinusoidal, or learned where LRA's task
 config learns them: ``config.model.pos_emb``; or "rotary", q and k rotated by position in every
-layer, not in LRA), pre-LayerNorm blocks (attention, MLP) with dropout, final LayerNorm, CLS or
+layer, not in LRA), optionally a depthwise conv on V along the sequence added to every
+attention output (``config.model.value_conv_kernel``: Nystromformer's conv skip offered to every
+kind; not in LRA), pre-LayerNorm blocks (attention, MLP) with dropout, final LayerNorm, CLS or
 mean pooling (or, for the denoising objective, the features of every token position).
 
 Parameters start as LRA's (``models/transformer/transformer.py``,
@@ -31,6 +33,7 @@ import numpy as np
 import flax.linen as nn
 
 from lra_sparse.attention import AttentionDims, build_attention
+from lra_sparse.attention.nystrom import add_conv_skip
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 POS_EMBS = ("sinusoidal", "learned", "rotary")
@@ -123,6 +126,10 @@ def validate_model_config(model_config) -> None:
   if mc.pos_emb == "sinusoidal" and mc.emb_dim % 2:
     raise ValueError(f"config.model.emb_dim={mc.emb_dim} must be even for "
                      "config.model.pos_emb='sinusoidal'")
+  size = mc.get("value_conv_kernel", 0)
+  if isinstance(size, bool) or not isinstance(size, int) or size < 0 or (size and size % 2 == 0):
+    raise ValueError(f"config.model.value_conv_kernel={size!r} must be 0 (no conv skip) or an "
+                     "odd positive int (the conv's width along the sequence)")
   compute_dtype(mc)
 
 
@@ -148,6 +155,8 @@ class MultiHeadAttention(nn.Module):
       q, k = rotary(q, positions), rotary(k, positions)
     out = build_attention(self.attention_config, dims)(
         q, k, v, mask=mask, inputs=x, deterministic=deterministic)
+    if mc.get("value_conv_kernel", 0):   # Nystromformer's conv skip, for any kind
+      out = add_conv_skip(self, "value_conv_kernel", mc.value_conv_kernel, v, mask, out)
     return nn.DenseGeneral(mc.emb_dim, axis=(-2, -1), name="out", **dense)(out)
 
 
