@@ -175,10 +175,10 @@ def test_value_conv_skip_is_a_depthwise_conv_of_v_added_to_attention(tiny_config
   conv of the (padding-zeroed) values along the sequence, against a float64 numpy reference;
   the conv's kernel learns (a non-zero gradient)."""
   from lra_sparse.attention import parse_attention_config  # pylint: disable=import-outside-toplevel
-  from lra_sparse.models.encoder import MultiHeadAttention  # pylint: disable=import-outside-toplevel
+  from lra_sparse.models import encoder  # pylint: disable=import-outside-toplevel
   config = tiny_config(**{"model.value_conv_kernel": 5, "attention.kind": "dense",
                           "attention.dense.implementation": "xla"})
-  layer = MultiHeadAttention(config.model, parse_attention_config(config.attention), 24)
+  layer = encoder.MultiHeadAttention(config.model, parse_attention_config(config.attention), 24)
   rng = np.random.default_rng(3)
   x = jnp.asarray(rng.normal(size=(2, 24, 32)), jnp.float32)
   mask = np.ones((2, 24), bool)
@@ -190,7 +190,7 @@ def test_value_conv_skip_is_a_depthwise_conv_of_v_added_to_attention(tiny_config
   np.testing.assert_allclose(np.asarray(got)[mask], want[mask], rtol=2e-4, atol=2e-4)
   # the conv is really there: without it the output differs by far more than the tolerance
   without = {k: v for k, v in params.items() if k != "value_conv_kernel"}
-  plain = MultiHeadAttention(tiny_config(**{"attention.kind": "dense",
+  plain = encoder.MultiHeadAttention(tiny_config(**{"attention.kind": "dense",
                                             "attention.dense.implementation": "xla"}).model,
                              parse_attention_config(config.attention), 24)
   assert np.abs(np.asarray(plain.apply({"params": without}, x, jnp.asarray(mask), True))
@@ -321,7 +321,8 @@ def _matches(selector, config) -> bool:
 
 
 @pytest.mark.parametrize("preset,finetune_table_preset", [
-    ("pretrain_recipe", "pretrain_recipe_finetune"), ("long_finetune", "long_finetune")])
+    ("pretrain_recipe", "pretrain_recipe_finetune"), ("long_finetune", "long_finetune"),
+    ("conv_probe", "conv_probe")])
 def test_recipe_presets_pretrain_fine_tune_and_train_from_scratch(preset, finetune_table_preset,
                                                                  tmp_path, monkeypatch):
   """self_pretraining.py:pretrain_recipe (and :long_finetune, a subset of its variants with a
@@ -336,11 +337,12 @@ def test_recipe_presets_pretrain_fine_tune_and_train_from_scratch(preset, finetu
   monkeypatch.chdir(repo)
   runs = sweep_lib.expand_sweep(
       sweep_lib.load_sweep(f"experiments/specs/self_pretraining.py:{preset}"), str(tmp_path))
-  variants = (spec.RECIPE_VARIANTS if preset == "pretrain_recipe" else
-              [v for v in spec.RECIPE_VARIANTS if v[0] in spec.LONG_FINETUNE_VARIANTS])
+  variants = {"pretrain_recipe": spec.RECIPE_VARIANTS, "conv_probe": spec.CONV_PROBE_VARIANTS,
+              "long_finetune": [v for v in spec.RECIPE_VARIANTS
+                                if v[0] in spec.LONG_FINETUNE_VARIANTS]}[preset]
   finetune_steps = (spec.RECIPE_FINETUNE_STEPS if preset == "pretrain_recipe" else
                     spec.LONG_FINETUNE_STEPS)
-  assert len(variants) == len(spec.LONG_FINETUNE_VARIANTS) or preset == "pretrain_recipe"
+  assert len(variants) >= 2
   by_name = {run.name: run for run in runs}
   pretrains = [r for r in runs if r.name.startswith("pretrain__")]
   finetunes = [r for r in runs if r.name.startswith("finetune-")]
@@ -348,22 +350,32 @@ def test_recipe_presets_pretrain_fine_tune_and_train_from_scratch(preset, finetu
   assert len(pretrains) == len(finetunes) == len(variants)
   assert len(scratches) == len({arch for _, _, arch, _ in variants})
   assert len(runs) == len(by_name) == len(pretrains) + len(finetunes) + len(scratches)
+  if preset == "conv_probe":
+    assert all(r.overrides["model.value_conv_kernel"] == 35 for r in runs)
   if preset == "pretrain_recipe":
-    assert len(scratches) == len(spec.RECIPE_ARCHS)
+    assert all("model.value_conv_kernel" not in r.overrides for r in runs)
     assert sorted(r.overrides.get("attention.nystrom.conv_kernel", -1)
                   for r in pretrains)[-2:] == [0, 35]
-  pretrain_table = tables.load_table("experiments/specs/self_pretraining.py:pretrain_recipe")
+  pretrain_table = tables.load_table(
+      "experiments/specs/self_pretraining.py:"
+      + ("conv_probe_pretrain_val" if preset == "conv_probe" else "pretrain_recipe"))
   finetune_table = tables.load_table(
       f"experiments/specs/self_pretraining.py:{finetune_table_preset}")
   assert (pretrain_table.split, finetune_table.split) == ("val", "test")
   arch_keys = {k for _, fields in spec.RECIPE_ARCHS.values() for k in fields} | {
       "attention.kind", "model.pos_emb"}
+  arch = lambda overrides: {k: {"model.value_conv_kernel": 0, **overrides}.get(k)  # noqa: E731
+                            for k in arch_keys}
   for run in runs:
-    o = {"task": "listops", **run.overrides}
+    o = {"task": "listops", "model.value_conv_kernel": 0, **run.overrides}
     in_pretrain = [row.label for row in pretrain_table.rows if _matches(row, o)
                    and _matches(pretrain_table.columns[0], o)]
     in_finetune = [row.label for row in finetune_table.rows if _matches(row, o)
                    and _matches(finetune_table.columns[0], o)]
+    # the same run with the conv skip on V flipped (on <-> off) lands in none of those rows
+    flipped = {**o, "model.value_conv_kernel": 35 - o["model.value_conv_kernel"]}
+    assert not [row.label for row in (*pretrain_table.rows, *finetune_table.rows)
+                if _matches(row, flipped) and row.label in in_pretrain + in_finetune]
     if run in pretrains:
       assert (o["objective"], o["num_train_steps"], o["seed"]) == (
           "denoise", spec.RECIPE_STEPS, 0)
@@ -377,14 +389,12 @@ def test_recipe_presets_pretrain_fine_tune_and_train_from_scratch(preset, finetu
     if run in finetunes:
       source = by_name[os.path.basename(o["init_from"])]
       assert source in pretrains
-      assert {k: source.overrides.get(k) for k in arch_keys} == {
-          k: o.get(k) for k in arch_keys}
+      assert arch(source.overrides) == arch(o)
       assert in_finetune[0].endswith(" + SPT")
       label = run.name.split("__")[0].removeprefix("finetune-")
       assert source.name.startswith(f"pretrain__listops__{label}__")
     else:
-      twins = [f for f in finetunes if {k: f.overrides.get(k) for k in arch_keys} ==
-               {k: o.get(k) for k in arch_keys}]
+      twins = [f for f in finetunes if arch(f.overrides) == arch(o)]
       assert twins
       for twin in twins:   # the fine-tune's exact config, without init_from
         assert {k: v for k, v in twin.overrides.items() if k != "init_from"} == run.overrides

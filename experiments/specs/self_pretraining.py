@@ -40,6 +40,9 @@ Presets:
   test accuracy of the fine-tunes and from-scratch runs); "long_finetune" and
   "long_finetune_best_val" (LONG_FINETUNE_VARIANTS pretrained as there, fine-tuned and from
   scratch for LONG_FINETUNE_STEPS: does the gain grow with the fine-tune's length?);
+- "conv_probe", "conv_probe_best_val", "conv_probe_pretrain_val" (CONV_PROBE_VARIANTS, dense
+  with Nystromformer's conv skip on V with and without rotary positions, pretrained as
+  pretrain_recipe, fine-tuned and from scratch for LONG_FINETUNE_STEPS);
 - "rotary_long", "rotary_long_best_val", "rotary_long_pretrain_val" (the main sweep on ListOps
   with what those measured: rotary positions for the softmax kinds, ROTARY_LONG_PRETRAIN_STEPS
   of pretraining, LONG_FINETUNE_STEPS of fine-tuning and from scratch; 3 seeds);
@@ -61,7 +64,8 @@ SEEDS = (0, 1, 2)
 TINY_SEED = (0,)
 PRESETS = ("", "best_val", "pretrain_val", "curve", "curve_best_val", "pretrain_recipe",
            "pretrain_recipe_finetune", "pretrain_recipe_finetune_best_val", "long_finetune",
-           "long_finetune_best_val", "rotary_long", "rotary_long_best_val",
+           "long_finetune_best_val", "conv_probe", "conv_probe_best_val",
+           "conv_probe_pretrain_val", "rotary_long", "rotary_long_best_val",
            "rotary_long_pretrain_val", "tiny")
 CURVE_STEPS = (1000, 2500, 5000, 10000)
 CURVE_KINDS = ("dense",)
@@ -98,6 +102,10 @@ RECIPE_ARCHS = {  # label: (row label, fields over RECIPE_FIELDS' kind and posit
                 {**_NYSTROM, "attention.nystrom.conv_kernel": 35}),
     "nystrom-noconv": ("Nystromformer without its conv skip",
                        {**_NYSTROM, "attention.nystrom.conv_kernel": 0}),
+    "conv": ("dense, sinusoidal positions, conv skip of 35 on V",
+             {"model.value_conv_kernel": 35}),
+    "rotary-conv": ("dense, rotary positions, conv skip of 35 on V",
+                    {"model.pos_emb": "rotary", "model.value_conv_kernel": 35}),
 }
 RECIPE_VARIANTS = (  # (run-name label, row label, architecture, pretraining-only fields)
     ("first", "dense as the first runs (sinusoidal positions, LRA's 0.05 rsqrt)",
@@ -113,6 +121,16 @@ RECIPE_VARIANTS = (  # (run-name label, row label, architecture, pretraining-onl
     ("nystrom", "Nystromformer (conv skip of 35, as the first runs)", "nystrom", {}),
     ("nystrom-noconv", "Nystromformer without its conv skip", "nystrom-noconv", {}),
 )
+# The conv_probe preset: does Nystromformer's conv skip on V (model.value_conv_kernel, the
+# local path that let Nystromformer learn the denoising task) carry SPT's gain to dense
+# softmax attention, alone or with rotary positions? Pretrained as pretrain_recipe, fine-tuned
+# and from scratch for LONG_FINETUNE_STEPS, seed 0. Rotary alone at that length is rotary_long's
+# dense seed 0 (the same configs); in one sweep with rotary-conv its fine-tune's init_from
+# would match both pretrainings.
+CONV_PROBE_VARIANTS = (
+    ("conv", "dense, sinusoidal positions, conv skip of 35 on V", "conv", {}),
+    ("rotary-conv", "dense, rotary positions, conv skip of 35 on V", "rotary-conv", {}),
+)
 # The long_finetune preset: the variants that left the context-free level, pretrained as in
 # pretrain_recipe and fine-tuned (and trained from scratch) for LONG_FINETUNE_STEPS.
 LONG_FINETUNE_VARIANTS = ("rotary", "nystrom")
@@ -126,6 +144,12 @@ def _recipe_pretrain_fields(arch: str, fields) -> dict:
 def _recipe_arch_fields(arch: str) -> dict:
   return {"attention.kind": RECIPE_FIELDS["attention.kind"],
           "model.pos_emb": RECIPE_FIELDS["model.pos_emb"], **RECIPE_ARCHS[arch][1]}
+
+
+def _with_conv(fields: dict) -> dict:
+  """A table match: ``fields`` and the conv skip on V they set (0 unless they set it), so that
+  a row without the conv never holds a run with it."""
+  return {"model.value_conv_kernel": 0, **fields}
 
 
 PRETRAIN = {"objective": "denoise", "model.mask_token": True}
@@ -215,13 +239,13 @@ def _long_finetune_variants():
   return [v for v in RECIPE_VARIANTS if v[0] in LONG_FINETUNE_VARIANTS]
 
 
-def _recipe_table() -> Table:
+def _recipe_table(variants=RECIPE_VARIANTS) -> Table:
   return Table(
       title=(f"ListOps denoising (self-pretraining), {RECIPE_STEPS} steps, seed 0: masked-token "
              f"accuracy (%) on the validation split (context-free level: {CONTEXT_FREE_LEVEL})"),
       split="val",
-      rows=[Selector(row, _recipe_pretrain_fields(arch, fields))
-            for _, row, arch, fields in RECIPE_VARIANTS],
+      rows=[Selector(row, _with_conv(_recipe_pretrain_fields(arch, fields)))
+            for _, row, arch, fields in variants],
       columns=[Selector("ListOps", PRETRAIN)])
 
 
@@ -234,10 +258,12 @@ def _recipe_finetune_table(best_val: bool, variants=RECIPE_VARIANTS,
         f"pretrain__listops__{label}__seed=")
   finetune = {**FINETUNE, "num_train_steps": finetune_steps}
   rows = [Selector(f"{RECIPE_ARCHS[arch][0]}, from scratch",
-                   {**finetune, **_recipe_arch_fields(arch), "init_from": lambda path: not path})
+                   _with_conv({**finetune, **_recipe_arch_fields(arch),
+                               "init_from": lambda path: not path}))
           for arch in dict.fromkeys(arch for _, _, arch, _ in variants)]
   rows += [Selector(f"{row} + SPT",
-                    {**finetune, **_recipe_arch_fields(arch), "init_from": pretrained_by(label)})
+                    _with_conv({**finetune, **_recipe_arch_fields(arch),
+                                "init_from": pretrained_by(label)}))
            for label, row, arch, _ in variants]
   return Table(
       title=(f"ListOps fine-tuned for {finetune_steps} steps after each pretraining "
@@ -304,6 +330,8 @@ def get_sweep(preset: str = "") -> Sweep:
   if preset.startswith("long_finetune"):
     return _recipe_sweep(_long_finetune_variants(), LONG_FINETUNE_STEPS,
                          "self_pretraining_long_finetune")
+  if preset.startswith("conv_probe"):
+    return _recipe_sweep(CONV_PROBE_VARIANTS, LONG_FINETUNE_STEPS, "self_pretraining_conv_probe")
   kinds, tasks, pretrain_steps, finetune_steps, name = _setup(preset)
   compute = {} if tiny else COMPUTE
   seeds = TINY_SEED if tiny else SEEDS
@@ -337,6 +365,10 @@ def get_table(preset: str = "") -> Table:
     return _recipe_finetune_table(best_val)
   if preset.startswith("long_finetune"):
     return _recipe_finetune_table(best_val, _long_finetune_variants(), LONG_FINETUNE_STEPS)
+  if preset == "conv_probe_pretrain_val":
+    return _recipe_table(CONV_PROBE_VARIANTS)
+  if preset.startswith("conv_probe"):
+    return _recipe_finetune_table(best_val, CONV_PROBE_VARIANTS, LONG_FINETUNE_STEPS)
   kinds, tasks, _, finetune_steps, _ = _setup(preset)
   columns = [Selector(label, {"task": task.removesuffix("32")}) for task, label, *_ in tasks]
   rotary_long = preset.startswith("rotary_long")
