@@ -102,38 +102,32 @@ _PAPER = {label: 36.37 for label in _RECIPE_5000_ROWS}
 _PAPER.update({"Transformer (dense, cuDNN)": 36.37, "DFSS 1:2": 36.85, "DFSS 2:4": 37.19})
 _PAPER.update({"Transformer (float)": 35.91, "Transformer (bfloat16)": 35.92,
                "Dfss 1:2 (float)": 36.85, "Dfss 2:4 (bfloat16)": 37.19})
+
+
+def _last_and_best_val(stem: str, folder: str, rows: dict) -> list:
+  """A table's two committed files: ``stem``.md (last-step test) and ``stem``_best_val.md."""
+  return [(f"{stem}.md", folder, "test", rows),
+          (f"{stem}_best_val.md", folder, "test_at_best_val", rows)]
+
+
 # (table file, runs folder, result.json split, rows: label -> run-name pattern); the cell is
 # the table's first data column (ListOps where a table has more).
 TABLES = [
-    ("lra_listops.md", "lra_listops", "test", _LRA_LISTOPS_ROWS),
-    ("lra_listops_best_val.md", "lra_listops", "test_at_best_val", _LRA_LISTOPS_ROWS),
-    ("listops_recipe_short.md", "listops_recipe", "test", _RECIPE_ROWS),
-    ("listops_recipe_short_best_val.md", "listops_recipe", "test_at_best_val", _RECIPE_ROWS),
-    ("listops_recipe_5000.md", "listops_recipe_5000", "test", _RECIPE_5000_ROWS),
-    ("listops_recipe_5000_best_val.md", "listops_recipe_5000", "test_at_best_val",
-     _RECIPE_5000_ROWS),
-    ("listops_protocol.md", "listops_protocol", "test", _PROTOCOL_ROWS),
-    ("listops_protocol_best_val.md", "listops_protocol", "test_at_best_val", _PROTOCOL_ROWS),
-    ("dfss_table4_listops.md", "dfss_table4", "test", _DFSS_TABLE4_LISTOPS_ROWS),
-    ("dfss_table4_listops_best_val.md", "dfss_table4", "test_at_best_val",
-     _DFSS_TABLE4_LISTOPS_ROWS),
-    ("self_pretraining_listops.md", "self_pretraining", "test", _SPT_ROWS),
-    ("self_pretraining_listops_best_val.md", "self_pretraining", "test_at_best_val", _SPT_ROWS),
+    *_last_and_best_val("lra_listops", "lra_listops", _LRA_LISTOPS_ROWS),
+    *_last_and_best_val("listops_recipe_short", "listops_recipe", _RECIPE_ROWS),
+    *_last_and_best_val("listops_recipe_5000", "listops_recipe_5000", _RECIPE_5000_ROWS),
+    *_last_and_best_val("listops_protocol", "listops_protocol", _PROTOCOL_ROWS),
+    *_last_and_best_val("dfss_table4_listops", "dfss_table4", _DFSS_TABLE4_LISTOPS_ROWS),
+    *_last_and_best_val("self_pretraining_listops", "self_pretraining", _SPT_ROWS),
     ("self_pretraining_listops_pretrain_val.md", "self_pretraining", "val", _SPT_PRETRAIN_ROWS),
-    ("self_pretraining_curve.md", "self_pretraining_curve", "test", _SPT_CURVE_ROWS),
-    ("self_pretraining_curve_best_val.md", "self_pretraining_curve", "test_at_best_val",
-     _SPT_CURVE_ROWS),
+    *_last_and_best_val("self_pretraining_curve", "self_pretraining_curve", _SPT_CURVE_ROWS),
     ("self_pretraining_recipe_pretrain_val.md", "self_pretraining_recipe", "val",
      {label: rf"pretrain__listops__{re.escape(variant)}__seed=0"
       for label, variant in _SPT_RECIPE_PRETRAIN_ROWS.items()}),
-    ("self_pretraining_recipe_finetune.md", "self_pretraining_recipe", "test",
-     _SPT_RECIPE_FINETUNE_ROWS),
-    ("self_pretraining_recipe_finetune_best_val.md", "self_pretraining_recipe",
-     "test_at_best_val", _SPT_RECIPE_FINETUNE_ROWS),
-    ("self_pretraining_long_finetune.md", "self_pretraining_long_finetune", "test",
-     _SPT_LONG_ROWS),
-    ("self_pretraining_long_finetune_best_val.md", "self_pretraining_long_finetune",
-     "test_at_best_val", _SPT_LONG_ROWS),
+    *_last_and_best_val("self_pretraining_recipe_finetune", "self_pretraining_recipe",
+                        _SPT_RECIPE_FINETUNE_ROWS),
+    *_last_and_best_val("self_pretraining_long_finetune", "self_pretraining_long_finetune",
+                        _SPT_LONG_ROWS),
 ]
 
 
