@@ -92,6 +92,20 @@ def _spt_recipe_finetune_rows(variants, archs):
 _SPT_RECIPE_FINETUNE_ROWS = _spt_recipe_finetune_rows(_SPT_RECIPE_PRETRAIN_ROWS.values(),
                                                       _SPT_RECIPE_SCRATCH.values())
 _SPT_LONG_ROWS = _spt_recipe_finetune_rows(("rotary", "nystrom"), ("rotary", "nystrom"))
+_SPT_CONV_PROBE_ARCHS = {"dense, sinusoidal positions, conv skip of 35 on V": "conv",
+                         "dense, rotary positions, conv skip of 35 on V": "rotary-conv"}
+_SPT_CONV_PROBE_ROWS = {}
+for _label, _arch in _SPT_CONV_PROBE_ARCHS.items():
+  _SPT_CONV_PROBE_ROWS[f"{_label}, from scratch"] = rf"scratch-{_arch}__listops-stable__seed=0"
+  _SPT_CONV_PROBE_ROWS[f"{_label} + SPT"] = rf"finetune-{_arch}__listops-stable__seed=0"
+# The rotary_long preset: the softmax kinds' rows name their rotary positions.
+_SPT_ROTARY_LONG_KINDS = {(label if kind == "nystrom" else f"{label}, rotary positions"): kind
+                          for label, kind in _SPT_KINDS.items()}
+_SPT_ROTARY_LONG_ROWS = {}
+for _label, _kind in _SPT_ROTARY_LONG_KINDS.items():
+  _SPT_ROTARY_LONG_ROWS[f"{_label}, from scratch"] = \
+      rf"scratch-listops-{_kind}__listops-stable__seed=\d+"
+  _SPT_ROTARY_LONG_ROWS[f"{_label} + SPT"] = rf"finetune-listops-{_kind}__listops-stable__seed=\d+"
 # Runs of a folder that no table of it shows (the pretraining stage of the curve and of the
 # long fine-tunes).
 _UNTABLED = {"self_pretraining_curve": r"pretrain__listops__dense-\d+__seed=0",
@@ -128,6 +142,16 @@ TABLES = [
                         _SPT_RECIPE_FINETUNE_ROWS),
     *_last_and_best_val("self_pretraining_long_finetune", "self_pretraining_long_finetune",
                         _SPT_LONG_ROWS),
+    *_last_and_best_val("self_pretraining_conv_probe", "self_pretraining_conv_probe",
+                        _SPT_CONV_PROBE_ROWS),
+    ("self_pretraining_conv_probe_pretrain_val.md", "self_pretraining_conv_probe", "val",
+     {label: rf"pretrain__listops__{arch}__seed=0"
+      for label, arch in _SPT_CONV_PROBE_ARCHS.items()}),
+    *_last_and_best_val("self_pretraining_rotary_long", "self_pretraining_rotary_long",
+                        _SPT_ROTARY_LONG_ROWS),
+    ("self_pretraining_rotary_long_pretrain_val.md", "self_pretraining_rotary_long", "val",
+     {label: rf"pretrain-listops__listops__{kind}__seed=\d+"
+      for label, kind in _SPT_ROTARY_LONG_KINDS.items()}),
 ]
 
 

@@ -401,9 +401,9 @@ def test_recipe_presets_pretrain_fine_tune_and_train_from_scratch(preset, finetu
       assert in_finetune[0].endswith(", from scratch")
 
 
-@pytest.mark.parametrize("prefix", ["", "rotary_long_"])
+@pytest.mark.parametrize("prefix", ["", "rotary_long_", "conv_long_"])
 def test_main_tables_hold_each_run_once(prefix, tmp_path, monkeypatch):
-  """self_pretraining.py's main sweep (and rotary_long's): each pretrain run in exactly one row
+  """self_pretraining.py's main sweep (and the long presets'): each pretrain run in exactly one row
   of the pretrain_val table and in no row of the accuracy table; each fine-tune and
   from-scratch run in exactly one row of the accuracy table (its own kind's "+ SPT" or
   "from scratch" row) and in no row of the pretrain_val table."""
@@ -418,6 +418,7 @@ def test_main_tables_hold_each_run_once(prefix, tmp_path, monkeypatch):
   accuracy = tables.load_table(f"experiments/specs/self_pretraining.py:{main}")
   for run in runs:
     config = {"attention.dsa.sparsity": None, "attention.nystrom.nm": None,
+              "model.value_conv_kernel": 0,
               "task": run.name.split("__")[1].split("-")[0], **run.overrides}
     rows = lambda table: [row.label for row in table.rows  # noqa: E731
                           if _matches(row, config) and any(_matches(c, config)
@@ -430,26 +431,38 @@ def test_main_tables_hold_each_run_once(prefix, tmp_path, monkeypatch):
       assert hits[0].endswith(" + SPT" if stage == "finetune" else ", from scratch")
 
 
-def test_rotary_long_preset_is_the_measured_recipe(tmp_path, monkeypatch):
+@pytest.mark.parametrize("preset", ["rotary_long", "conv_long"])
+def test_long_presets_are_the_measured_recipe(preset, tmp_path, monkeypatch):
   """self_pretraining.py:rotary_long: rotary positions for the softmax kinds in both stages and
   from scratch (Nystromformer as measured: sinusoidal, its conv skip), the recipe study's
   pretraining length, the long fine-tune for fine-tunes and from-scratch rows, and each
-  fine-tune from its own kind's pretraining of the same seed."""
+  fine-tune from its own kind's pretraining of the same seed; :conv_long the same with the
+  conv skip of 35 on V for the softmax kinds (and for no Nystromformer run, which has its
+  own); the two presets' tables never hold each other's runs."""
   from experiments.specs import self_pretraining as spec  # pylint: disable=import-outside-toplevel
-  from lra_sparse import sweep as sweep_lib  # pylint: disable=import-outside-toplevel
+  from lra_sparse import sweep as sweep_lib, tables  # pylint: disable=import-outside-toplevel
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   monkeypatch.chdir(repo)
   runs = sweep_lib.expand_sweep(
-      sweep_lib.load_sweep("experiments/specs/self_pretraining.py:rotary_long"), str(tmp_path))
+      sweep_lib.load_sweep(f"experiments/specs/self_pretraining.py:{preset}"), str(tmp_path))
   by_name = {run.name: run for run in runs}
   assert len(runs) == 3 * len(spec.KINDS) * len(spec.SEEDS)
+  other = tables.load_table("experiments/specs/self_pretraining.py:"
+                            + ("conv_long" if preset == "rotary_long" else "rotary_long"))
   for run in runs:
     o = run.overrides
     kind = re.search(r"(?:__listops__|-listops-)([^_]+)__", run.name).group(1)
-    assert (o.get("model.pos_emb") == "rotary") == (o["attention.kind"] != "nystrom"), run.name
+    softmax = o["attention.kind"] != "nystrom"
+    assert (o.get("model.pos_emb") == "rotary") == softmax, run.name
+    assert o.get("model.value_conv_kernel", 0) == (
+        35 if softmax and preset == "conv_long" else 0), run.name
     assert o["model.dtype"] == "bfloat16"
+    if softmax and not run.name.startswith("pretrain-"):
+      config = {"attention.dsa.sparsity": None, "attention.nystrom.nm": None,
+                "model.value_conv_kernel": 0, **o}
+      assert not [row.label for row in other.rows if _matches(row, config)], run.name
     if run.name.startswith("pretrain-"):
-      assert (o["objective"], o["num_train_steps"]) == ("denoise", spec.ROTARY_LONG_PRETRAIN_STEPS)
+      assert (o["objective"], o["num_train_steps"]) == ("denoise", spec.LONG_PRETRAIN_STEPS)
       continue
     assert (o["objective"], o["num_train_steps"]) == ("classify", spec.LONG_FINETUNE_STEPS)
     if run.name.startswith("finetune-"):

@@ -44,8 +44,10 @@ Presets:
   with Nystromformer's conv skip on V with and without rotary positions, pretrained as
   pretrain_recipe, fine-tuned and from scratch for LONG_FINETUNE_STEPS);
 - "rotary_long", "rotary_long_best_val", "rotary_long_pretrain_val" (the main sweep on ListOps
-  with what those measured: rotary positions for the softmax kinds, ROTARY_LONG_PRETRAIN_STEPS
-  of pretraining, LONG_FINETUNE_STEPS of fine-tuning and from scratch; 3 seeds);
+  with what the recipe study measured: rotary positions for the softmax kinds,
+  LONG_PRETRAIN_STEPS of pretraining, LONG_FINETUNE_STEPS of fine-tuning and from scratch;
+  3 seeds); "conv_long", "conv_long_best_val", "conv_long_pretrain_val" (the same with what
+  conv_probe measured: the softmax kinds also with Nystromformer's conv skip on V);
 - "tiny" (``make demo``'s ListOps on a CPU, a few steps per stage, one seed, dense and DSA-90:
   the pipeline end to end, run by ``make test``).
 
@@ -66,7 +68,8 @@ PRESETS = ("", "best_val", "pretrain_val", "curve", "curve_best_val", "pretrain_
            "pretrain_recipe_finetune", "pretrain_recipe_finetune_best_val", "long_finetune",
            "long_finetune_best_val", "conv_probe", "conv_probe_best_val",
            "conv_probe_pretrain_val", "rotary_long", "rotary_long_best_val",
-           "rotary_long_pretrain_val", "tiny")
+           "rotary_long_pretrain_val", "conv_long", "conv_long_best_val",
+           "conv_long_pretrain_val", "tiny")
 CURVE_STEPS = (1000, 2500, 5000, 10000)
 CURVE_KINDS = ("dense",)
 KINDS = (  # (run-name label, row label, attention overrides)
@@ -94,6 +97,8 @@ RECIPE_FIELDS = {"attention.kind": "dense", "model.pos_emb": "sinusoidal",
                  "optim.learning_rate": 0.05, "model.dropout_rate": 0.1,
                  "model.attention_dropout_rate": 0.1}
 _NYSTROM = {"attention.kind": "nystrom", "attention.nystrom.nm": ""}
+# Nystromformer's conv skip on V (its LRA width, 35) for any kind: model.value_conv_kernel.
+CONV_SKIP = {"model.value_conv_kernel": 35}
 RECIPE_ARCHS = {  # label: (row label, fields over RECIPE_FIELDS' kind and positions)
     "sinusoidal": ("dense, sinusoidal positions", {}),
     "rotary": ("dense, rotary positions", {"model.pos_emb": "rotary"}),
@@ -102,10 +107,9 @@ RECIPE_ARCHS = {  # label: (row label, fields over RECIPE_FIELDS' kind and posit
                 {**_NYSTROM, "attention.nystrom.conv_kernel": 35}),
     "nystrom-noconv": ("Nystromformer without its conv skip",
                        {**_NYSTROM, "attention.nystrom.conv_kernel": 0}),
-    "conv": ("dense, sinusoidal positions, conv skip of 35 on V",
-             {"model.value_conv_kernel": 35}),
+    "conv": ("dense, sinusoidal positions, conv skip of 35 on V", CONV_SKIP),
     "rotary-conv": ("dense, rotary positions, conv skip of 35 on V",
-                    {"model.pos_emb": "rotary", "model.value_conv_kernel": 35}),
+                    {"model.pos_emb": "rotary", **CONV_SKIP}),
 }
 RECIPE_VARIANTS = (  # (run-name label, row label, architecture, pretraining-only fields)
     ("first", "dense as the first runs (sinusoidal positions, LRA's 0.05 rsqrt)",
@@ -290,17 +294,30 @@ def _tasks(tiny: bool):
   return TASKS
 
 
-# The rotary_long preset: the main sweep again with what the recipe study measured
-# (self_pretraining_notes.md): rotary positions for the softmax kinds in both stages (they left
-# the context-free level only with them), ROTARY_LONG_PRETRAIN_STEPS of pretraining (the level
-# is reached by then) and LONG_FINETUNE_STEPS for the fine-tunes and from-scratch rows (the
-# gain appeared only after 5000). Nystromformer keeps its sinusoidal positions and conv skip:
-# that is the config measured at +13, and rotating q and k before its landmark means would mix
-# rotations of up to L/m positions. DSA's predictor sees the layer's inputs, without positions,
-# while its target S is built from the rotated q and k.
+# The long presets: the main sweep again on ListOps with what the recipe study and conv_probe
+# measured (self_pretraining_notes.md), LONG_PRETRAIN_STEPS of pretraining (each kind reaches
+# its level by then: 25.8-26.0% at 2500 against 26.1% at 5000) and LONG_FINETUNE_STEPS for the
+# fine-tunes and from-scratch rows (the gain appeared only after 5000). rotary_long gives the
+# softmax kinds rotary positions in both stages (they left the context-free level only with
+# them); conv_long also gives them Nystromformer's conv skip on V (with it, and only with it,
+# dense gained 15-18 points in conv_probe; rotary alone gained 4). Nystromformer keeps its
+# sinusoidal positions and its own conv skip in both: that is the config measured at +13, and
+# rotating q and k before its landmark means would mix rotations of up to L/m positions.
+# DSA's predictor sees the layer's inputs, without positions, while its target S is built
+# from the rotated q and k.
 ROTARY = {"model.pos_emb": "rotary"}
-ROTARY_LONG_PRETRAIN_STEPS = 2500
+LONG_PRETRAIN_STEPS = 2500
 SOFTMAX_KINDS = ("dense", "dfss2-4", "dsa90")
+LONG_PRESETS = {  # preset: (softmax kinds' fields, their row suffix, what the title says)
+    "rotary_long": (ROTARY, ", rotary positions", "rotary positions for the softmax kinds"),
+    "conv_long": ({**ROTARY, **CONV_SKIP}, ", rotary positions, conv skip of 35 on V",
+                  "rotary positions and a conv skip of 35 on V for the softmax kinds"),
+}
+
+
+def _long_preset(preset: str):
+  """The LONG_PRESETS key ``preset`` belongs to, or None."""
+  return next((key for key in LONG_PRESETS if preset.startswith(key)), None)
 
 
 def _setup(preset: str):
@@ -308,16 +325,18 @@ def _setup(preset: str):
   if preset == "tiny":
     return (_kinds(True), _tasks(True), lambda steps: tiny_steps(12), tiny_steps(8),
             "self_pretraining_tiny")
-  if preset.startswith("rotary_long"):
-    kinds = [(label, f"{row}, rotary positions", {**overrides, **ROTARY})
+  long = _long_preset(preset)
+  if long:
+    fields, suffix, _ = LONG_PRESETS[long]
+    kinds = [(label, row + suffix, {**overrides, **fields})
              if label in SOFTMAX_KINDS else (label, row, overrides)
              for label, row, overrides in KINDS]
     return (kinds, TASKS[:1],
-            lambda steps: {"num_train_steps": ROTARY_LONG_PRETRAIN_STEPS,
-                           "optim.warmup_steps": _warmup(ROTARY_LONG_PRETRAIN_STEPS)},
+            lambda steps: {"num_train_steps": LONG_PRETRAIN_STEPS,
+                           "optim.warmup_steps": _warmup(LONG_PRETRAIN_STEPS)},
             {"num_train_steps": LONG_FINETUNE_STEPS,
              "optim.warmup_steps": _warmup(LONG_FINETUNE_STEPS)},
-            "self_pretraining_rotary_long")
+            f"self_pretraining_{long}")
   return KINDS, TASKS, lambda steps: {"num_train_steps": steps}, {}, "self_pretraining"
 
 
@@ -371,26 +390,28 @@ def get_table(preset: str = "") -> Table:
     return _recipe_finetune_table(best_val, CONV_PROBE_VARIANTS, LONG_FINETUNE_STEPS)
   kinds, tasks, _, finetune_steps, _ = _setup(preset)
   columns = [Selector(label, {"task": task.removesuffix("32")}) for task, label, *_ in tasks]
-  rotary_long = preset.startswith("rotary_long")
-  protocol = (f" ({ROTARY_LONG_PRETRAIN_STEPS} pretraining steps, {LONG_FINETUNE_STEPS} "
-              "fine-tuning and from-scratch steps, rotary positions for the softmax kinds)"
-              if rotary_long else "")
+  long = _long_preset(preset)
+  protocol = (f" ({LONG_PRETRAIN_STEPS} pretraining steps, {LONG_FINETUNE_STEPS} fine-tuning "
+              f"and from-scratch steps, {LONG_PRESETS[long][2]})" if long else "")
+  # the long presets' rows also match the conv skip on V, so that rotary_long's rows never
+  # hold a conv_long run
+  match = _with_conv if long else dict
   if preset.endswith("pretrain_val"):
     return Table(
         title=("Self-pretraining stage (denoising) per attention kind" + protocol
                + ": masked-token accuracy (%) on the validation split at the last step "
                f"(context-free level: {CONTEXT_FREE_LEVEL})"),
         split="val",
-        rows=[Selector(row, {**overrides, **PRETRAIN}) for _, row, overrides in kinds],
+        rows=[Selector(row, match({**overrides, **PRETRAIN})) for _, row, overrides in kinds],
         columns=columns)
   finetune = {**FINETUNE, "num_train_steps": finetune_steps["num_train_steps"]} \
-      if rotary_long else FINETUNE
+      if long else FINETUNE
   rows = []
   for _, row, overrides in kinds:
     rows.append(Selector(f"{row}, from scratch",
-                         {**overrides, **finetune, "init_from": lambda path: not path}))
+                         match({**overrides, **finetune, "init_from": lambda path: not path})))
     rows.append(Selector(f"{row} + SPT",
-                         {**overrides, **finetune, "init_from": lambda path: bool(path)}))
+                         match({**overrides, **finetune, "init_from": lambda path: bool(path)})))
   return Table(
       title=("Self-pretrained (denoising) then fine-tuned, against the same config from scratch, "
              "per attention kind" + protocol + ": test accuracy (%) "
