@@ -106,6 +106,37 @@ for _label, _kind in _SPT_ROTARY_LONG_KINDS.items():
   _SPT_ROTARY_LONG_ROWS[f"{_label}, from scratch"] = \
       rf"scratch-listops-{_kind}__listops-stable__seed=\d+"
   _SPT_ROTARY_LONG_ROWS[f"{_label} + SPT"] = rf"finetune-listops-{_kind}__listops-stable__seed=\d+"
+# Each "+ SPT" row's gain is shown against its architecture's from-scratch row ("vs scratch"),
+# and in the per-kind tables each other kind's against dense with SPT ("vs dense + SPT"). The
+# recipe tables' pretraining variants and the architecture each fine-tunes:
+_SPT_VARIANT_ARCH = {"first": "sinusoidal", "rotary": "rotary", "learned": "learned",
+                     "lr0.01": "sinusoidal", "rotary-lr0.01": "rotary", "rotary-lr0.2": "rotary",
+                     "rotary-nodropout": "rotary", "nystrom": "nystrom",
+                     "nystrom-noconv": "nystrom-noconv"}
+_SPT_KIND_FOLDERS = ("self_pretraining", "self_pretraining_rotary_long")
+_SPT_VARIANT_FOLDERS = ("self_pretraining_recipe", "self_pretraining_long_finetune",
+                        "self_pretraining_conv_probe")
+
+
+def _versus(folder: str, label: str, labels) -> dict[str, str]:
+  """{note name: the row label it compares ``label`` with} for a committed table's row."""
+  if not label.endswith(" + SPT"):
+    return {}
+  if folder in _SPT_KIND_FOLDERS:
+    versus = {"vs scratch": label.removesuffix(" + SPT") + ", from scratch"}
+    dense = [l for l in labels if l.startswith("Transformer (dense)") and l.endswith(" + SPT")]
+    if not label.startswith("Transformer (dense)"):
+      versus["vs dense + SPT"] = dense[0]
+    return versus
+  if folder in _SPT_VARIANT_FOLDERS:
+    variant = _SPT_RECIPE_PRETRAIN_ROWS.get(label.removesuffix(" + SPT"))
+    if variant is None:                       # conv_probe: one variant per architecture
+      return {"vs scratch": label.removesuffix(" + SPT") + ", from scratch"}
+    scratch = {arch: l for l, arch in _SPT_RECIPE_SCRATCH.items()}
+    return {"vs scratch": f"{scratch[_SPT_VARIANT_ARCH[variant]]}, from scratch"}
+  return {}
+
+
 # Runs of a folder that no table of it shows (the pretraining stage of the curve and of the
 # long fine-tunes).
 _UNTABLED = {"self_pretraining_curve": r"pretrain__listops__dense-\d+__seed=0",
@@ -165,8 +196,8 @@ def _table_rows(path: str) -> dict[str, str]:
   return rows
 
 
-def _expected_cell(folder: str, pattern: str, split: str, paper) -> str:
-  """The cell recomputed: value, then (n, collapsed, unfinished, paper, delta) notes."""
+def _cell_values(folder: str, pattern: str, split: str) -> tuple[list, int, int]:
+  """(finished runs' values, unfinished runs, collapsed runs) of the runs ``pattern`` names."""
   values, unfinished, collapsed = [], 0, 0
   for name in sorted(os.listdir(folder)):
     if not re.fullmatch(pattern, name):
@@ -180,6 +211,13 @@ def _expected_cell(folder: str, pattern: str, split: str, paper) -> str:
     values.append(100.0 * record[split]["accuracy"])
     collapsed += 100.0 * (record["test_at_best_val"]["accuracy"]
                           - record["test"]["accuracy"]) > 1.5
+  return values, unfinished, collapsed
+
+
+def _expected_cell(cell: tuple[list, int, int], paper, versus: dict) -> str:
+  """The cell recomputed: value, then (n, collapsed, unfinished, paper, delta, versus) notes;
+  ``versus``: {name: the other row's values}."""
+  values, unfinished, collapsed = cell
   notes = [f"n={len(values)}"] if values else []
   notes += [f"{collapsed} collapsed"] * bool(collapsed)
   notes += [f"{unfinished} unfinished"] * bool(unfinished)
@@ -187,6 +225,8 @@ def _expected_cell(folder: str, pattern: str, split: str, paper) -> str:
     notes.append(f"paper {paper:.2f}")
     if values:
       notes.append(f"Δ {np.mean(values) - paper:+.2f}")
+  notes += [f"Δ {name} {np.mean(values) - np.mean(other):+.2f}"
+            for name, other in versus.items() if values and other]
   if not values:
     return f"— ({', '.join(notes)})" if notes else "—"
   value = (f"{values[0]:.2f}" if len(values) == 1 else
@@ -198,10 +238,13 @@ def _expected_cell(folder: str, pattern: str, split: str, paper) -> str:
 def test_committed_table_is_its_runs(table, folder, split, rows):
   committed = _table_rows(os.path.join(RESULTS, table))
   assert set(committed) == set(rows), (set(committed) ^ set(rows))
-  for label, pattern in rows.items():
+  cells = {label: _cell_values(os.path.join(RESULTS, folder), pattern, split)
+           for label, pattern in rows.items()}
+  for label in rows:
     # Self-pretraining has no published ListOps value (its row labels reuse kinds' names).
     paper = None if folder.startswith("self_pretraining") else _PAPER.get(label)
-    want = _expected_cell(os.path.join(RESULTS, folder), pattern, split, paper)
+    versus = {name: cells[other][0] for name, other in _versus(folder, label, rows).items()}
+    want = _expected_cell(cells[label], paper, versus)
     assert committed[label] == want, (table, label, committed[label], want)
 
 

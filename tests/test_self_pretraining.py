@@ -289,7 +289,8 @@ def test_self_pretraining_spec_runs_both_stages_end_to_end(tmp_path, monkeypatch
     assert loaded == [dict(loaded[0], fresh_params=4, unused_params=2)], (kind, loaded)
   text = tables.make_table(str(root), spec, "markdown",
                            report=tables.Reporter(echo=False))
-  assert sum(line.endswith("(n=1) |") for line in text.splitlines()) == 4, text
+  assert sum(re.search(r"\| \d+\.\d\d \(n=1(, Δ vs [^)]*)?\) \|$", line) is not None
+             for line in text.splitlines()) == 4, text
 
 
 def test_pretraining_curve_fine_tunes_each_length_from_its_own_pretrain_run(tmp_path,
@@ -429,6 +430,18 @@ def test_main_tables_hold_each_run_once(prefix, tmp_path, monkeypatch):
     assert len(hits) == (stage != "pretrain"), (run.name, hits)
     if stage != "pretrain":
       assert hits[0].endswith(" + SPT" if stage == "finetune" else ", from scratch")
+  # each "+ SPT" row shows its gain over its own from-scratch row, and each sparse kind's its
+  # delta against dense with SPT
+  labels = [row.label for row in accuracy.rows]
+  for row in accuracy.rows:
+    if row.label.endswith(" + SPT"):
+      want = {"vs scratch": row.label.removesuffix(" + SPT") + ", from scratch"}
+      if not row.label.startswith("Transformer (dense)"):
+        want["vs dense + SPT"] = next(label for label in labels if label.startswith(
+            "Transformer (dense)") and label.endswith(" + SPT"))
+      assert dict(row.versus) == want, row.label
+    else:
+      assert not row.versus, row.label
 
 
 @pytest.mark.parametrize("preset", ["rotary_long", "conv_long"])

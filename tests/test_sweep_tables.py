@@ -1183,6 +1183,51 @@ def test_cells_show_the_papers_value_the_delta_and_collapsed_seeds(tmp_path):
       tables.make_table(str(root), str(spec), "markdown", report=report)
 
 
+_VERSUS_SPEC = """
+from lra_sparse.tables import Selector, Table
+
+def get_table(preset=""):
+  return Table(title="t",
+               rows=[Selector("Dense", {"attention.kind": "dense"}),
+                     Selector("DFSS", {"attention.kind": "dfss"}, versus=VERSUS)],
+               columns=[Selector("ListOps", {"task": "listops"}), Selector("Text", {"task": "text"})])
+"""
+
+
+def test_cells_show_their_delta_against_another_row(tmp_path):
+  """A row's ``versus``: our mean minus the named row's mean in the same column, in the
+  markdown and the csv's cell; no note where either cell has no finished run; a versus that
+  names no row, the row itself, or a repeated label is one clear error."""
+  root = tmp_path / "runs"
+  for seed, accuracy in enumerate([0.30, 0.33]):
+    write_run(root, f"d{seed}", task="listops", kind="dense", seed=seed, accuracy=accuracy)
+  write_run(root, "f0", task="listops", kind="dfss", seed=0, accuracy=0.40)
+  write_run(root, "f1", task="listops", kind="dfss", seed=1, accuracy=0.37)
+  write_run(root, "t0", task="text", kind="dfss", seed=0, accuracy=0.6)
+  spec = tmp_path / "spec.py"
+  spec.write_text(_VERSUS_SPEC.replace("VERSUS", "{'vs dense': 'Dense'}"))
+  report = tables.Reporter(echo=False)
+  text = tables.make_table(str(root), str(spec), "markdown", report=report)
+  assert "| Dense | 31.50 ± 2.12 (n=2) | — |" in text, text
+  assert "| DFSS | 38.50 ± 2.12 (n=2, Δ vs dense +7.00) | 60.00 (n=1) |" in text, text
+  assert "'Δ vs X D'" in text
+  rows = list(csv.DictReader(io.StringIO(tables.make_table(str(root), str(spec), "csv",
+                                                           report=report))))
+  assert rows[2]["cell"] == "38.50 ± 2.12 (n=2, Δ vs dense +7.00)"
+  spec.write_text(_PAPER_SPEC.replace("PAPER", "{}"))   # no versus: the legend says nothing
+  assert "'Δ vs X D'" not in tables.make_table(str(root), str(spec), "markdown", report=report)
+  for versus, message in (("{'vs x': 'Sparse'}", "names 'Sparse', which is not one row"),
+                          ("{'vs x': 'DFSS'}", "the row itself"),
+                          ("{'': 'Dense'}", "non-empty strings")):
+    spec.write_text(_VERSUS_SPEC.replace("VERSUS", versus))
+    with pytest.raises(ValueError, match=message):
+      tables.make_table(str(root), str(spec), "markdown", report=report)
+  spec.write_text(_VERSUS_SPEC.replace("VERSUS", "{'vs dense': 'Dense'}").replace(
+      'Selector("DFSS"', 'Selector("Dense", {"attention.kind": "dsa"}), Selector("DFSS"'))
+  with pytest.raises(ValueError, match="repeated"):
+    tables.make_table(str(root), str(spec), "markdown", report=report)
+
+
 def test_dsa_listops_finetunes_each_seeds_dense_run_no_harder_than_it_ended(tmp_path,
                                                                            monkeypatch):
   """experiments/specs/dsa_listops.py: every DSA run fine-tunes the dense run of its seed,

@@ -267,7 +267,8 @@ def _recipe_finetune_table(best_val: bool, variants=RECIPE_VARIANTS,
           for arch in dict.fromkeys(arch for _, _, arch, _ in variants)]
   rows += [Selector(f"{row} + SPT",
                     _with_conv({**finetune, **_recipe_arch_fields(arch),
-                                "init_from": pretrained_by(label)}))
+                                "init_from": pretrained_by(label)}),
+                    versus={"vs scratch": f"{RECIPE_ARCHS[arch][0]}, from scratch"})
            for label, row, arch, _ in variants]
   return Table(
       title=(f"ListOps fine-tuned for {finetune_steps} steps after each pretraining "
@@ -406,12 +407,19 @@ def get_table(preset: str = "") -> Table:
         columns=columns)
   finetune = {**FINETUNE, "num_train_steps": finetune_steps["num_train_steps"]} \
       if long else FINETUNE
+  # Each "+ SPT" row's gain over its own from-scratch row, and each sparse kind's delta against
+  # dense with SPT (does sparsity keep the gain?).
+  dense_row = next(row for label, row, _ in kinds if label == "dense")
   rows = []
-  for _, row, overrides in kinds:
+  for label, row, overrides in kinds:
     rows.append(Selector(f"{row}, from scratch",
                          match({**overrides, **finetune, "init_from": lambda path: not path})))
+    versus = {"vs scratch": f"{row}, from scratch"}
+    if label != "dense":
+      versus["vs dense + SPT"] = f"{dense_row} + SPT"
     rows.append(Selector(f"{row} + SPT",
-                         match({**overrides, **finetune, "init_from": lambda path: bool(path)})))
+                         match({**overrides, **finetune, "init_from": lambda path: bool(path)}),
+                         versus=versus))
   return Table(
       title=("Self-pretrained (denoising) then fine-tuned, against the same config from scratch, "
              "per attention kind" + protocol + ": test accuracy (%) "

@@ -27,7 +27,12 @@ A run is
 Cells: ``mean ± std (n=K)`` over the K finished runs (std = SAMPLE standard deviation, ddof=1,
 which needs K >= 2; with K == 1 the cell is ``mean (n=1)``); ``—`` when no run finished. Runs
 that did not finish are appended to the parentheses: ``(n=2, 1 unfinished, 1 failed)`` or
-``— (1 unfinished)``. Accuracies are multiplied by ``Table.scale`` (100: percent).
+``— (1 unfinished)``. Accuracies are multiplied by ``Table.scale`` (100: percent). A row's
+``paper`` values add ``paper X, Δ D`` (our mean minus the published value), its ``versus``
+``Δ vs X D`` (our mean minus another row's, same column: a fine-tune against its
+from-scratch twin, a sparse kind against dense), and finished runs whose last-step test is
+more than ``Table.collapse_margin`` under their best-validation test are counted
+``k collapsed``.
 
 Problems in the logs (invalid JSON lines in metrics.jsonl, unreadable config.json/result.json,
 a run matching two rows) are reported as ``warning: FILE:LINE: ...`` on stderr and skipped.

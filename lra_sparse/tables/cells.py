@@ -30,6 +30,8 @@ class CellStats:
   pooling: list = dataclasses.field(default_factory=list)  # why pooling them is suspect
   collapsed: int = 0                  # finished runs far under their best (Table.collapse_margin)
   paper: float | None = None          # the published value of this cell, if the spec gives one
+  # (name, our mean minus the mean of the row that name stands for): the row's ``versus``
+  versus: list = dataclasses.field(default_factory=list)
 
   @property
   def n(self) -> int:
@@ -174,6 +176,12 @@ def build_cells(table: Table, runs: Sequence[RunRecord],
     if cell.pooling:
       report(f"cell ({table.rows[r].label!r}, {table.columns[c].label!r}) pools unlike runs: "
              f"{'; '.join(cell.pooling)} ({', '.join(run.workdir for run in cell.runs)})")
+  row_index = {row.label: r for r, row in enumerate(table.rows)}
+  for (r, c), cell in cells.items():
+    for name, other in table.rows[r].versus.items():
+      theirs = cells[(row_index[other], c)].mean
+      if cell.mean is not None and theirs is not None:
+        cell.versus.append((name, cell.mean - theirs))
   return cells
 
 
@@ -190,6 +198,7 @@ def format_cell(cell: CellStats, decimals: int, plus_minus: str = PLUS_MINUS,
     notes.append(f"paper {cell.paper:.{decimals}f}")
     if cell.n:
       notes.append(f"Δ {cell.mean - cell.paper:+.{decimals}f}")
+  notes += [f"Δ {name} {delta:+.{decimals}f}" for name, delta in cell.versus]
   if not cell.n:
     return f"{missing} ({', '.join(notes)})" if notes else missing
   text = f"{cell.mean:.{decimals}f}"

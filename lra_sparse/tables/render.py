@@ -40,6 +40,9 @@ def legend(table: Table) -> str:
           f"= finished runs whose last-step test is more than {table.collapse_margin:g} points "
           "under their test at the best validation step; 'paper X, Δ D' = the published value "
           "and our mean minus it" + (f" ({table.paper_source})" if table.paper_source else "")
+          + ("; 'Δ vs X D' = our mean minus the mean of the row X names (the spec's "
+             "Selector.versus), in the same column" if any(row.versus for row in table.rows)
+             else "")
           + "." + (
               f" {table.average_label} = mean of the column means of "
               f"{', '.join(table.columns[c].label for c in _average_columns(table))}, "

@@ -18,10 +18,14 @@ class Selector:
   """A labelled matcher on flattened config keys (a table row/column or a plot series).
 
   ``paper`` (rows): the published value of this row per column label, in the table's units
-  (e.g. ``{"ListOps": 36.37}``); the rendered cell shows it and our mean minus it."""
+  (e.g. ``{"ListOps": 36.37}``); the rendered cell shows it and our mean minus it.
+  ``versus`` (rows): ``{name: label of another row}``; each cell also shows ``Δ name D``, our
+  mean minus that row's mean in the same column (e.g. a fine-tune against its from-scratch
+  twin), where both have finished runs."""
   label: str
   match: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   paper: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  versus: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -79,4 +83,16 @@ def load_table(spec_arg: str) -> Table:
            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v}
     if bad:
       raise ValueError(f"{spec_arg}: row {row.label!r}: paper values must be numbers, got {bad}")
+  row_labels = [row.label for row in table.rows]
+  for row in table.rows:
+    for name, other in row.versus.items():
+      if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{spec_arg}: row {row.label!r}: versus names must be non-empty "
+                         f"strings, got {name!r}")
+      if other == row.label or row_labels.count(other) != 1:
+        raise ValueError(
+            f"{spec_arg}: row {row.label!r}: versus {name!r} names {other!r}, which is "
+            + ("the row itself" if other == row.label else
+               "not one row of the table" + (f" (rows: {row_labels})"
+                                             if other not in row_labels else " (repeated)")))
   return table
