@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from lra_sparse import objectives, train
-from lra_sparse.models.encoder import rotary, sinusoidal_positions
+from lra_sparse.models.encoder import rotary
 from tests.conftest import checkpoint_params, spec_on_data
 
 
@@ -506,51 +506,3 @@ def test_denoiser_predicts_every_input_of_a_dual_encoder_task(tiny_config):
   shapes = lambda p: {k: v.shape for k, v in  # noqa: E731
                       flax.traverse_util.flatten_dict(p, sep="/").items()}
   assert shapes(cparams["encoder"]) == shapes(params["encoder"])
-
-
-@pytest.mark.parametrize("pos_emb", ["rotary", "sinusoidal"])
-def test_dsa_predictor_sees_positions_under_rotary(pos_emb, tiny_config):
-  """Rotary positions reach q and k only; the block input DSA's predictor reads gets the
-  sinusoidal table, so one token repeated at every position gives predicted scores that
-  differ from row to row (position-blind rows would all be equal), and exactly those of the
-  input plus the table. With sinusoidal positions the table is added once, at the embedding:
-  the attention block adds nothing, and a constant block input predicts equal rows."""
-  from lra_sparse.attention import parse_attention_config  # pylint: disable=import-outside-toplevel
-  from lra_sparse.models import encoder  # pylint: disable=import-outside-toplevel
-  config = tiny_config(**{"model.pos_emb": pos_emb, "attention.kind": "dsa",
-                          "attention.dsa.selection_rule": "float"})
-  attention = parse_attention_config(config.attention)
-  length, width = 16, config.model.emb_dim
-  block = encoder.MultiHeadAttention(config.model, attention, length)
-  row = jax.random.normal(jax.random.PRNGKey(0), (1, 1, width))
-  x = jnp.broadcast_to(row, (2, length, width))
-  mask = jnp.ones((2, length), bool)
-  params = block.init(jax.random.PRNGKey(1), x, mask, True)["params"]
-  def predicted(inputs):
-    _, state = block.apply({"params": params}, inputs, mask, True, mutable=["intermediates"])
-    return np.asarray(jax.tree_util.tree_leaves(state["intermediates"])[0])  # [b, h, q, k]
-  scores = predicted(x)
-  assert scores.shape == (2, config.model.num_heads, length, length)
-  rows_equal = np.allclose(scores, scores[:, :, :1, :], atol=1e-5)
-  assert rows_equal == (pos_emb == "sinusoidal")
-  if pos_emb == "rotary":   # the same scores as a sinusoidal block fed input + table
-    sinusoidal_config = config.model.copy_and_resolve_references()
-    sinusoidal_config.pos_emb = "sinusoidal"
-    sinusoidal = encoder.MultiHeadAttention(sinusoidal_config, attention, length)
-    table = jnp.asarray(sinusoidal_positions(length, width))
-    _, state = sinusoidal.apply({"params": params}, x + table, mask, True,
-                                mutable=["intermediates"])
-    np.testing.assert_allclose(
-        scores, np.asarray(jax.tree_util.tree_leaves(state["intermediates"])[0]),
-        rtol=1e-5, atol=1e-5)
-
-
-def test_sinusoidal_table_against_its_formula():
-  """LRA's table (even dims as before; an odd dim ends with a sin feature), against float64."""
-  for dim in (8, 7):
-    table = sinusoidal_positions(5, dim)
-    p = np.arange(5)[:, None]
-    i = np.arange(dim)[None]
-    w = np.power(10000.0, -(i - i % 2) / dim)
-    want = np.where(i % 2 == 0, np.sin(p * w), np.cos(p * w))
-    np.testing.assert_allclose(table[0], want, rtol=1e-6, atol=1e-6)

@@ -304,9 +304,8 @@ def _tasks(tiny: bool):
 # dense gained 15-18 points in conv_probe; rotary alone gained 4). Nystromformer keeps its
 # sinusoidal positions and its own conv skip in both: that is the config measured at +13, and
 # rotating q and k before its landmark means would mix rotations of up to L/m positions.
-# With rotary positions DSA's predictor reads the block input plus the sinusoidal position
-# table (its target S is built from the rotated q and k); the rotary_long DSA runs committed
-# here (stopped at step 2000-2200) ran before that, with a predictor that saw no positions.
+# DSA's predictor sees the layer's inputs, without positions, while its target S is built
+# from the rotated q and k.
 ROTARY = {"model.pos_emb": "rotary"}
 LONG_PRETRAIN_STEPS = 2500
 SOFTMAX_KINDS = ("dense", "dfss2-4", "dsa90")

@@ -18,9 +18,7 @@ head_dim]`` and returns the attended values of the same shape. The surrounding
 
 - ``mask``: bool ``[batch, length]`` key padding mask, True = real token (never None inside
   the model).
-- ``inputs``: the block input ``x`` ``[batch, length, model_dim]`` (DSA's predictor reads it),
-  carrying absolute positions: with rotary positions (which reach only q and k) the block adds
-  the sinusoidal position table to it.
+- ``inputs``: the block input ``x`` ``[batch, length, model_dim]`` (DSA's predictor reads it).
 - ``deterministic``: False while training (attention dropout on probabilities is applied by the
   core when ``dims.dropout_rate > 0``).
 

@@ -3,8 +3,7 @@
 Follows google-research/long-range-arena's transformer_base: token embedding (initialised
 normal(stddev=1.0), as LRA), position embeddings (fixed sinusoidal, or learned where LRA's task
 config learns them: ``config.model.pos_emb``; or "rotary", q and k rotated by position in every
-layer, not in LRA, with the sinusoidal table added to the block input that DSA's predictor
-reads), optionally a depthwise conv on V along the sequence added to every
+layer, not in LRA), optionally a depthwise conv on V along the sequence added to every
 attention output (``config.model.value_conv_kernel``: Nystromformer's conv skip offered to every
 kind; not in LRA), pre-LayerNorm blocks (attention, MLP) with dropout, final LayerNorm, CLS or
 mean pooling (or, for the denoising objective, the features of every token position).
@@ -55,12 +54,12 @@ def normal_or_zeros(stddev: float):
 
 def sinusoidal_positions(length: int, dim: int) -> np.ndarray:
   """LRA's fixed position table [1, length, dim] (float32): even features sin(p * w_i), odd
-  features cos(p * w_i), w_i = 10000^(-2i / dim) (an odd ``dim`` ends with a sin feature)."""
+  features cos(p * w_i), w_i = 10000^(-2i / dim) (``dim`` must be even)."""
   position = np.arange(length, dtype=np.float64)[:, None]
   frequency = np.exp(np.arange(0, dim, 2) * -(np.log(10000.0) / dim))
   table = np.zeros((length, dim), np.float64)
   table[:, 0::2] = np.sin(position * frequency)
-  table[:, 1::2] = np.cos(position * frequency[:dim // 2])
+  table[:, 1::2] = np.cos(position * frequency)
   return table[None].astype(np.float32)
 
 
@@ -151,16 +150,11 @@ class MultiHeadAttention(nn.Module):
     dense = dict(dtype=dtype, use_bias=mc.attention_bias, kernel_init=kernel_init(mc))
     project = lambda name: nn.DenseGeneral((mc.num_heads, head_dim), name=name, **dense)
     q, k, v = project("query")(x), project("key")(x), project("value")(x)
-    inputs = x
     if mc.pos_emb == "rotary":     # positions of the padded sequence (CLS at 0)
       positions = jnp.arange(x.shape[1])
       q, k = rotary(q, positions), rotary(k, positions)
-      # Rotary positions reach q and k only; the block input a core reads (DSA's predictor)
-      # gets the sinusoidal table, so that it carries positions as in an absolute-position
-      # model (the DSA paper's predictor reads X with LRA's position embedding in it).
-      inputs = x + jnp.asarray(sinusoidal_positions(x.shape[1], mc.emb_dim), x.dtype)
     out = build_attention(self.attention_config, dims)(
-        q, k, v, mask=mask, inputs=inputs, deterministic=deterministic)
+        q, k, v, mask=mask, inputs=x, deterministic=deterministic)
     if mc.get("value_conv_kernel", 0):   # Nystromformer's conv skip, for any kind
       out = add_conv_skip(self, "value_conv_kernel", mc.value_conv_kernel, v, mask, out)
     return nn.DenseGeneral(mc.emb_dim, axis=(-2, -1), name="out", **dense)(out)
