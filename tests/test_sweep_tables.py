@@ -688,6 +688,18 @@ def test_parallel_gpus_assigns_one_device_per_run(sweep_spec, tmp_path, monkeypa
       sweep_lib.detect_gpus()
 
 
+def test_a_new_run_goes_to_the_least_busy_gpu():
+  """With several runs per GPU, a run starts on the free slot whose GPUs run the fewest runs
+  (ties: the earliest free slot), not on the first free slot, which may share a busy GPU."""
+  from lra_sparse.sweep.local import pick_slot  # pylint: disable=import-outside-toplevel
+  assert pick_slot(["0", "1"], ["0"]) == 1            # GPU 0 still runs one; GPU 1 is idle
+  assert pick_slot(["0", "1"], []) == 0
+  assert pick_slot(["0", "1", "1"], ["0", "1"]) == 0  # a tie: the earliest
+  assert pick_slot(["0,1", "2,3"], ["2"]) == 0        # slots of several GPUs
+  assert pick_slot(["0,1", "2,3"], ["0", "1"]) == 1
+  assert pick_slot([None], [None]) == 0               # no GPU: one at a time
+
+
 def test_parallel_gpus_gives_a_slot_of_several_gpus_to_each_run(sweep_spec, tmp_path,
                                                                  monkeypatch):
   """LRA_SWEEP_GPUS="0,1;2,3": each run sees one slot's two GPUs (data parallel)."""

@@ -7,6 +7,7 @@ which save their checkpoints before they exit.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import re
@@ -69,6 +70,17 @@ def detect_gpus() -> list[str]:
     return []
   return [str(i) for i, line in enumerate(
       line for line in listing.stdout.splitlines() if line.startswith("GPU "))]
+
+
+def pick_slot(free_slots: Sequence[str | None], busy_slots: Sequence[str | None]) -> int:
+  """Index in ``free_slots`` of the slot whose GPUs carry the fewest running runs
+  (``busy_slots``: the slots of the runs running now); ties go to the earliest. With several
+  runs per GPU ("0,1,0,1") a sweep whose runs wait on others would otherwise stack new runs on
+  a GPU still busy while another sits idle."""
+  load = collections.Counter(gpu for slot in busy_slots if slot for gpu in slot.split(","))
+  def slot_load(i):
+    return sum(load[gpu] for gpu in (free_slots[i] or "").split(",") if gpu)
+  return min(range(len(free_slots)), key=lambda i: (slot_load(i), i))
 
 
 @dataclasses.dataclass
@@ -154,7 +166,7 @@ def _run_sweep_locked(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[Run
         if "wait" in dep_status.values():
           continue
         queue.remove(run)
-        slot = free_slots.pop(0)
+        slot = free_slots.pop(pick_slot(free_slots, [entry.slot for entry in active]))
         outcomes[run.name] = {"started": now(), "slot": slot}
         try:
           active.append(_start(run, slot, launcher))
