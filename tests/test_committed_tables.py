@@ -55,12 +55,21 @@ _DFSS_TABLE4_LISTOPS_ROWS = {
 }
 _SPT_KINDS = {"Transformer (dense)": "dense", "DFSS 2:4": "dfss2-4",
               "DSA-90 (sigma 0.25, mean-form L_MSE)": "dsa90", "Nystromformer": "nystrom"}
-_SPT_ROWS = {}
-for _label, _kind in _SPT_KINDS.items():
-  _SPT_ROWS[f"{_label}, from scratch"] = rf"scratch-listops-{_kind}__listops-stable__seed=\d+"
-  _SPT_ROWS[f"{_label} + SPT"] = rf"finetune-listops-{_kind}__listops-stable__seed=\d+"
-_SPT_PRETRAIN_ROWS = {label: rf"pretrain-listops__listops__{kind}__seed=\d+"
-                      for label, kind in _SPT_KINDS.items()}
+
+
+def _spt_kind_rows(kinds: dict) -> tuple[dict, dict]:
+  """The per-kind SPT tables' rows (label -> run-name pattern) for ``kinds`` (row label ->
+  run-name kind): the accuracy table's "from scratch" and "+ SPT" rows, and the pretrain_val
+  table's rows."""
+  accuracy, pretrain = {}, {}
+  for label, kind in kinds.items():
+    accuracy[f"{label}, from scratch"] = rf"scratch-listops-{kind}__listops-stable__seed=\d+"
+    accuracy[f"{label} + SPT"] = rf"finetune-listops-{kind}__listops-stable__seed=\d+"
+    pretrain[label] = rf"pretrain-listops__listops__{kind}__seed=\d+"
+  return accuracy, pretrain
+
+
+_SPT_ROWS, _SPT_PRETRAIN_ROWS = _spt_kind_rows(_SPT_KINDS)
 _SPT_CURVE_ROWS = {f"pretrained {steps} steps":
                    rf"finetune-dense-after-{steps}__listops-stable__seed=0"
                    for steps in (1000, 2500, 5000, 10000)}
@@ -99,13 +108,9 @@ for _label, _arch in _SPT_CONV_PROBE_ARCHS.items():
   _SPT_CONV_PROBE_ROWS[f"{_label}, from scratch"] = rf"scratch-{_arch}__listops-stable__seed=0"
   _SPT_CONV_PROBE_ROWS[f"{_label} + SPT"] = rf"finetune-{_arch}__listops-stable__seed=0"
 # The rotary_long preset: the softmax kinds' rows name their rotary positions.
-_SPT_ROTARY_LONG_KINDS = {(label if kind == "nystrom" else f"{label}, rotary positions"): kind
-                          for label, kind in _SPT_KINDS.items()}
-_SPT_ROTARY_LONG_ROWS = {}
-for _label, _kind in _SPT_ROTARY_LONG_KINDS.items():
-  _SPT_ROTARY_LONG_ROWS[f"{_label}, from scratch"] = \
-      rf"scratch-listops-{_kind}__listops-stable__seed=\d+"
-  _SPT_ROTARY_LONG_ROWS[f"{_label} + SPT"] = rf"finetune-listops-{_kind}__listops-stable__seed=\d+"
+_SPT_ROTARY_LONG_ROWS, _SPT_ROTARY_LONG_PRETRAIN_ROWS = _spt_kind_rows(
+    {(label if kind == "nystrom" else f"{label}, rotary positions"): kind
+     for label, kind in _SPT_KINDS.items()})
 # Each "+ SPT" row's gain is shown against its architecture's from-scratch row ("vs scratch"),
 # and in the per-kind tables each other kind's against dense with SPT ("vs dense + SPT"). The
 # recipe tables' pretraining variants and the architecture each fine-tunes:
@@ -124,9 +129,9 @@ def _versus(folder: str, label: str, labels) -> dict[str, str]:
     return {}
   if folder in _SPT_KIND_FOLDERS:
     versus = {"vs scratch": label.removesuffix(" + SPT") + ", from scratch"}
-    dense = [l for l in labels if l.startswith("Transformer (dense)") and l.endswith(" + SPT")]
     if not label.startswith("Transformer (dense)"):
-      versus["vs dense + SPT"] = dense[0]
+      versus["vs dense + SPT"] = next(l for l in labels if l.startswith("Transformer (dense)")
+                                      and l.endswith(" + SPT"))
     return versus
   if folder in _SPT_VARIANT_FOLDERS:
     variant = _SPT_RECIPE_PRETRAIN_ROWS.get(label.removesuffix(" + SPT"))
@@ -181,8 +186,7 @@ TABLES = [
     *_last_and_best_val("self_pretraining_rotary_long", "self_pretraining_rotary_long",
                         _SPT_ROTARY_LONG_ROWS),
     ("self_pretraining_rotary_long_pretrain_val.md", "self_pretraining_rotary_long", "val",
-     {label: rf"pretrain-listops__listops__{kind}__seed=\d+"
-      for label, kind in _SPT_ROTARY_LONG_KINDS.items()}),
+     _SPT_ROTARY_LONG_PRETRAIN_ROWS),
 ]
 
 
