@@ -111,6 +111,10 @@ for _label, _arch in _SPT_CONV_PROBE_ARCHS.items():
 _SPT_ROTARY_LONG_ROWS, _SPT_ROTARY_LONG_PRETRAIN_ROWS = _spt_kind_rows(
     {(label if kind == "nystrom" else f"{label}, rotary positions"): kind
      for label, kind in _SPT_KINDS.items()})
+# The conv_long preset: the softmax kinds' rows also name the conv skip on V.
+_SPT_CONV_LONG_ROWS, _SPT_CONV_LONG_PRETRAIN_ROWS = _spt_kind_rows(
+    {(label if kind == "nystrom" else f"{label}, rotary positions, conv skip of 35 on V"): kind
+     for label, kind in _SPT_KINDS.items()})
 # Each "+ SPT" row's gain is shown against its architecture's from-scratch row ("vs scratch"),
 # and in the per-kind tables each other kind's against dense with SPT ("vs dense + SPT"). The
 # recipe tables' pretraining variants and the architecture each fine-tunes:
@@ -118,7 +122,8 @@ _SPT_VARIANT_ARCH = {"first": "sinusoidal", "rotary": "rotary", "learned": "lear
                      "lr0.01": "sinusoidal", "rotary-lr0.01": "rotary", "rotary-lr0.2": "rotary",
                      "rotary-nodropout": "rotary", "nystrom": "nystrom",
                      "nystrom-noconv": "nystrom-noconv"}
-_SPT_KIND_FOLDERS = ("self_pretraining", "self_pretraining_rotary_long")
+_SPT_KIND_FOLDERS = ("self_pretraining", "self_pretraining_rotary_long",
+                     "self_pretraining_conv_long")
 _SPT_VARIANT_FOLDERS = ("self_pretraining_recipe", "self_pretraining_long_finetune",
                         "self_pretraining_conv_probe")
 
@@ -187,6 +192,10 @@ TABLES = [
                         _SPT_ROTARY_LONG_ROWS),
     ("self_pretraining_rotary_long_pretrain_val.md", "self_pretraining_rotary_long", "val",
      _SPT_ROTARY_LONG_PRETRAIN_ROWS),
+    *_last_and_best_val("self_pretraining_conv_long", "self_pretraining_conv_long",
+                        _SPT_CONV_LONG_ROWS),
+    ("self_pretraining_conv_long_pretrain_val.md", "self_pretraining_conv_long", "val",
+     _SPT_CONV_LONG_PRETRAIN_ROWS),
 ]
 
 
