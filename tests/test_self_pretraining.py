@@ -402,7 +402,7 @@ def test_recipe_presets_pretrain_fine_tune_and_train_from_scratch(preset, finetu
       assert in_finetune[0].endswith(", from scratch")
 
 
-@pytest.mark.parametrize("prefix", ["", "rotary_long_", "conv_long_"])
+@pytest.mark.parametrize("prefix", ["", "rotary_long_", "conv_long_", "conv_pathfinder_"])
 def test_main_tables_hold_each_run_once(prefix, tmp_path, monkeypatch):
   """self_pretraining.py's main sweep (and the long presets'): each pretrain run in exactly one row
   of the pretrain_val table and in no row of the accuracy table; each fine-tune and
@@ -444,14 +444,15 @@ def test_main_tables_hold_each_run_once(prefix, tmp_path, monkeypatch):
       assert not row.versus, row.label
 
 
-@pytest.mark.parametrize("preset", ["rotary_long", "conv_long"])
+@pytest.mark.parametrize("preset", ["rotary_long", "conv_long", "conv_pathfinder"])
 def test_long_presets_are_the_measured_recipe(preset, tmp_path, monkeypatch):
   """self_pretraining.py:rotary_long: rotary positions for the softmax kinds in both stages and
   from scratch (Nystromformer as measured: sinusoidal, its conv skip), the recipe study's
   pretraining length, the long fine-tune for fine-tunes and from-scratch rows, and each
   fine-tune from its own kind's pretraining of the same seed; :conv_long the same with the
   conv skip of 35 on V for the softmax kinds (and for no Nystromformer run, which has its
-  own); the two presets' tables never hold each other's runs."""
+  own); :conv_pathfinder conv_long's fields on Pathfinder-32 at its own lengths (whole epochs,
+  the config's warmup); no long preset's table holds another's runs."""
   from experiments.specs import self_pretraining as spec  # pylint: disable=import-outside-toplevel
   from lra_sparse import sweep as sweep_lib, tables  # pylint: disable=import-outside-toplevel
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -460,27 +461,42 @@ def test_long_presets_are_the_measured_recipe(preset, tmp_path, monkeypatch):
       sweep_lib.load_sweep(f"experiments/specs/self_pretraining.py:{preset}"), str(tmp_path))
   by_name = {run.name: run for run in runs}
   assert len(runs) == 3 * len(spec.KINDS) * len(spec.SEEDS)
-  other = tables.load_table("experiments/specs/self_pretraining.py:"
-                            + ("conv_long" if preset == "rotary_long" else "rotary_long"))
+  tasks = {"rotary_long": "listops", "conv_long": "listops", "conv_pathfinder": "pathfinder32"}
+  task = tasks[preset]
+  config_file = {"listops": "configs/listops.py", "pathfinder32": "configs/pathfinder.py"}[task]
+  pretrain_steps, finetune_steps = {
+      "rotary_long": (2500, 10000), "conv_long": (2500, 10000),
+      "conv_pathfinder": (10 * 312, 30 * 312)}[preset]
+  others = {other: tables.load_table(f"experiments/specs/self_pretraining.py:{other}")
+            for other in tasks if other != preset}
   for run in runs:
     o = run.overrides
-    kind = re.search(r"(?:__listops__|-listops-)([^_]+)__", run.name).group(1)
+    kind = re.search(rf"(?:__{task.removesuffix('32')}__|-{task}-)([^_]+)__", run.name).group(1)
+    assert run.config.split(":")[0] == config_file, run.name
     softmax = o["attention.kind"] != "nystrom"
     assert (o.get("model.pos_emb") == "rotary") == softmax, run.name
     assert o.get("model.value_conv_kernel", 0) == (
-        35 if softmax and preset == "conv_long" else 0), run.name
+        35 if softmax and preset != "rotary_long" else 0), run.name
     assert o["model.dtype"] == "bfloat16"
-    if softmax and not run.name.startswith("pretrain-"):
+    # ListOps' rsqrt warmup: 1000 steps or a fifth of the stage; Pathfinder keeps its epoch
+    assert o.get("optim.warmup_steps") == (
+        None if task == "pathfinder32" else min(1000, o["num_train_steps"] // 5)), run.name
+    if not run.name.startswith("pretrain-"):
       config = {"attention.dsa.sparsity": None, "attention.nystrom.nm": None,
-                "model.value_conv_kernel": 0, **o}
-      assert not [row.label for row in other.rows if _matches(row, config)], run.name
+                "model.value_conv_kernel": 0, "task": task.removesuffix("32"), **o}
+      for other, table in others.items():
+        held = [row.label for row in table.rows if _matches(row, config)
+                and any(_matches(column, config) for column in table.columns)]
+        # Nystromformer's runs are the same configs in every long preset of one task
+        assert len(held) == (not softmax and tasks[other] == task), (run.name, other, held)
     if run.name.startswith("pretrain-"):
-      assert (o["objective"], o["num_train_steps"]) == ("denoise", spec.LONG_PRETRAIN_STEPS)
+      assert (o["objective"], o["num_train_steps"]) == ("denoise", pretrain_steps)
       continue
-    assert (o["objective"], o["num_train_steps"]) == ("classify", spec.LONG_FINETUNE_STEPS)
+    assert (o["objective"], o["num_train_steps"]) == ("classify", finetune_steps)
     if run.name.startswith("finetune-"):
       source = by_name[os.path.basename(o["init_from"])]
-      assert source.name == f"pretrain-listops__listops__{kind}__seed={o['seed']}"
+      assert source.name == (f"pretrain-{task}__{task.removesuffix('32')}__{kind}"
+                             f"__seed={o['seed']}")
       twin = by_name[run.name.replace("finetune-", "scratch-", 1)]
       assert {k: v for k, v in o.items() if k != "init_from"} == twin.overrides
 

@@ -48,6 +48,9 @@ Presets:
   LONG_PRETRAIN_STEPS of pretraining, LONG_FINETUNE_STEPS of fine-tuning and from scratch;
   3 seeds); "conv_long", "conv_long_best_val", "conv_long_pretrain_val" (the same with what
   conv_probe measured: the softmax kinds also with Nystromformer's conv skip on V);
+  "conv_pathfinder", "conv_pathfinder_best_val", "conv_pathfinder_pretrain_val" (conv_long's
+  architectures on Pathfinder-32, PATHFINDER_PRETRAIN_EPOCHS of pretraining and
+  PATHFINDER_FINETUNE_EPOCHS of fine-tuning and from scratch, 3 seeds);
 - "tiny" (``make demo``'s ListOps on a CPU, a few steps per stage, one seed, dense and DSA-90:
   the pipeline end to end, run by ``make test``).
 
@@ -58,6 +61,8 @@ everywhere else) for 5000 and 10000 steps, and their fine-tunes gained 1-2 point
 Nystromformer, whose value path has a depthwise convolution along the sequence, learned from
 context (26.1%) and gained 7.3 points.
 """
+import dataclasses
+
 from experiments.specs._tiny import tiny_steps
 from lra_sparse.sweep import Group, Ref, Sweep, Variant
 from lra_sparse.tables import Selector, Table
@@ -69,7 +74,8 @@ PRESETS = ("", "best_val", "pretrain_val", "curve", "curve_best_val", "pretrain_
            "long_finetune_best_val", "conv_probe", "conv_probe_best_val",
            "conv_probe_pretrain_val", "rotary_long", "rotary_long_best_val",
            "rotary_long_pretrain_val", "conv_long", "conv_long_best_val",
-           "conv_long_pretrain_val", "tiny")
+           "conv_long_pretrain_val", "conv_pathfinder", "conv_pathfinder_best_val",
+           "conv_pathfinder_pretrain_val", "tiny")
 CURVE_STEPS = (1000, 2500, 5000, 10000)
 CURVE_KINDS = ("dense",)
 KINDS = (  # (run-name label, row label, attention overrides)
@@ -309,10 +315,43 @@ def _tasks(tiny: bool):
 ROTARY = {"model.pos_emb": "rotary"}
 LONG_PRETRAIN_STEPS = 2500
 SOFTMAX_KINDS = ("dense", "dfss2-4", "dsa90")
-LONG_PRESETS = {  # preset: (softmax kinds' fields, their row suffix, what the title says)
-    "rotary_long": (ROTARY, ", rotary positions", "rotary positions for the softmax kinds"),
-    "conv_long": ({**ROTARY, **CONV_SKIP}, ", rotary positions, conv skip of 35 on V",
-                  "rotary positions and a conv skip of 35 on V for the softmax kinds"),
+# conv_pathfinder: conv_long's architectures on Pathfinder-32 (the issue's second task), at a
+# length one 4-GPU lease holds for seed 0 of every kind (one run per GPU; H100 steps of 24-58
+# ms: about 70 GPU-minutes in all): PATHFINDER_PRETRAIN_EPOCHS of pretraining and
+# PATHFINDER_FINETUNE_EPOCHS of fine-tuning and from scratch, against LRA's 200 epochs from
+# scratch. A first choice by budget, not by a measured curve; both stages keep the config's
+# one-epoch warmup and cosine decay over their own length.
+PATHFINDER_STEPS_PER_EPOCH = 312        # configs/pathfinder.py: 160,000 images / batch 512
+PATHFINDER_PRETRAIN_EPOCHS = 10
+PATHFINDER_FINETUNE_EPOCHS = 30
+
+
+@dataclasses.dataclass(frozen=True)
+class LongPreset:
+  """One long preset: the main sweep on one task with measured fields for the softmax kinds."""
+  fields: dict          # the softmax kinds' fields, in both stages and from scratch
+  suffix: str           # their row labels' suffix
+  title: str            # what the tables' titles say about the fields
+  task: str = "listops"
+  pretrain_steps: int = LONG_PRETRAIN_STEPS
+  finetune_steps: int = LONG_FINETUNE_STEPS
+  listops_warmup: bool = True   # the ListOps rsqrt warmup rule (_warmup) in both stages
+
+  def steps(self, stage_steps: int) -> dict:
+    warmup = {"optim.warmup_steps": _warmup(stage_steps)} if self.listops_warmup else {}
+    return {"num_train_steps": stage_steps, **warmup}
+
+
+_CONV_FIELDS = ({**ROTARY, **CONV_SKIP}, ", rotary positions, conv skip of 35 on V",
+                "rotary positions and a conv skip of 35 on V for the softmax kinds")
+LONG_PRESETS = {
+    "rotary_long": LongPreset(ROTARY, ", rotary positions",
+                              "rotary positions for the softmax kinds"),
+    "conv_long": LongPreset(*_CONV_FIELDS),
+    "conv_pathfinder": LongPreset(
+        *_CONV_FIELDS, task="pathfinder32", listops_warmup=False,
+        pretrain_steps=PATHFINDER_PRETRAIN_EPOCHS * PATHFINDER_STEPS_PER_EPOCH,
+        finetune_steps=PATHFINDER_FINETUNE_EPOCHS * PATHFINDER_STEPS_PER_EPOCH),
 }
 
 
@@ -328,15 +367,12 @@ def _setup(preset: str):
             "self_pretraining_tiny")
   long = _long_preset(preset)
   if long:
-    fields, suffix, _ = LONG_PRESETS[long]
-    kinds = [(label, row + suffix, {**overrides, **fields})
+    spec = LONG_PRESETS[long]
+    kinds = [(label, row + spec.suffix, {**overrides, **spec.fields})
              if label in SOFTMAX_KINDS else (label, row, overrides)
              for label, row, overrides in KINDS]
-    return (kinds, TASKS[:1],
-            lambda steps: {"num_train_steps": LONG_PRETRAIN_STEPS,
-                           "optim.warmup_steps": _warmup(LONG_PRETRAIN_STEPS)},
-            {"num_train_steps": LONG_FINETUNE_STEPS,
-             "optim.warmup_steps": _warmup(LONG_FINETUNE_STEPS)},
+    return (kinds, tuple(task for task in TASKS if task[0] == spec.task),
+            lambda steps: spec.steps(spec.pretrain_steps), spec.steps(spec.finetune_steps),
             f"self_pretraining_{long}")
   return KINDS, TASKS, lambda steps: {"num_train_steps": steps}, {}, "self_pretraining"
 
@@ -392,16 +428,19 @@ def get_table(preset: str = "") -> Table:
   kinds, tasks, _, finetune_steps, _ = _setup(preset)
   columns = [Selector(label, {"task": task.removesuffix("32")}) for task, label, *_ in tasks]
   long = _long_preset(preset)
-  protocol = (f" ({LONG_PRETRAIN_STEPS} pretraining steps, {LONG_FINETUNE_STEPS} fine-tuning "
-              f"and from-scratch steps, {LONG_PRESETS[long][2]})" if long else "")
+  protocol = (f" ({LONG_PRESETS[long].pretrain_steps} pretraining steps, "
+              f"{LONG_PRESETS[long].finetune_steps} fine-tuning and from-scratch steps, "
+              f"{LONG_PRESETS[long].title})" if long else "")
   # the long presets' rows also match the conv skip on V, so that rotary_long's rows never
   # hold a conv_long run
   match = _with_conv if long else dict
   if preset.endswith("pretrain_val"):
     return Table(
         title=("Self-pretraining stage (denoising) per attention kind" + protocol
-               + ": masked-token accuracy (%) on the validation split at the last step "
-               f"(context-free level: {CONTEXT_FREE_LEVEL})"),
+               + ": masked-token accuracy (%) on the validation split at the last step"
+               # the level is ListOps' (no Pathfinder level is measured)
+               + (f" (context-free level: {CONTEXT_FREE_LEVEL})"
+                  if any(task[0] == "listops" for task in tasks) else "")),
         split="val",
         rows=[Selector(row, match({**overrides, **PRETRAIN})) for _, row, overrides in kinds],
         columns=columns)
