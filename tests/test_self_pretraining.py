@@ -402,7 +402,8 @@ def test_recipe_presets_pretrain_fine_tune_and_train_from_scratch(preset, finetu
       assert in_finetune[0].endswith(", from scratch")
 
 
-@pytest.mark.parametrize("prefix", ["", "rotary_long_", "conv_long_", "conv_pathfinder_"])
+@pytest.mark.parametrize("prefix", ["", "rotary_long_", "conv_long_", "conv_pathfinder_",
+                                    "nystrom_pathx_"])
 def test_main_tables_hold_each_run_once(prefix, tmp_path, monkeypatch):
   """self_pretraining.py's main sweep (and the long presets'): each pretrain run in exactly one row
   of the pretrain_val table and in no row of the accuracy table; each fine-tune and
@@ -436,9 +437,10 @@ def test_main_tables_hold_each_run_once(prefix, tmp_path, monkeypatch):
   for row in accuracy.rows:
     if row.label.endswith(" + SPT"):
       want = {"vs scratch": row.label.removesuffix(" + SPT") + ", from scratch"}
-      if not row.label.startswith("Transformer (dense)"):
-        want["vs dense + SPT"] = next(label for label in labels if label.startswith(
-            "Transformer (dense)") and label.endswith(" + SPT"))
+      dense = [label for label in labels
+               if label.startswith("Transformer (dense)") and label.endswith(" + SPT")]
+      if dense and not row.label.startswith("Transformer (dense)"):
+        want["vs dense + SPT"] = dense[0]
       assert dict(row.versus) == want, row.label
     else:
       assert not row.versus, row.label
@@ -499,6 +501,36 @@ def test_long_presets_are_the_measured_recipe(preset, tmp_path, monkeypatch):
                              f"__seed={o['seed']}")
       twin = by_name[run.name.replace("finetune-", "scratch-", 1)]
       assert {k: v for k, v in o.items() if k != "init_from"} == twin.overrides
+
+
+def test_pathx_preset_is_nystromformer_at_whole_epochs(tmp_path, monkeypatch):
+  """self_pretraining.py:nystrom_pathx: Nystromformer alone on Path-X's LRA config, seed 0:
+  pretraining, its fine-tune (from that pretraining) and the fine-tune's config from scratch,
+  at whole epochs of 2500 steps with the config's warmup; the table's rows are those two."""
+  from lra_sparse import sweep as sweep_lib, tables  # pylint: disable=import-outside-toplevel
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  monkeypatch.chdir(repo)
+  runs = {run.name: run for run in sweep_lib.expand_sweep(
+      sweep_lib.load_sweep("experiments/specs/self_pretraining.py:nystrom_pathx"), str(tmp_path))}
+  assert sorted(runs) == ["finetune-pathx-nystrom__pathx__seed=0",
+                          "pretrain-pathx__pathx__nystrom__seed=0",
+                          "scratch-pathx-nystrom__pathx__seed=0"]
+  steps = {"pretrain": 10 * 2500, "finetune": 20 * 2500, "scratch": 20 * 2500}
+  for name, run in runs.items():
+    o = run.overrides
+    assert run.config == "configs/pathx.py", name
+    assert o["attention.kind"] == "nystrom" and "model.pos_emb" not in o, name
+    assert o["num_train_steps"] == steps[name.split("-")[0]], name
+    assert "optim.warmup_steps" not in o, name
+    assert o["objective"] == ("denoise" if name.startswith("pretrain") else "classify"), name
+  finetune = runs["finetune-pathx-nystrom__pathx__seed=0"].overrides
+  assert os.path.basename(finetune["init_from"]) == "pretrain-pathx__pathx__nystrom__seed=0"
+  assert ({k: v for k, v in finetune.items() if k != "init_from"}
+          == runs["scratch-pathx-nystrom__pathx__seed=0"].overrides)
+  table = tables.load_table("experiments/specs/self_pretraining.py:nystrom_pathx")
+  assert [row.label for row in table.rows] == ["Nystromformer, from scratch",
+                                               "Nystromformer + SPT"]
+  assert [column.label for column in table.columns] == ["Path-X"]
 
 
 def test_denoiser_predicts_every_input_of_a_dual_encoder_task(tiny_config):

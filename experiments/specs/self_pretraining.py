@@ -50,7 +50,9 @@ Presets:
   conv_probe measured: the softmax kinds also with Nystromformer's conv skip on V);
   "conv_pathfinder", "conv_pathfinder_best_val", "conv_pathfinder_pretrain_val" (conv_long's
   architectures on Pathfinder-32, PATHFINDER_PRETRAIN_EPOCHS of pretraining and
-  PATHFINDER_FINETUNE_EPOCHS of fine-tuning and from scratch, 3 seeds);
+  PATHFINDER_FINETUNE_EPOCHS of fine-tuning and from scratch, 3 seeds); "nystrom_pathx",
+  "nystrom_pathx_best_val", "nystrom_pathx_pretrain_val" (Path-X with Nystromformer only, seed
+  0, PATHX_PRETRAIN_EPOCHS and PATHX_FINETUNE_EPOCHS);
 - "tiny" (``make demo``'s ListOps on a CPU, a few steps per stage, one seed, dense and DSA-90:
   the pipeline end to end, run by ``make test``).
 
@@ -75,7 +77,8 @@ PRESETS = ("", "best_val", "pretrain_val", "curve", "curve_best_val", "pretrain_
            "conv_probe_pretrain_val", "rotary_long", "rotary_long_best_val",
            "rotary_long_pretrain_val", "conv_long", "conv_long_best_val",
            "conv_long_pretrain_val", "conv_pathfinder", "conv_pathfinder_best_val",
-           "conv_pathfinder_pretrain_val", "tiny")
+           "conv_pathfinder_pretrain_val", "nystrom_pathx", "nystrom_pathx_best_val",
+           "nystrom_pathx_pretrain_val", "tiny")
 CURVE_STEPS = (1000, 2500, 5000, 10000)
 CURVE_KINDS = ("dense",)
 KINDS = (  # (run-name label, row label, attention overrides)
@@ -90,6 +93,8 @@ TASKS = (  # (name, column label, pretrain config, fine-tune config, pretraining
     ("listops", "ListOps", "configs/listops.py", "configs/listops.py:stable", 5000),
     ("pathfinder32", "Pathfinder-32", "configs/pathfinder.py", "configs/pathfinder.py", 20000),
 )
+# Path-X (16384 tokens) only in its own preset (nystrom_pathx): no other kind trains it cheaply.
+PATHX_TASK = ("pathx", "Path-X", "configs/pathx.py", "configs/pathx.py", None)
 # The pretrain_recipe preset: each variant pretrains one architecture (RECIPE_ARCHS: the
 # fields a fine-tune inherits) with some pretraining-only fields (learning rate, dropout); each
 # pretraining run sets every field of RECIPE_FIELDS (the rest are the first runs' values), so
@@ -324,6 +329,16 @@ SOFTMAX_KINDS = ("dense", "dfss2-4", "dsa90")
 PATHFINDER_STEPS_PER_EPOCH = 312        # configs/pathfinder.py: 160,000 images / batch 512
 PATHFINDER_PRETRAIN_EPOCHS = 10
 PATHFINDER_FINETUNE_EPOCHS = 30
+# nystrom_pathx: one kind on Path-X, the cheapest that trains it on one GPU (Nystromformer:
+# 7.2 ms per step of LRA's Path-X config on one H100, where dense runs out of memory and DFSS
+# 2:4 / DSA-95 take 102 / 83 ms), its fields as in the main sweep (the config's learned
+# positions, its own conv skip of 35 on V, 64 landmarks): PATHX_PRETRAIN_EPOCHS
+# of pretraining, PATHX_FINETUNE_EPOCHS of fine-tuning and from scratch (LRA: 200 epochs from
+# scratch), the config's one-epoch warmup and cosine decay in each stage. About 11 GPU-minutes
+# for the three runs at that step time: one seed first, a length set by budget.
+PATHX_STEPS_PER_EPOCH = 2500            # configs/pathx.py: 160,000 images / batch 64
+PATHX_PRETRAIN_EPOCHS = 10
+PATHX_FINETUNE_EPOCHS = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,6 +351,8 @@ class LongPreset:
   pretrain_steps: int = LONG_PRETRAIN_STEPS
   finetune_steps: int = LONG_FINETUNE_STEPS
   listops_warmup: bool = True   # the ListOps rsqrt warmup rule (_warmup) in both stages
+  kinds: tuple = ()             # the KINDS labels it runs (all when empty)
+  seeds: tuple = SEEDS
 
   def steps(self, stage_steps: int) -> dict:
     warmup = {"optim.warmup_steps": _warmup(stage_steps)} if self.listops_warmup else {}
@@ -352,6 +369,11 @@ LONG_PRESETS = {
         *_CONV_FIELDS, task="pathfinder32", listops_warmup=False,
         pretrain_steps=PATHFINDER_PRETRAIN_EPOCHS * PATHFINDER_STEPS_PER_EPOCH,
         finetune_steps=PATHFINDER_FINETUNE_EPOCHS * PATHFINDER_STEPS_PER_EPOCH),
+    "nystrom_pathx": LongPreset(
+        {}, "", "Nystromformer only, the one kind that trains Path-X cheaply", task="pathx",
+        listops_warmup=False, kinds=("nystrom",), seeds=(0,),
+        pretrain_steps=PATHX_PRETRAIN_EPOCHS * PATHX_STEPS_PER_EPOCH,
+        finetune_steps=PATHX_FINETUNE_EPOCHS * PATHX_STEPS_PER_EPOCH),
 }
 
 
@@ -370,8 +392,8 @@ def _setup(preset: str):
     spec = LONG_PRESETS[long]
     kinds = [(label, row + spec.suffix, {**overrides, **spec.fields})
              if label in SOFTMAX_KINDS else (label, row, overrides)
-             for label, row, overrides in KINDS]
-    return (kinds, tuple(task for task in TASKS if task[0] == spec.task),
+             for label, row, overrides in KINDS if not spec.kinds or label in spec.kinds]
+    return (kinds, tuple(task for task in TASKS + (PATHX_TASK,) if task[0] == spec.task),
             lambda steps: spec.steps(spec.pretrain_steps), spec.steps(spec.finetune_steps),
             f"self_pretraining_{long}")
   return KINDS, TASKS, lambda steps: {"num_train_steps": steps}, {}, "self_pretraining"
@@ -390,7 +412,8 @@ def get_sweep(preset: str = "") -> Sweep:
     return _recipe_sweep(CONV_PROBE_VARIANTS, LONG_FINETUNE_STEPS, "self_pretraining_conv_probe")
   kinds, tasks, pretrain_steps, finetune_steps, name = _setup(preset)
   compute = {} if tiny else COMPUTE
-  seeds = TINY_SEED if tiny else SEEDS
+  long = _long_preset(preset)
+  seeds = TINY_SEED if tiny else LONG_PRESETS[long].seeds if long else SEEDS
   groups = []
   for task, _, pretrain_config, finetune_config, steps in tasks:
     groups.append(Group(
@@ -448,13 +471,13 @@ def get_table(preset: str = "") -> Table:
       if long else FINETUNE
   # Each "+ SPT" row's gain over its own from-scratch row, and each sparse kind's delta against
   # dense with SPT (does sparsity keep the gain?).
-  dense_row = next(row for label, row, _ in kinds if label == "dense")
+  dense_row = next((row for label, row, _ in kinds if label == "dense"), None)
   rows = []
   for label, row, overrides in kinds:
     rows.append(Selector(f"{row}, from scratch",
                          match({**overrides, **finetune, "init_from": lambda path: not path})))
     versus = {"vs scratch": f"{row}, from scratch"}
-    if label != "dense":
+    if dense_row and label != "dense":
       versus["vs dense + SPT"] = f"{dense_row} + SPT"
     rows.append(Selector(f"{row} + SPT",
                          match({**overrides, **finetune, "init_from": lambda path: bool(path)}),
