@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 
@@ -1154,6 +1155,39 @@ def test_device_sweep_carries_checkpoints_to_a_fresh_machine(tmp_path, listops_d
     log = f.read()
   assert log.count("sweep launch") == 2 and "at step 8" in log
   assert os.path.exists(os.path.join(run_dir, "result.json"))
+
+
+def test_detached_sweep_outlives_its_start_and_poll_returns_the_records(tmp_path, listops_dir):
+  """scripts/detached_sweep.sh: ``start`` returns while its sweep runs on (detached, its pid
+  recorded; a second start under the same root is refused while it runs); ``poll`` returns
+  when the sweep ends, before its SECONDS, with the run's state and its records in
+  $OUT/records.tgz, and no checkpoint."""
+  spec, env = _device_sweep_spec(tmp_path, listops_dir, 30, 10)
+  env = dict(env, GPUS="0", RUNS_PER_GPU="1")
+  root, out = tmp_path / "r", tmp_path / "out"
+  out.mkdir()
+  script = os.path.join(REPO, "scripts", "detached_sweep.sh")
+  started = subprocess.run(["bash", script, "start", str(spec), str(root)], env=env,
+                           capture_output=True, text=True, timeout=120, check=False)
+  assert started.returncode == 0, started.stdout + started.stderr
+  run_dir = root / "listops-tiny__seed=0"
+  assert not (run_dir / "result.json").exists()   # start did not wait for the run
+  again = subprocess.run(["bash", script, "start", str(spec), str(root)], env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+  assert again.returncode == 1 and "already runs" in again.stderr, again.stderr
+  began = time.monotonic()
+  polled = subprocess.run(["bash", script, "poll", "500", str(spec), str(root)],
+                          env=dict(env, OUT=str(out)), capture_output=True, text=True,
+                          timeout=600, check=False)
+  assert polled.returncode == 0, polled.stdout + polled.stderr
+  assert time.monotonic() - began < 400, "poll waited out its seconds after the sweep ended"
+  assert "sweep ended" in polled.stdout and "finished" in polled.stdout, polled.stdout
+  assert (run_dir / "result.json").exists()
+  with tarfile.open(out / "records.tgz") as tar:
+    names = sorted(os.path.normpath(n) for n in tar.getnames())
+  assert {"listops-tiny__seed=0/config.json", "listops-tiny__seed=0/metrics.jsonl",
+          "listops-tiny__seed=0/result.json", "sweep.json"} <= set(names), names
+  assert not [n for n in names if "checkpoint" in n], names
 
 
 _PAPER_SPEC = """
