@@ -15,8 +15,11 @@ import numpy as np
 import pytest
 
 from lra_sparse import objectives, train
+from lra_sparse.config import load_config_file
 from lra_sparse.models.encoder import rotary
 from tests.conftest import checkpoint_params, spec_on_data
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _corrupt(tokens, rate, mask_share, random_share, seed=0, vocab=10):
@@ -243,6 +246,31 @@ def test_every_kind_pretrains_with_the_denoising_objective(tmp_path, tiny_config
   config = json.loads((tmp_path / "config.json").read_text())
   assert config["objective"] == "denoise" and config["attention"]["kind"] == attention[
       "attention.kind"]
+
+
+def test_pathfinder_pretrains_and_fine_tunes_with_the_conv_long_fields(tmp_path):
+  """The pixel path of the conv_pathfinder preset on a small generated Pathfinder-32 set
+  (black pixels are holes in the key mask, pixel values the tokens): denoising with rotary
+  positions and the conv skip on V trains to a finite loss above the chance of guessing one
+  of 255 intensities, and the fine-tune starts from it and trains."""
+  from tests.test_tiny_presets import _pathfinder_dir  # pylint: disable=import-outside-toplevel
+  data = _pathfinder_dir(tmp_path / "pf")
+  fields = {"data.data_dir": data, "model.num_layers": 1, "batch_size": 8,
+            "model.mask_token": True, "model.pos_emb": "rotary",
+            "model.value_conv_kernel": 35, "log_every_steps": 2, "eval_every_steps": 6,
+            "checkpoint_every_steps": 6, "optim.warmup_steps": 2, "num_eval_batches": 2}
+  pretrain = load_config_file(os.path.join(REPO, "configs", "pathfinder.py"), "tiny")
+  pretrain.update_from_flattened_dict({**fields, "objective": "denoise",
+                                       "num_train_steps": 6})
+  result = train.train_and_evaluate(pretrain, str(tmp_path / "pre"))
+  assert np.isfinite(result["test"]["loss"]) and result["test"]["accuracy"] > 1 / 255
+  finetune = load_config_file(os.path.join(REPO, "configs", "pathfinder.py"), "tiny")
+  finetune.update_from_flattened_dict({**fields, "num_train_steps": 6,
+                                       "init_from": str(tmp_path / "pre")})
+  result = train.train_and_evaluate(finetune, str(tmp_path / "ft"))
+  assert np.isfinite(result["test"]["loss"])
+  config = json.loads((tmp_path / "ft" / "config.json").read_text())
+  assert config["objective"] == "classify" and config["init_from"] == str(tmp_path / "pre")
 
 
 @pytest.mark.parametrize("overrides,message", [
