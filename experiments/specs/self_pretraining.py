@@ -321,8 +321,10 @@ ROTARY = {"model.pos_emb": "rotary"}
 LONG_PRETRAIN_STEPS = 2500
 SOFTMAX_KINDS = ("dense", "dfss2-4", "dsa90")
 # conv_pathfinder: conv_long's architectures on Pathfinder-32 (the issue's second task), at a
-# length one 4-GPU lease holds for seed 0 of every kind (one run per GPU; H100 steps of 24-58
-# ms: about 70 GPU-minutes in all): PATHFINDER_PRETRAIN_EPOCHS of pretraining and
+# length one 4-GPU lease holds for seed 0 of every kind (one run per GPU; at the H100 step
+# times of LRA's config, 58 / 45 / 24 ms, the three runs of a seed take about 21 GPU-minutes
+# for dense, 16 for DFSS 2:4, 9 for Nystromformer; DSA-90's step here is not measured):
+# PATHFINDER_PRETRAIN_EPOCHS of pretraining and
 # PATHFINDER_FINETUNE_EPOCHS of fine-tuning and from scratch, against LRA's 200 epochs from
 # scratch. A first choice by budget, not by a measured curve; both stages keep the config's
 # one-epoch warmup and cosine decay over their own length.
@@ -334,8 +336,8 @@ PATHFINDER_FINETUNE_EPOCHS = 30
 # 2:4 / DSA-95 take 102 / 83 ms), its fields as in the main sweep (the config's learned
 # positions, its own conv skip of 35 on V, 64 landmarks): PATHX_PRETRAIN_EPOCHS
 # of pretraining, PATHX_FINETUNE_EPOCHS of fine-tuning and from scratch (LRA: 200 epochs from
-# scratch), the config's one-epoch warmup and cosine decay in each stage. About 11 GPU-minutes
-# for the three runs at that step time: one seed first, a length set by budget.
+# scratch), the config's one-epoch warmup and cosine decay in each stage. About 15 GPU-minutes
+# for the three runs (125,000 steps) at that step time: one seed first, a length set by budget.
 PATHX_STEPS_PER_EPOCH = 2500            # configs/pathx.py: 160,000 images / batch 64
 PATHX_PRETRAIN_EPOCHS = 10
 PATHX_FINETUNE_EPOCHS = 20
