@@ -22,16 +22,13 @@ case "$verb" in
   start)
     [ $# -ge 3 ] || { echo "usage: $0 start SPEC ROOT [REGEX]" >&2; exit 2; }
     spec=$2; root=$3; regex=${4:-}
-    if [ -n "${PREPARE:-}" ]; then
-      bash -c "$PREPARE" > /dev/null || exit 1
-    elif [ ! -f data/listops/basic_train.tsv ]; then
-      python -m lra_sparse.generators.listops --output_dir=data/listops --num_train=96000 \
-        --num_val=2000 --num_test=2000 --seed=0 > /dev/null || exit 1
-    fi
+    source "$(dirname "$0")/sweep_data.sh"
+    prepare_data || exit 1
     gpus=${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)}
     [ -n "$gpus" ] || { echo "no GPU ids: set GPUS" >&2; exit 1; }
     per=${RUNS_PER_GPU:-2}
-    slots=$(python -c "import sys; g = sys.argv[1].split(','); print(','.join(g * int(sys.argv[2])))" "$gpus" "$per") || exit 1
+    slots=""
+    for _ in $(seq "$per"); do slots=${slots:+$slots,}$gpus; done
     frac=$(python -c "print(round(0.9 / $per, 2))")
     mkdir -p "$root"
     if [ -f "$root/detached.pid" ] && kill -0 "$(cat "$root/detached.pid")" 2>/dev/null; then

@@ -23,13 +23,8 @@
 # beside runs.tgz; a larger pack is one error naming its largest runs).
 set -u
 spec=$1; root=$2; deadline=$3; shift 3
-if [ -n "${PREPARE:-}" ]; then
-  bash -c "$PREPARE" > /dev/null || exit 1
-elif [ ! -f data/listops/basic_train.tsv ]; then
-  python -m lra_sparse.generators.listops --output_dir=data/listops --num_train=96000 \
-    --num_val=2000 --num_test=2000 --seed=0 > /dev/null || exit 1
-  md5sum data/listops/*.tsv
-fi
+source "$(dirname "$0")/sweep_data.sh"
+prepare_data || exit 1
 if [ -n "${CARRY_IN:-}" ]; then
   for parts in "$CARRY_IN"/p*; do
     [ -d "$parts" ] || continue

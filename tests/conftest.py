@@ -337,3 +337,22 @@ def spec_on_data(tmp_path, spec: str, preset: str, data_dir: str) -> str:
   path.write_text(_TINY_SPEC_WRAPPER.format(path=os.path.join(REPO, spec), preset=preset,
                                             data=data_dir))
   return str(path)
+
+
+def pathfinder_dir_with_cue(root, resolution=32) -> str:
+  """Generated Pathfinder in the LRA layout, with a bright top row added to label-1 images.
+
+  Real Pathfinder stays at chance for thousands of steps; the cue lets 30 steps show that the
+  layout, loader, model and trainer work together.
+  """
+  from PIL import Image
+  from lra_sparse.data import pathfinder
+  from lra_sparse.generators import pathfinder as pathfinder_generator
+  pathfinder_generator.write_dataset(str(root), resolution=resolution, difficulty="easy",
+                                     num_images=320, seed=0)
+  paths, labels, _ = pathfinder.read_metadata(os.path.join(str(root), "curv_baseline"))
+  for path, label in zip(paths, labels):
+    pixels = np.array(Image.open(path))
+    pixels[:2] = 255 if label else 0
+    Image.fromarray(pixels).save(path)
+  return str(root)

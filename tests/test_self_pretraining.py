@@ -17,7 +17,7 @@ import pytest
 from lra_sparse import objectives, train
 from lra_sparse.config import load_config_file
 from lra_sparse.models.encoder import rotary
-from tests.conftest import checkpoint_params, spec_on_data
+from tests.conftest import checkpoint_params, pathfinder_dir_with_cue, spec_on_data
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -253,8 +253,7 @@ def test_pathfinder_pretrains_and_fine_tunes_with_the_conv_long_fields(tmp_path)
   (black pixels are holes in the key mask, pixel values the tokens): denoising with rotary
   positions and the conv skip on V trains to a finite loss above the chance of guessing one
   of 255 intensities, and the fine-tune starts from it and trains."""
-  from tests.test_tiny_presets import _pathfinder_dir  # pylint: disable=import-outside-toplevel
-  data = _pathfinder_dir(tmp_path / "pf")
+  data = pathfinder_dir_with_cue(tmp_path / "pf")
   fields = {"data.data_dir": data, "model.num_layers": 1, "batch_size": 8,
             "model.mask_token": True, "model.pos_emb": "rotary",
             "model.value_conv_kernel": 35, "log_every_steps": 2, "eval_every_steps": 6,

@@ -16,6 +16,7 @@ from lra_sparse import train
 from lra_sparse.config import load_config_file
 from lra_sparse.data import get_task
 from lra_sparse.models.encoder import sinusoidal_positions
+from tests.conftest import pathfinder_dir_with_cue
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,25 +41,6 @@ def _image_dir(root) -> str:
   return str(root)
 
 
-def _pathfinder_dir(root, resolution=32) -> str:
-  """Generated Pathfinder in the LRA layout, with a bright top row added to label-1 images.
-
-  Real Pathfinder stays at chance for thousands of steps; the cue lets 30 steps show that the
-  layout, loader, model and trainer work together.
-  """
-  from PIL import Image
-  from lra_sparse.data import pathfinder
-  from lra_sparse.generators import pathfinder as pathfinder_generator
-  pathfinder_generator.write_dataset(str(root), resolution=resolution, difficulty="easy",
-                                     num_images=320, seed=0)
-  paths, labels, _ = pathfinder.read_metadata(os.path.join(str(root), "curv_baseline"))
-  for path, label in zip(paths, labels):
-    pixels = np.array(Image.open(path))
-    pixels[:2] = 255 if label else 0
-    Image.fromarray(pixels).save(path)
-  return str(root)
-
-
 def _task_setup(task: str, tmp_path, listops_dir) -> dict:
   """Per-task overrides pointing the tiny preset at data written for the test."""
   if task == "listops":
@@ -78,7 +60,7 @@ def _task_setup(task: str, tmp_path, listops_dir) -> dict:
     return {"data.source": "fashion_mnist", "data.data_dir": _image_dir(tmp_path / "fmnist"),
             "data.max_examples": 320, "model.num_layers": 1, "batch_size": 8}
   if task == "pathfinder":
-    return {"data.data_dir": _pathfinder_dir(tmp_path / "pf"), "model.num_layers": 1,
+    return {"data.data_dir": pathfinder_dir_with_cue(tmp_path / "pf"), "model.num_layers": 1,
             "batch_size": 8}
   raise AssertionError(task)
 
