@@ -1229,6 +1229,22 @@ def test_cells_show_the_papers_value_the_delta_and_collapsed_seeds(tmp_path):
       tables.make_table(str(root), str(spec), "markdown", report=report)
 
 
+def test_a_gap_of_exactly_the_margin_is_not_a_collapse(tmp_path):
+  """Accuracies are counts over a split: 0.30 against 0.285 is 1.5 points exactly (30 of 2000
+  examples), whatever 100 * 0.30 - 100 * 0.285 gives in floating point, so it is not "more
+  than 1.5 points under"; one example more (0.2845) is."""
+  spec = tmp_path / "spec.py"
+  spec.write_text(_PAPER_SPEC.replace("PAPER", "{'ListOps': 36.37}"))
+  for last, want in ((0.285, ""), (0.2845, "1 collapsed, ")):
+    root = tmp_path / f"runs{last}"
+    workdir = write_run(root, "d0", task="listops", kind="dense", seed=0, accuracy=last)
+    result = json.loads((workdir / "result.json").read_text())
+    result["test_at_best_val"] = {"step": 10, "val_accuracy": 0.5, "accuracy": 0.30}
+    (workdir / "result.json").write_text(json.dumps(result))
+    text = tables.make_table(str(root), str(spec), "markdown", report=tables.Reporter(echo=False))
+    assert f"| Dense | {100 * last:.2f} (n=1, {want}paper 36.37" in text, text
+
+
 _VERSUS_SPEC = """
 from lra_sparse.tables import Selector, Table
 
