@@ -701,6 +701,75 @@ def test_a_new_run_goes_to_the_least_busy_gpu():
   assert pick_slot([None], [None]) == 0               # no GPU: one at a time
 
 
+_COST_SPEC = """
+from lra_sparse.sweep import Group, Ref, Sweep, Variant
+
+def get_sweep(preset=""):
+  kinds = [("dense", {{"attention.kind": "dense"}}, 1), ("dsa", {{"attention.kind": "dsa"}}, 4)]
+  groups = [Group(name="pre", config={config!r}, overrides={{"num_train_steps": 10}},
+                  variants=[Variant(label, o, step_cost=c) for label, o, c in kinds])]
+  for label, o, c in kinds:
+    groups.append(Group(name=f"ft-{{label}}", config={config!r},
+                        overrides={{**o, "num_train_steps": 100,
+                                   "init_from": Ref("pre", same=(), match=o)}}, step_cost=c))
+    groups.append(Group(name=f"scratch-{{label}}", config={config!r},
+                        overrides={{**o, "num_train_steps": STEPS}}, step_cost=c))
+  return Sweep(name="costs", groups=groups)
+"""
+
+
+def test_parallel_slots_launch_the_longest_chain_first(tmp_path, monkeypatch):
+  """With several GPU slots the ready run with the most work on its chain of dependents
+  (num_train_steps x step_cost, plus its dependents') starts first: the slow kind's
+  pretraining before the fast kind's, then its fine-tune and from-scratch runs; ties keep the
+  spec's order; one run at a time keeps the spec's order; a bad step_cost is one clear error."""
+  from lra_sparse.sweep.local import critical_path_work  # pylint: disable=import-outside-toplevel
+  def launch_order(steps, parallel, gpus="2"):
+    spec = tmp_path / f"cost_spec_{steps}.py"
+    spec.write_text(_COST_SPEC.format(config=LISTOPS_TINY).replace("STEPS", str(steps)))
+    fake_main = tmp_path / "fake_main.py"
+    fake_main.write_text(FAKE_MAIN)
+    started = []
+
+    def short(name):  # "pre__cost_spec_100__dsa__seed=0" -> "pre/dsa"
+      parts = name.split("__")
+      return parts[0] + ("/" + parts[2] if parts[0] == "pre" else "")
+
+    class Recording(sweep_lib.Launcher):
+      def start(self, run, env, log_file):
+        started.append(short(run.name))
+        return super().start(run, env, log_file)
+
+    monkeypatch.setenv(sweep_lib.GPU_ENV_VAR, gpus)
+    root = tmp_path / f"root_{steps}_{parallel}_{gpus}"
+    states = sweep_lib.run_sweep(f"{spec}", str(root), parallel=parallel,
+                                 launcher=Recording([sys.executable, str(fake_main)]),
+                                 poll_seconds=0.01, show_progress=False)
+    assert set(states.values()) == {"finished"}, states
+    runs = sweep_lib.expand_sweep(sweep_lib.load_sweep(str(spec)), str(root))
+    work = critical_path_work(runs)
+    return started, {short(run.name): (run.cost, work[run.name]) for run in runs}
+
+  started, costs = launch_order(100, "gpus")
+  assert costs == {"pre/dense": (10.0, 110.0), "pre/dsa": (40.0, 440.0),
+                   "ft-dense": (100.0, 100.0), "scratch-dense": (100.0, 100.0),
+                   "ft-dsa": (400.0, 400.0), "scratch-dsa": (400.0, 400.0)}
+  # Both slots fill at once (which run comes third depends on which of them ends first).
+  assert started[:2] == ["pre/dsa", "scratch-dsa"], started
+  assert started.index("pre/dense") < started.index("ft-dense")
+  # From-scratch runs of 1000 steps (dsa 4000, dense 1000) outweigh either pretrain chain.
+  assert launch_order(1000, "gpus")[0][:2] == ["scratch-dsa", "scratch-dense"]
+  # One run at a time (no parallel slots): the spec's order.
+  assert launch_order(100, "none")[0] == ["pre/dense", "pre/dsa", "ft-dense", "scratch-dense",
+                                          "ft-dsa", "scratch-dsa"]
+  for bad in (0, -1.0, float("nan"), "2", True):
+    spec = tmp_path / "bad_cost.py"
+    spec.write_text(_COST_SPEC.format(config=LISTOPS_TINY).replace("STEPS", "5")
+                    .replace("step_cost=c)", f"step_cost={bad!r})", 1).replace("nan", "float('nan')"))
+    with pytest.raises(ValueError, match="step_cost must be a positive finite number"):
+      sweep_lib.expand_sweep(sweep_lib.load_sweep(str(spec)), str(tmp_path / "bad_root"))
+
+
 def test_parallel_gpus_gives_a_slot_of_several_gpus_to_each_run(sweep_spec, tmp_path,
                                                                  monkeypatch):
   """LRA_SWEEP_GPUS="0,1;2,3": each run sees one slot's two GPUs (data parallel)."""

@@ -89,6 +89,12 @@ KINDS = (  # (run-name label, row label, attention overrides)
       "attention.dsa.mse_normalization": "scaled_mean"}),
     ("nystrom", "Nystromformer", {"attention.kind": "nystrom", "attention.nystrom.nm": ""}),
 )
+# Relative time per training step (the sweep's step_cost: with several GPU slots the longest
+# chain of runs launches first). DSA-90 ran ListOps at 10.9-11.6 steps/s where DFSS 2:4 ran at
+# 42-43 (two runs per H200, self_pretraining_notes.md, conv_long); dense and Nystromformer were
+# within 2x of DFSS. Launched in the spec's order, conv_long's DSA-90 rows started last and were
+# the ones cut when the device budget ended.
+STEP_COST = {"dense": 1, "dfss2-4": 1, "dsa90": 4, "nystrom": 1}
 TASKS = (  # (name, column label, pretrain config, fine-tune config, pretraining steps)
     ("listops", "ListOps", "configs/listops.py", "configs/listops.py:stable", 5000),
     ("pathfinder32", "Pathfinder-32", "configs/pathfinder.py", "configs/pathfinder.py", 20000),
@@ -421,7 +427,8 @@ def get_sweep(preset: str = "") -> Sweep:
     groups.append(Group(
         name=f"pretrain-{task}", config=pretrain_config,
         overrides={**PRETRAIN, **compute, **pretrain_steps(steps)},
-        variants=[Variant(label, overrides) for label, _, overrides in kinds],
+        variants=[Variant(label, overrides, step_cost=STEP_COST[label])
+                  for label, _, overrides in kinds],
         seeds=seeds))
     for label, _, overrides in kinds:
       finetune = {**FINETUNE, **compute, **overrides, **finetune_steps}
@@ -429,9 +436,9 @@ def get_sweep(preset: str = "") -> Sweep:
           name=f"finetune-{task}-{label}", config=finetune_config,
           overrides={**finetune,
                      "init_from": Ref(f"pretrain-{task}", same=("seed",), match=overrides)},
-          seeds=seeds))
+          seeds=seeds, step_cost=STEP_COST[label]))
       groups.append(Group(name=f"scratch-{task}-{label}", config=finetune_config,
-                          overrides=finetune, seeds=seeds))
+                          overrides=finetune, seeds=seeds, step_cost=STEP_COST[label]))
   return Sweep(name=name, groups=groups)
 
 

@@ -1,7 +1,8 @@
 """The local executor: runs a sweep's runs as subprocesses of this machine and waits for them.
 
-One run at a time, or with ``parallel="gpus"`` one run per local GPU (``CUDA_VISIBLE_DEVICES``
-set per run). Each run's output is appended to its ``sweep_run.log``; a run that fails gets
+One run at a time in the spec's order, or with ``parallel="gpus"`` one run per local GPU slot
+(``CUDA_VISIBLE_DEVICES`` set per run), the ready run with the most work on its chain of
+dependents first (``critical_path_work``; the spec's ``step_cost`` hints). Each run's output is appended to its ``sweep_run.log``; a run that fails gets
 ``sweep_error.txt`` and the sweep moves on. Ctrl-C forwards SIGINT to the running trainers,
 which save their checkpoints before they exit.
 """
@@ -83,6 +84,20 @@ def pick_slot(free_slots: Sequence[str | None], busy_slots: Sequence[str | None]
   return min(range(len(free_slots)), key=lambda i: (slot_load(i), i))
 
 
+def critical_path_work(runs: Sequence[RunPlan]) -> dict[str, float]:
+  """Per run, its cost plus the most work on any chain of runs that depend on it (runs come in
+  launch order: a run's dependencies before it). With several slots the ready run with the most
+  such work launches first; ties keep the spec's order."""
+  dependents = collections.defaultdict(list)
+  for run in runs:
+    for dep in run.depends_on:
+      dependents[dep].append(run.name)
+  work: dict[str, float] = {}
+  for run in reversed(runs):
+    work[run.name] = run.cost + max((work[name] for name in dependents[run.name]), default=0.0)
+  return work
+
+
 @dataclasses.dataclass
 class _Active:
   run: RunPlan
@@ -125,6 +140,9 @@ def _run_sweep_locked(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[Run
   queue = [run for run in runs if run.name in selected and states[run.name] != FINISHED]
   skipped_running = [run.name for run in queue if states[run.name] == RUNNING]
   queue = [run for run in queue if states[run.name] != RUNNING]
+  if len(slots) > 1:
+    work = critical_path_work(runs)
+    queue.sort(key=lambda run: -work[run.name])
   for name in skipped_running:
     print(f"sweep: {name} is running in another process; not launching it", file=sys.stderr)
   write_manifest(sweep, spec_arg, root, runs, launcher.main_command, outcomes)

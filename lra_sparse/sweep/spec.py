@@ -13,6 +13,12 @@ marked ``blocked`` if it failed or was interrupted.
 
 Every run gets a deterministic name (group, config, variant label, axis values, seed) and the
 workdir ``<root>/<name>`` (:class:`RunPlan`, :func:`expand_sweep`).
+
+``step_cost`` (on a group and on a variant, multiplied; default 1) is a scheduling hint: the
+time of one training step relative to the sweep's other runs. A run's cost is its
+``num_train_steps`` times it; with several GPU slots the local executor launches first the
+ready run with the most work on its chain of dependents (critical path first), so a slow kind's
+pretraining and fine-tune do not start last and end after every other run.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import sys
@@ -55,6 +62,7 @@ class Variant:
   """A labelled set of overrides; the label replaces its key=value parts in run names."""
   label: str
   overrides: Mapping[str, Any]
+  step_cost: float = 1.0                        # relative time per step (see the module doc)
 
 
 @dataclasses.dataclass
@@ -67,6 +75,7 @@ class Group:
   zip: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
   product: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
   seeds: Sequence[int] = (0,)
+  step_cost: float = 1.0                        # relative time per step (see the module doc)
 
 
 @dataclasses.dataclass
@@ -85,6 +94,7 @@ class RunPlan:
   overrides: dict[str, Any]                     # Ref values resolved to workdir paths
   workdir: str
   depends_on: list[str]
+  cost: float = 1.0                             # num_train_steps x step_cost (scheduling)
 
   @property
   def config_arg(self) -> str:
@@ -149,15 +159,27 @@ def _canonical(value: Any) -> str:
   return json.dumps(value, sort_keys=True, default=repr)
 
 
-def _group_axis_combinations(group: Group,
-                             where: str) -> list[tuple[str, set[str], dict[str, Any]]]:
-  """(variant label, keys the label names, axis overrides incl. seed) per run of the group.
+def _check_step_cost(value: Any, where: str) -> float:
+  if (isinstance(value, bool) or not isinstance(value, (int, float))
+      or not math.isfinite(value) or value <= 0):
+    raise ValueError(f"{where}: step_cost must be a positive finite number, got {value!r}")
+  return float(value)
+
+
+def _group_axis_combinations(
+    group: Group, where: str) -> list[tuple[str, set[str], dict[str, Any], float]]:
+  """(variant label, keys the label names, axis overrides incl. seed, step cost) per run of
+  the group.
 
   The order is deterministic: variants, zip, product (keys sorted), seeds.
   """
-  variants = [(variant.label, dict(variant.overrides)) if isinstance(variant, Variant)
-              else ("", dict(variant)) for variant in group.variants] or [("", {})]
-  labels = [label for label, _ in variants if label]
+  group_cost = _check_step_cost(group.step_cost, where)
+  variants = [(variant.label, dict(variant.overrides),
+               group_cost * _check_step_cost(variant.step_cost,
+                                             f"{where} variant {variant.label!r}"))
+              if isinstance(variant, Variant) else ("", dict(variant), group_cost)
+              for variant in group.variants] or [("", {}, group_cost)]
+  labels = [label for label, _, _ in variants if label]
   if len(set(labels)) != len(labels) or any(re.search(r"[^A-Za-z0-9.+=-]", l) for l in labels):
     raise ValueError(f"{where}: variant labels must be distinct and use only letters, digits "
                      f"and . + = -, got {labels}")
@@ -178,7 +200,7 @@ def _group_axis_combinations(group: Group,
   if not seeds:
     raise ValueError(f"{where}: seeds must not be empty")
   combos = []
-  for (label, variant), zipped_values, product_values, seed in itertools.product(
+  for (label, variant, cost), zipped_values, product_values, seed in itertools.product(
       variants, zipped, products, seeds):
     parts = [variant, zipped_values, product_values, dict(group.overrides)]
     seen: set[str] = set()
@@ -192,7 +214,7 @@ def _group_axis_combinations(group: Group,
       raise ValueError(f"{where}: set seeds with Group(seeds=...), not as an override")
     axis_values = {**variant, **zipped_values, **product_values, "seed": seed}
     # Keys named by the variant label stay out of the key=value part of the run name.
-    combos.append((label, set(variant) if label else set(), axis_values))
+    combos.append((label, set(variant) if label else set(), axis_values, cost))
   return combos
 
 
@@ -213,12 +235,12 @@ def expand_sweep(sweep: Sweep, root: str, validate: bool = True) -> list[RunPlan
     base_config = _load_group_config(config_path, preset, where) if validate else None
     combos = _group_axis_combinations(group, where)
     # Axis keys (variants/zip/product) name the runs, seed always does; fixed overrides do not.
-    axis_keys = sorted({key for _, _, combo in combos for key in combo} - {"seed"})
+    axis_keys = sorted({key for _, _, combo, _ in combos for key in combo} - {"seed"})
     short = _short_keys(axis_keys)
     config_label = os.path.splitext(os.path.basename(config_path))[0] + (
         f"-{preset}" if preset else "")
     group_runs = []
-    for label, labelled_keys, combo in combos:
+    for label, labelled_keys, combo, step_cost in combos:
       parts = ([group.name] if group.name else []) + [config_label] + ([label] if label else [])
       parts += [f"{short[key]}={format_name_value(combo[key])}" for key in axis_keys
                 if key in combo and key not in labelled_keys and not isinstance(combo[key], Ref)]
@@ -245,9 +267,12 @@ def expand_sweep(sweep: Sweep, root: str, validate: bool = True) -> list[RunPlan
           depends_on.append(target.name)
         else:
           resolved[key] = value
+      steps = overrides.get("num_train_steps", base_config.get("num_train_steps", 1)
+                            if base_config is not None else 1)
       run = RunPlan(name=name, group=group.name, config=config_path, preset=preset,
                     overrides=resolved, workdir=os.path.join(root, name),
-                    depends_on=sorted(set(depends_on)))
+                    depends_on=sorted(set(depends_on)),
+                    cost=step_cost * (steps if isinstance(steps, int) and steps > 0 else 1))
       group_runs.append(run)
     if group.name:
       runs_by_group[group.name] = group_runs
