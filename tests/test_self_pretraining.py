@@ -530,6 +530,26 @@ def test_long_presets_are_the_measured_recipe(preset, tmp_path, monkeypatch):
       assert {k: v for k, v in o.items() if k != "init_from"} == twin.overrides
 
 
+def test_slow_kinds_launch_first_on_parallel_slots(tmp_path, monkeypatch):
+  """conv_long on parallel slots: DSA-90 (four times a DFSS 2:4 step on ListOps) starts its
+  pretraining runs first, then its fine-tunes' and from-scratch runs outrank every other kind's
+  runs; every run's cost is its steps times its kind's step cost."""
+  from experiments.specs import self_pretraining as spec  # pylint: disable=import-outside-toplevel
+  from lra_sparse import sweep as sweep_lib  # pylint: disable=import-outside-toplevel
+  from lra_sparse.sweep.local import critical_path_work  # pylint: disable=import-outside-toplevel
+  monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  runs = sweep_lib.expand_sweep(
+      sweep_lib.load_sweep("experiments/specs/self_pretraining.py:conv_long"), str(tmp_path))
+  work = critical_path_work(runs)
+  order = [run.name for run in sorted(runs, key=lambda run: -work[run.name])]
+  assert all("dsa90" in name for name in order[:9]), order[:9]
+  assert all(name.startswith("pretrain-") for name in order[:3]), order[:3]
+  for run in runs:
+    kind = re.search(r"(?:__listops__|-listops-)([^_]+)__", run.name).group(1)
+    assert run.cost == run.overrides["num_train_steps"] * spec.STEP_COST[kind], run.name
+  assert spec.STEP_COST["dsa90"] > max(v for k, v in spec.STEP_COST.items() if k != "dsa90")
+
+
 def test_pathx_preset_is_nystromformer_at_whole_epochs(tmp_path, monkeypatch):
   """self_pretraining.py:nystrom_pathx: Nystromformer alone on Path-X's LRA config, seed 0:
   pretraining, its fine-tune (from that pretraining) and the fine-tune's config from scratch,
