@@ -275,3 +275,55 @@ def test_every_committed_run_belongs_to_a_row():
     names = [n for n in os.listdir(path) if os.path.isdir(os.path.join(path, n))]
     orphans = [n for n in names if not any(re.fullmatch(p, n) for p in folder_patterns)]
     assert not orphans, (folder, orphans)
+
+
+# Committed learning curves (csv, beside their PNG): (csv file, run folder, split, rows).
+CURVES = [
+    ("self_pretraining_conv_long_curves.csv", "self_pretraining_conv_long", "val",
+     _SPT_CONV_LONG_ROWS),
+    ("self_pretraining_conv_long_pretrain_curves.csv", "self_pretraining_conv_long", "val",
+     _SPT_CONV_LONG_PRETRAIN_ROWS),
+]
+
+
+def _metric_points(path: str, split: str) -> dict[int, float]:
+  """{step: val accuracy} of one metrics.jsonl, the last record of a step winning."""
+  points = {}
+  for line in open(path):
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      continue
+    if record.get("split") == split and isinstance(record.get("accuracy"), float):
+      points[int(record["step"])] = record["accuracy"]
+  return points
+
+
+@pytest.mark.parametrize("curves,folder,split,rows", CURVES, ids=[c[0] for c in CURVES])
+def test_committed_curves_are_their_runs(curves, folder, split, rows):
+  """Each line of a committed curves csv (column, row, step, mean, low, high, n) recomputed
+  with numpy from the metrics.jsonl of the runs its row's pattern names, finished or not: the
+  mean, lowest and highest val accuracy (%) of the runs that logged the step."""
+  with open(os.path.join(RESULTS, curves)) as f:
+    header, *lines = [line.rstrip("\n") for line in f]
+  assert header == "column,row,step,mean,low,high,n"
+  want = []
+  for label, pattern in rows.items():
+    runs = [_metric_points(os.path.join(RESULTS, folder, name, "metrics.jsonl"), split)
+            for name in sorted(os.listdir(os.path.join(RESULTS, folder)))
+            if re.fullmatch(pattern, name)]
+    for step in sorted(set().union(*runs)):
+      values = 100.0 * np.array([run[step] for run in runs if step in run])
+      want.append((label, step, values.mean(), values.min(), values.max(), len(values)))
+  got = []
+  for line in lines:
+    column, rest = line.split(",", 1)
+    assert column == "ListOps"
+    label, step, mean, low, high, n = rest.rsplit(",", 5)
+    got.append((label.strip('"'), int(step), float(mean), float(low), float(high), int(n)))
+  assert sorted(r[:2] for r in got) == sorted(r[:2] for r in want)
+  by_key = {r[:2]: r for r in want}
+  for row in got:
+    expected = by_key[row[:2]]
+    np.testing.assert_allclose(row[2:5], expected[2:5], atol=1e-6, err_msg=str(row[:2]))
+    assert row[5] == expected[5], row

@@ -4,7 +4,8 @@ r"""Rebuilds a results table (and a plot) from run logs alone.
 ``__main__``); a spec file builds its table from the names exported here
 (``from lra_sparse.tables import Selector, Table``). The modules: ``spec`` (the spec types),
 ``runs`` (reading run workdirs), ``cells`` (placing runs in cells, a cell's text), ``render``
-(markdown, LaTeX, CSV; ``make_table``), ``plot`` and ``__main__`` (the command line).
+(markdown, LaTeX, CSV; ``make_table``), ``plot``, ``curves`` (each cell's learning curve from
+metrics.jsonl; ``make_curves``) and ``__main__`` (the command line).
 
 The root is searched recursively for run workdirs (a directory with ``config.json``); nothing
 else (not the sweep manifest, not directory names) is used to place a run. A table spec is a
@@ -39,6 +40,7 @@ a run matching two rows) are reported as ``warning: FILE:LINE: ...`` on stderr a
 """
 from lra_sparse.tables.cells import (MISSING_MARK, PLUS_MINUS, POOLABLE_KEYS, CellStats,
                                      build_cells, check_pooling, format_cell, matches)
+from lra_sparse.tables.curves import CellCurve, CurvePoint, cell_curves, make_curves
 from lra_sparse.tables.plot import draw_plot, plot_points
 from lra_sparse.tables.render import (CSV_HEADER, RENDERERS, legend, make_table, markdown_grid,
                                       render_csv, render_latex, render_markdown)
@@ -49,4 +51,5 @@ __all__ = ["MISSING_MARK", "PLUS_MINUS", "POOLABLE_KEYS", "CellStats", "build_ce
            "check_pooling", "format_cell", "matches", "draw_plot", "plot_points", "CSV_HEADER",
            "RENDERERS", "legend", "make_table", "markdown_grid", "render_csv", "render_latex",
            "render_markdown", "Reporter", "RunRecord", "find_runs", "load_run", "Plot",
-           "Selector", "Table", "load_table"]
+           "Selector", "Table", "load_table", "CellCurve", "CurvePoint", "cell_curves",
+           "make_curves"]

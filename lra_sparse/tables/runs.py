@@ -32,6 +32,8 @@ class Reporter:
     self.echo = echo
 
   def __call__(self, message: str) -> None:
+    if message in self.messages:   # one file read twice (a table and its curves) warns once
+      return
     self.messages.append(message)
     if self.echo:
       print(f"warning: {message}", file=sys.stderr)
