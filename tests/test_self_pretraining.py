@@ -550,6 +550,38 @@ def test_slow_kinds_launch_first_on_parallel_slots(tmp_path, monkeypatch):
   assert spec.STEP_COST["dsa90"] > max(v for k, v in spec.STEP_COST.items() if k != "dsa90")
 
 
+def test_dsa_from_dense_is_conv_long_with_the_dense_pretraining(tmp_path, monkeypatch):
+  """self_pretraining.py:dsa_from_dense: conv_long's dense pretraining runs (same names and
+  configs) and, per seed, conv_long's DSA-90 fine-tune config but for init_from, which names
+  the dense pretraining of the same seed; its table holds those fine-tunes only (not the dense
+  pretraining, not a DSA-90 run from scratch or from DSA's own pretraining)."""
+  from lra_sparse import sweep as sweep_lib, tables  # pylint: disable=import-outside-toplevel
+  monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  spec = "experiments/specs/self_pretraining.py"
+  runs = {run.name: run for run in sweep_lib.expand_sweep(
+      sweep_lib.load_sweep(f"{spec}:dsa_from_dense"), str(tmp_path / "a"))}
+  conv_long = {run.name: run for run in sweep_lib.expand_sweep(
+      sweep_lib.load_sweep(f"{spec}:conv_long"), str(tmp_path / "b"))}
+  assert len(runs) == 6
+  table = tables.load_table(f"{spec}:dsa_from_dense")
+  assert [row.label for row in table.rows] == [
+      "DSA-90 (sigma 0.25, mean-form L_MSE), rotary positions, conv skip of 35 on V + dense SPT"]
+  for seed in (0, 1, 2):
+    pretrain = runs[f"pretrain-listops__listops__dense__seed={seed}"]
+    assert pretrain.overrides == conv_long[pretrain.name].overrides
+    finetune = runs[f"finetune-listops-dsa90-from-dense__listops-stable__seed={seed}"]
+    twin = conv_long[f"finetune-listops-dsa90__listops-stable__seed={seed}"]
+    assert finetune.depends_on == [pretrain.name]
+    assert finetune.overrides["init_from"] == pretrain.workdir
+    assert ({k: v for k, v in finetune.overrides.items() if k != "init_from"}
+            == {k: v for k, v in twin.overrides.items() if k != "init_from"})
+    scratch = conv_long[f"scratch-listops-dsa90__listops-stable__seed={seed}"]
+    config = {"task": "listops", "attention.dsa.sparsity": 0.9, **finetune.overrides}
+    assert all(_matches(s, config) for s in (table.rows[0], table.columns[0]))
+    for other in (pretrain, scratch):
+      assert not _matches(table.rows[0], {"task": "listops", **other.overrides}), other.name
+
+
 def test_pathx_preset_is_nystromformer_at_whole_epochs(tmp_path, monkeypatch):
   """self_pretraining.py:nystrom_pathx: Nystromformer alone on Path-X's LRA config, seed 0:
   pretraining, its fine-tune (from that pretraining) and the fine-tune's config from scratch,

@@ -53,6 +53,9 @@ Presets:
   PATHFINDER_FINETUNE_EPOCHS of fine-tuning and from scratch, 3 seeds); "nystrom_pathx",
   "nystrom_pathx_best_val", "nystrom_pathx_pretrain_val" (Path-X with Nystromformer only, seed
   0, PATHX_PRETRAIN_EPOCHS and PATHX_FINETUNE_EPOCHS);
+- "dsa_from_dense", "dsa_from_dense_best_val" (DSA-90 with conv_long's fields fine-tuned from
+  conv_long's dense pretraining of the same seed, 3 seeds: is DSA-90's small SPT gain in
+  conv_long its own pretraining, or fine-tuning with 10% of the keys?);
 - "tiny" (``make demo``'s ListOps on a CPU, a few steps per stage, one seed, dense and DSA-90:
   the pipeline end to end, run by ``make test``).
 
@@ -78,7 +81,7 @@ PRESETS = ("", "best_val", "pretrain_val", "curve", "curve_best_val", "pretrain_
            "rotary_long_pretrain_val", "conv_long", "conv_long_best_val",
            "conv_long_pretrain_val", "conv_pathfinder", "conv_pathfinder_best_val",
            "conv_pathfinder_pretrain_val", "nystrom_pathx", "nystrom_pathx_best_val",
-           "nystrom_pathx_pretrain_val", "tiny")
+           "nystrom_pathx_pretrain_val", "dsa_from_dense", "dsa_from_dense_best_val", "tiny")
 CURVE_STEPS = (1000, 2500, 5000, 10000)
 CURVE_KINDS = ("dense",)
 KINDS = (  # (run-name label, row label, attention overrides)
@@ -385,6 +388,44 @@ LONG_PRESETS = {
 }
 
 
+# dsa_from_dense: conv_long's DSA-90 fine-tune, but from conv_long's dense pretraining (the
+# same config and seed as conv_long's dense pretrain runs): the fine-tune's config is conv_long's
+# DSA-90 fine-tune's but for init_from, so its rows compare with conv_long's DSA-90 rows
+# directly. DSA-90's predictor starts fresh (dense has none), as in the DSA paper's fine-tunes.
+FROM_DENSE_KIND = "dsa90"
+
+
+def _dsa_from_dense_sweep() -> Sweep:
+  kinds, tasks, pretrain_steps, finetune_steps, _ = _setup("conv_long")
+  (task, _, pretrain_config, finetune_config, _), = tasks
+  by_label = {label: overrides for label, _, overrides in kinds}
+  return Sweep(name="self_pretraining_dsa_from_dense", groups=[
+      Group(name=f"pretrain-{task}", config=pretrain_config,
+            overrides={**PRETRAIN, **COMPUTE, **pretrain_steps(None)},
+            variants=[Variant("dense", by_label["dense"], step_cost=STEP_COST["dense"])],
+            seeds=SEEDS),
+      Group(name=f"finetune-{task}-{FROM_DENSE_KIND}-from-dense", config=finetune_config,
+            overrides={**FINETUNE, **COMPUTE, **by_label[FROM_DENSE_KIND], **finetune_steps,
+                       "init_from": Ref(f"pretrain-{task}", same=("seed",))},
+            seeds=SEEDS, step_cost=STEP_COST[FROM_DENSE_KIND])])
+
+
+def _dsa_from_dense_table(best_val: bool) -> Table:
+  kinds, _, _, finetune_steps, _ = _setup("conv_long")
+  label, row, overrides = next(kind for kind in kinds if kind[0] == FROM_DENSE_KIND)
+  dense_row = next(row for label, row, _ in kinds if label == "dense")
+  return Table(
+      title=(f"{row}, fine-tuned ({finetune_steps['num_train_steps']} steps) from the dense "
+             f"model's self-pretraining ({LONG_PRESETS['conv_long'].pretrain_steps} steps, "
+             f"{dense_row}): test accuracy (%) "
+             + ("at the best validation step" if best_val else "at the last step")),
+      split="test_at_best_val" if best_val else "test",
+      rows=[Selector(f"{row} + dense SPT",
+                     _with_conv({**overrides, **FINETUNE, **finetune_steps,
+                                 "init_from": lambda path: bool(path)}))],
+      columns=[Selector("ListOps", {"task": "listops"})])
+
+
 def _long_preset(preset: str):
   """The LONG_PRESETS key ``preset`` belongs to, or None."""
   return next((key for key in LONG_PRESETS if preset.startswith(key)), None)
@@ -418,6 +459,8 @@ def get_sweep(preset: str = "") -> Sweep:
                          "self_pretraining_long_finetune")
   if preset.startswith("conv_probe"):
     return _recipe_sweep(CONV_PROBE_VARIANTS, LONG_FINETUNE_STEPS, "self_pretraining_conv_probe")
+  if preset.startswith("dsa_from_dense"):
+    return _dsa_from_dense_sweep()
   kinds, tasks, pretrain_steps, finetune_steps, name = _setup(preset)
   compute = {} if tiny else COMPUTE
   long = _long_preset(preset)
@@ -457,6 +500,8 @@ def get_table(preset: str = "") -> Table:
     return _recipe_table(CONV_PROBE_VARIANTS)
   if preset.startswith("conv_probe"):
     return _recipe_finetune_table(best_val, CONV_PROBE_VARIANTS, LONG_FINETUNE_STEPS)
+  if preset.startswith("dsa_from_dense"):
+    return _dsa_from_dense_table(best_val)
   kinds, tasks, _, finetune_steps, _ = _setup(preset)
   columns = [Selector(label, {"task": task.removesuffix("32")}) for task, label, *_ in tasks]
   long = _long_preset(preset)
