@@ -14,7 +14,6 @@ the module that defines them. User errors are one line ``error: ...`` (``lra_spa
 """
 from __future__ import annotations
 
-import os
 import sys
 from typing import Sequence
 
@@ -23,6 +22,7 @@ from absl import flags
 
 from lra_sparse import cli
 from lra_sparse.tables.curves import make_curves
+from lra_sparse.tables.plot import make_parent
 from lra_sparse.tables.render import RENDERERS, make_table
 from lra_sparse.tables.runs import Reporter
 
@@ -55,9 +55,7 @@ def main(argv: Sequence[str]) -> None:
     make_curves(FLAGS.root, FLAGS.spec, FLAGS.curves, FLAGS.curves_csv, FLAGS.curves_split,
                 FLAGS.curves_metric, report=report)
   if FLAGS.out:
-    directory = os.path.dirname(FLAGS.out)
-    if directory:
-      os.makedirs(directory, exist_ok=True)
+    make_parent(FLAGS.out)
     with open(FLAGS.out, "w") as f:
       f.write(text)
   else:

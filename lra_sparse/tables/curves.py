@@ -22,6 +22,7 @@ from typing import Sequence
 
 from lra_sparse import workdir as workdir_lib
 from lra_sparse.tables.cells import matches
+from lra_sparse.tables.plot import make_parent, save_figure
 from lra_sparse.tables.runs import Reporter, RunRecord, find_runs
 from lra_sparse.tables.spec import Table, load_table
 
@@ -142,12 +143,7 @@ def draw_curves(table: Table, curves: dict[tuple[int, int], CellCurve], path: st
                                              and table.scale == 100 else ""))
     panel.grid(alpha=0.3)
     panel.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14))
-  figure.tight_layout()
-  directory = os.path.dirname(path)
-  if directory:
-    os.makedirs(directory, exist_ok=True)
-  figure.savefig(path)
-  plt.close(figure)
+  save_figure(figure, path)
 
 
 def make_curves(root: str, spec_arg: str, png_path: str = "", csv_path: str = "",
@@ -163,9 +159,7 @@ def make_curves(root: str, spec_arg: str, png_path: str = "", csv_path: str = ""
   if png_path:
     draw_curves(table, curves, png_path, split, metric, report)
   if csv_path:
-    directory = os.path.dirname(csv_path)
-    if directory:
-      os.makedirs(directory, exist_ok=True)
+    make_parent(csv_path)
     with open(csv_path, "w") as f:
       f.write(render_curves_csv(table, curves))
   return curves

@@ -87,9 +87,20 @@ def draw_plot(table: Table, runs: Sequence[RunRecord], path: str, report: Report
     axes.text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=axes.transAxes)
   figure.text(0.99, 0.01, f"mean {PLUS_MINUS} sample std over seeds", ha="right", va="bottom",
               fontsize=7, color="gray")
-  figure.tight_layout()
+  save_figure(figure, path)
+
+
+def make_parent(path: str) -> None:
+  """Creates the folder an output file goes in (none for a bare file name)."""
   directory = os.path.dirname(path)
   if directory:
     os.makedirs(directory, exist_ok=True)
+
+
+def save_figure(figure, path: str) -> None:
+  """Lays the figure out, writes it to ``path`` (its folder created) and closes it."""
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  figure.tight_layout()
+  make_parent(path)
   figure.savefig(path)
   plt.close(figure)
