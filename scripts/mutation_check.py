@@ -17,6 +17,8 @@ from absl import app, flags
 ONLY = flags.DEFINE_string("only", "", "Run the mutations whose name contains this.")
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
+_CURVES_TEST = ("tests/test_tables_curves.py::"
+                "test_cell_curves_are_the_mean_and_range_of_the_runs_that_logged_each_step")
 MUTATIONS = [  # (name, file, snippet, replacement, the test that must fail)
   ("LRA kernel init reverted to lecun_normal", "lra_sparse/config.py",
    'config.model.kernel_init = "xavier_uniform"', 'config.model.kernel_init = "lecun_normal"',
@@ -193,11 +195,12 @@ MUTATIONS += [
    "tests/test_self_pretraining.py::test_slow_kinds_launch_first_on_parallel_slots"),
   ("curves keep the first record of a re-logged step", "lra_sparse/tables/curves.py",
    "      curve[int(step)] = float(value)", "      curve.setdefault(int(step), float(value))",
-   "tests/test_tables_curves.py::test_cell_curves_are_the_mean_and_range_of_the_runs_that_logged_each_step"),
+   _CURVES_TEST),
   ("curves leave out cut runs", "lra_sparse/tables/curves.py",
    "    if not matches(run.config, table.where):\n      continue\n    rows =",
-   "    if not matches(run.config, table.where) or run.status != \"finished\":\n      continue\n    rows =",
-   "tests/test_tables_curves.py::test_cell_curves_are_the_mean_and_range_of_the_runs_that_logged_each_step"),
+   "    if not matches(run.config, table.where) or run.status != \"finished\":"
+   "\n      continue\n    rows =",
+   _CURVES_TEST),
   ("the conv skip on V sees padded keys", "lra_sparse/attention/nystrom.py",
    "return depthwise_length_conv(jnp.where(real, v, 0), kernel, residual=out)",
    "return depthwise_length_conv(v, kernel, residual=out)",

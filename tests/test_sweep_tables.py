@@ -762,10 +762,10 @@ def test_parallel_slots_launch_the_longest_chain_first(tmp_path, monkeypatch):
   # One run at a time (no parallel slots): the spec's order.
   assert launch_order(100, "none")[0] == ["pre/dense", "pre/dsa", "ft-dense", "scratch-dense",
                                           "ft-dsa", "scratch-dsa"]
-  for bad in (0, -1.0, float("nan"), "2", True):
+  for bad in ("0", "-1.0", "float('nan')", "'2'", "True"):   # as the spec's source writes them
     spec = tmp_path / "bad_cost.py"
     spec.write_text(_COST_SPEC.format(config=LISTOPS_TINY).replace("STEPS", "5")
-                    .replace("step_cost=c)", f"step_cost={bad!r})", 1).replace("nan", "float('nan')"))
+                    .replace("step_cost=c)", f"step_cost={bad})", 1))
     with pytest.raises(ValueError, match="step_cost must be a positive finite number"):
       sweep_lib.expand_sweep(sweep_lib.load_sweep(str(spec)), str(tmp_path / "bad_root"))
 

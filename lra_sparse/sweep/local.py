@@ -2,8 +2,9 @@
 
 One run at a time in the spec's order, or with ``parallel="gpus"`` one run per local GPU slot
 (``CUDA_VISIBLE_DEVICES`` set per run), the ready run with the most work on its chain of
-dependents first (``critical_path_work``; the spec's ``step_cost`` hints). Each run's output is appended to its ``sweep_run.log``; a run that fails gets
-``sweep_error.txt`` and the sweep moves on. Ctrl-C forwards SIGINT to the running trainers,
+dependents first (``critical_path_work``; the spec's ``step_cost`` hints). Each run's output
+is appended to its ``sweep_run.log``; a run that fails gets ``sweep_error.txt`` and the sweep
+moves on. Ctrl-C forwards SIGINT to the running trainers,
 which save their checkpoints before they exit.
 """
 from __future__ import annotations

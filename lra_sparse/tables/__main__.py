@@ -51,15 +51,15 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError("--root and --spec are required")
   report = Reporter()   # one for the table and its curves: a problem in a file warns once
   text = make_table(FLAGS.root, FLAGS.spec, FLAGS.format, FLAGS.plot, report=report)
-  if FLAGS.curves or FLAGS.curves_csv:
-    make_curves(FLAGS.root, FLAGS.spec, FLAGS.curves, FLAGS.curves_csv, FLAGS.curves_split,
-                FLAGS.curves_metric, report=report)
   if FLAGS.out:
     make_parent(FLAGS.out)
     with open(FLAGS.out, "w") as f:
       f.write(text)
   else:
     sys.stdout.write(text)
+  if FLAGS.curves or FLAGS.curves_csv:   # after the table: a table without curves still lands
+    make_curves(FLAGS.root, FLAGS.spec, FLAGS.curves, FLAGS.curves_csv, FLAGS.curves_split,
+                FLAGS.curves_metric, report=report)
 
 
 if __name__ == "__main__":

@@ -99,6 +99,12 @@ def cell_curves(table: Table, runs: Sequence[RunRecord], split: str, metric: str
   return curves
 
 
+def _require_curves(table: Table, curves: dict, split: str, metric: str) -> None:
+  if not curves:
+    raise ValueError(f"no run of table {table.title!r} logged a {split} {metric}: "
+                     "no curve to draw or write")
+
+
 def render_curves_csv(table: Table, curves: dict[tuple[int, int], CellCurve]) -> str:
   out = io.StringIO()
   writer = csv.writer(out, lineterminator="\n")
@@ -113,9 +119,7 @@ def render_curves_csv(table: Table, curves: dict[tuple[int, int], CellCurve]) ->
 def draw_curves(table: Table, curves: dict[tuple[int, int], CellCurve], path: str,
                 split: str, metric: str, report: Reporter) -> None:
   """One panel per column that has a curve, one line (and min-max band) per row."""
-  if not curves:
-    raise ValueError(f"no run of table {table.title!r} logged a {split} {metric}: "
-                     "no curve to draw")
+  _require_curves(table, curves, split, metric)
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -156,6 +160,7 @@ def make_curves(root: str, spec_arg: str, png_path: str = "", csv_path: str = ""
   metric = metric or table.metric
   runs = find_runs(root, table.split, table.metric, report)
   curves = cell_curves(table, runs, split, metric, report)
+  _require_curves(table, curves, split, metric)
   if png_path:
     draw_curves(table, curves, png_path, split, metric, report)
   if csv_path:
