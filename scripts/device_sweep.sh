@@ -19,6 +19,9 @@
 #              carried checkpoint (a later call on the same machine) keeps its own copy.
 #   RETURN_CHECKPOINTS  0: no carry parts (runs that finish on one machine, or checkpoints
 #              too large to come back); default 1.
+#   GPUS       comma-separated GPU ids of a multi-GPU machine: the sweep of the I-th REGEX
+#              runs on GPU I modulo their number (its trainer sees only that GPU), each GPU's
+#              memory shared equally by its sweeps. Unset: every sweep on the visible GPU.
 # With $OUT set, each root also comes back as carry parts in $OUT/pI/ (at most 7 files in all
 # beside runs.tgz; a larger pack is one error naming its largest runs).
 set -u
@@ -32,12 +35,23 @@ if [ -n "${CARRY_IN:-}" ]; then
       --parts_dir="$parts" || exit 1
   done
 fi
-frac=$(python -c "print(round(0.9 / $#, 2))")
+gpus=()
+[ -z "${GPUS:-}" ] || IFS=, read -ra gpus <<< "$GPUS"
+for g in "${gpus[@]}"; do
+  [[ "$g" =~ ^[0-9]+$ ]] || { echo "GPUS=$GPUS: give comma-separated GPU ids, e.g. 0,1,2,3" >&2; exit 2; }
+done
+per_gpu=$#
+[ ${#gpus[@]} -eq 0 ] || per_gpu=$(( ($# + ${#gpus[@]} - 1) / ${#gpus[@]} ))
+frac=$(python -c "print(round(0.9 / $per_gpu, 2))")
 pids=(); roots=(); i=0
 for re in "$@"; do
-  r="$root.p$i"; i=$((i + 1)); roots+=("$r"); mkdir -p "$r"
-  XLA_PYTHON_CLIENT_MEM_FRACTION=$frac python -m lra_sparse.sweep --sweep="$spec" \
-    --root="$r" --runs="$re" > "$r/sweep.log" 2>&1 &
+  r="$root.p$i"; roots+=("$r"); mkdir -p "$r"
+  placement=()   # one GPU slot ("ID;") for the sweep: its runs get CUDA_VISIBLE_DEVICES=ID
+  [ ${#gpus[@]} -eq 0 ] || placement=(env "LRA_SWEEP_GPUS=${gpus[$((i % ${#gpus[@]}))]};")
+  i=$((i + 1))
+  "${placement[@]}" env XLA_PYTHON_CLIENT_MEM_FRACTION="$frac" python -m lra_sparse.sweep \
+    --sweep="$spec" --root="$r" --runs="$re" ${placement[0]:+--parallel=gpus} \
+    > "$r/sweep.log" 2>&1 &
   pids+=($!)
 done
 # The watchdog holds no pipe of ours open, so a finished batch returns at once. At the

@@ -1192,7 +1192,9 @@ def test_device_sweep_deadline_stops_its_own_runs_only(tmp_path, listops_dir):
 def test_device_sweep_carries_checkpoints_to_a_fresh_machine(tmp_path, listops_dir):
   """scripts/device_sweep.sh returns each root as carry parts ($OUT/p0: its runs' records and
   newest checkpoint, ``lra_sparse.sweep.carry``); unpacked from CARRY_IN on a "fresh machine"
-  (the root deleted), the run resumes from that checkpoint instead of starting over."""
+  (the root deleted), the run resumes from that checkpoint instead of starting over. With
+  GPUS the sweep of each REGEX runs on one of them (its run's slot in sweep.json); bad ids are
+  one clear error."""
   from lra_sparse.sweep import carry  # pylint: disable=import-outside-toplevel
   spec, env = _device_sweep_spec(tmp_path, listops_dir, 8, 4)
   root, out1, out2 = tmp_path / "r", tmp_path / "out1", tmp_path / "out2"
@@ -1209,6 +1211,8 @@ def test_device_sweep_carries_checkpoints_to_a_fresh_machine(tmp_path, listops_d
   run_dir = os.path.join(str(root) + ".p0", "listops-tiny__seed=0")
   assert os.path.exists(os.path.join(run_dir, "result.json"))
   assert sorted(os.listdir(run_dir + "/checkpoints")) == ["4", "8"]   # nothing deleted here
+  with open(os.path.join(str(root) + ".p0", "sweep.json")) as f:
+    assert [run.get("slot") for run in json.load(f)["runs"]] == [None]
   # a fresh machine: no root; the carried parts, with the run made unfinished again
   moved = tmp_path / "moved"
   carry.unpack(str(moved), str(out1 / "p0"))
@@ -1217,13 +1221,20 @@ def test_device_sweep_carries_checkpoints_to_a_fresh_machine(tmp_path, listops_d
   os.remove(moved / "listops-tiny__seed=0" / "result.json")
   carry.pack(str(moved), str(tmp_path / "carry" / "p0"))
   subprocess.run(["rm", "-rf", str(root) + ".p0"], check=True)
-  done = subprocess.run(command, env=dict(env, OUT=str(out2), CARRY_IN=str(tmp_path / "carry")),
+  done = subprocess.run(command, env=dict(env, OUT=str(out2), CARRY_IN=str(tmp_path / "carry"),
+                                          GPUS="5,7"),
                         capture_output=True, text=True, timeout=600, check=False)
   assert done.returncode == 0, done.stdout + done.stderr
   with open(os.path.join(run_dir, "sweep_run.log")) as f:
     log = f.read()
   assert log.count("sweep launch") == 2 and "at step 8" in log
+  assert "sweep launch (slot 5)" in log       # the first REGEX's sweep: the first of GPUS
   assert os.path.exists(os.path.join(run_dir, "result.json"))
+  with open(os.path.join(str(root) + ".p0", "sweep.json")) as f:
+    assert [run.get("slot") for run in json.load(f)["runs"]] == ["5"]
+  bad = subprocess.run(command, env=dict(env, GPUS="0,gpu1"), capture_output=True, text=True,
+                       timeout=120, check=False)
+  assert bad.returncode == 2 and "GPUS=0,gpu1: give comma-separated GPU ids" in bad.stderr
 
 
 def test_detached_sweep_outlives_its_start_and_poll_returns_the_records(tmp_path, listops_dir):
