@@ -33,9 +33,10 @@ def test_every_kind_runs_lras_config_to_its_last_step(tmp_path, monkeypatch):
       for kind in ("dense", "dfss2-4", "dsa90", "nystrom")]
   for run in runs:
     assert run.config_arg == "configs/pathfinder.py"
-    assert set(run.overrides) - {"seed", "model.dtype"} <= {
+    assert set(run.overrides) - {"seed", "model.dtype", "data.data_dir"} <= {
         key for key in run.overrides if key.startswith("attention.")}
     assert run.overrides["model.dtype"] == "bfloat16"
+    assert run.overrides["data.data_dir"] == "data/pathfinder"   # prepare's, with its cache
   costs = {run.name.split("__")[2]: run.cost for run in runs}
   assert costs["dsa90"] > costs["dense"] > costs["dfss2-4"] > costs["nystrom"]
   assert costs["dfss2-4"] == 62400

@@ -52,6 +52,7 @@ KINDS = (  # (run-name label, row label, overrides, step cost: H100 ms per step 
 MORE_SEEDS_KINDS = ("dense", "dfss2-4")
 MORE_SEEDS = (1, 2)
 COMPUTE = {"model.dtype": "bfloat16"}
+DATA_DIR = "data/pathfinder"   # lra_sparse.data.prepare's (the config's default has no cache)
 PAPER = {"dense": {"Pathfinder-32": 71.40}}
 PAPER_SOURCE = "dense: LRA's Transformer (Tay et al. 2021, Table 1)"
 
@@ -70,7 +71,8 @@ def get_sweep(preset: str = "") -> Sweep:
       name="pathfinder32" + ("_tiny" if tiny else ""),
       groups=[Group(config="configs/pathfinder.py" + (":tiny" if tiny else ""),
                     name="pathfinder32",
-                    overrides={**COMPUTE, **(tiny_steps(20) if tiny else {})},
+                    overrides={**COMPUTE, **(tiny_steps(20) if tiny
+                                             else {"data.data_dir": DATA_DIR})},
                     variants=[Variant(label, overrides, step_cost=cost)
                               for label, _, overrides, cost in kinds],
                     seeds=MORE_SEEDS if preset == "seeds" else (0,))])
