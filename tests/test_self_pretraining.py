@@ -320,15 +320,40 @@ def test_self_pretraining_spec_runs_both_stages_end_to_end(tmp_path, monkeypatch
              for line in text.splitlines()) == 4, text
 
 
-def test_pretraining_curve_fine_tunes_each_length_from_its_own_pretrain_run(tmp_path,
+@pytest.mark.parametrize("preset", ["curve", "conv_curve"])
+def test_pretraining_curve_fine_tunes_each_length_from_its_own_pretrain_run(preset, tmp_path,
                                                                               monkeypatch):
   """self_pretraining.py:curve: every (kind, pretraining length) fine-tune starts from the
-  pretrain run of that kind and length, whose warmup fits in it."""
-  from lra_sparse import sweep as sweep_lib  # pylint: disable=import-outside-toplevel
+  pretrain run of that kind and length, whose warmup fits in it; :conv_curve the same on
+  conv_long's recipe: each pretraining is conv_long's dense pretraining at its own length, each
+  fine-tune conv_long's dense fine-tune but for init_from, and its table holds each fine-tune
+  in its own row."""
+  from lra_sparse import sweep as sweep_lib, tables  # pylint: disable=import-outside-toplevel
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   monkeypatch.chdir(repo)
   runs = {run.name: run for run in sweep_lib.expand_sweep(
-      sweep_lib.load_sweep("experiments/specs/self_pretraining.py:curve"), str(tmp_path))}
+      sweep_lib.load_sweep(f"experiments/specs/self_pretraining.py:{preset}"), str(tmp_path))}
+  if preset == "conv_curve":
+    conv_long = {run.name: run for run in sweep_lib.expand_sweep(
+        sweep_lib.load_sweep("experiments/specs/self_pretraining.py:conv_long"),
+        str(tmp_path / "conv_long"))}
+    pretrain_twin = conv_long["pretrain-listops__listops__dense__seed=0"].overrides
+    finetune_twin = conv_long["finetune-listops-dense__listops-stable__seed=0"].overrides
+    table = tables.load_table(f"experiments/specs/self_pretraining.py:{preset}")
+    for run in runs.values():
+      o = dict(run.overrides)
+      if run.name.startswith("pretrain__"):
+        steps = o["num_train_steps"]
+        assert o == {**pretrain_twin, "num_train_steps": steps,
+                     "optim.warmup_steps": min(1000, steps // 5)}, run.name
+        continue
+      assert {k: v for k, v in o.items() if k != "init_from"} == {
+          k: v for k, v in finetune_twin.items() if k != "init_from"}, run.name
+      held = [row.label for row in table.rows if _matches(row, o)]
+      steps = re.fullmatch(r"finetune-dense-after-(\d+)__.*", run.name).group(1)
+      assert held == [f"pretrained {steps} steps"] and _matches(table.columns[0], o), run.name
+      without_conv = {k: v for k, v in o.items() if k != "model.value_conv_kernel"}
+      assert not _matches(table.columns[0], without_conv), run.name
   finetunes = [run for run in runs.values() if run.name.startswith("finetune-")]
   from experiments.specs import self_pretraining as spec  # pylint: disable=import-outside-toplevel
   assert len(finetunes) == len(runs) // 2 == len(spec.CURVE_STEPS) * len(spec.CURVE_KINDS)

@@ -53,6 +53,9 @@ Presets:
   PATHFINDER_FINETUNE_EPOCHS of fine-tuning and from scratch, 3 seeds); "nystrom_pathx",
   "nystrom_pathx_best_val", "nystrom_pathx_pretrain_val" (Path-X with Nystromformer only, seed
   0, PATHX_PRETRAIN_EPOCHS and PATHX_FINETUNE_EPOCHS);
+- "conv_curve", "conv_curve_best_val" (the curve on conv_long's recipe: dense with rotary
+  positions and the conv skip on V, pretrained CURVE_STEPS steps, each fine-tuned for
+  conv_long's LONG_FINETUNE_STEPS; is conv_long's 2500 enough?);
 - "dsa_from_dense", "dsa_from_dense_best_val" (DSA-90 with conv_long's fields fine-tuned from
   conv_long's dense pretraining of the same seed, 3 seeds: is DSA-90's small SPT gain in
   conv_long its own pretraining, or fine-tuning with 10% of the keys?);
@@ -81,7 +84,8 @@ PRESETS = ("", "best_val", "pretrain_val", "curve", "curve_best_val", "pretrain_
            "rotary_long_pretrain_val", "conv_long", "conv_long_best_val",
            "conv_long_pretrain_val", "conv_pathfinder", "conv_pathfinder_best_val",
            "conv_pathfinder_pretrain_val", "nystrom_pathx", "nystrom_pathx_best_val",
-           "nystrom_pathx_pretrain_val", "dsa_from_dense", "dsa_from_dense_best_val", "tiny")
+           "nystrom_pathx_pretrain_val", "dsa_from_dense", "dsa_from_dense_best_val", "conv_curve",
+           "conv_curve_best_val", "tiny")
 CURVE_STEPS = (1000, 2500, 5000, 10000)
 CURVE_KINDS = ("dense",)
 KINDS = (  # (run-name label, row label, attention overrides)
@@ -197,39 +201,56 @@ def _warmup(steps: int) -> int:
   return min(1000, steps // 5)
 
 
-def _curve_sweep() -> Sweep:
+def _curve_setup(conv: bool):
+  """(kinds [(label, row, overrides)], fine-tune overrides, sweep name) of a curve preset: the
+  first protocol's ("curve"), or conv_long's fields and fine-tune length ("conv_curve")."""
+  if not conv:
+    return [kind for kind in KINDS if kind[0] in CURVE_KINDS], {}, "self_pretraining_curve"
+  kinds, _, _, finetune_steps, _ = _setup("conv_long")
+  return ([kind for kind in kinds if kind[0] in CURVE_KINDS], finetune_steps,
+          "self_pretraining_conv_curve")
+
+
+def _curve_sweep(conv: bool = False) -> Sweep:
   """ListOps: each of CURVE_KINDS pretrained for each of CURVE_STEPS, then fine-tuned."""
   _, _, pretrain_config, finetune_config, _ = TASKS[0]
-  kinds = [(label, overrides) for label, _, overrides in KINDS if label in CURVE_KINDS]
+  kinds, finetune_steps, name = _curve_setup(conv)
   groups = [Group(name="pretrain", config=pretrain_config, overrides={**PRETRAIN, **COMPUTE},
                   variants=[Variant(f"{label}-{steps}", {**overrides, "num_train_steps": steps,
-                                                         "optim.warmup_steps": _warmup(steps)})
-                            for label, overrides in kinds for steps in CURVE_STEPS],
+                                                         "optim.warmup_steps": _warmup(steps)},
+                                    step_cost=STEP_COST[label])
+                            for label, _, overrides in kinds for steps in CURVE_STEPS],
                   seeds=(0,))]
-  for label, overrides in kinds:
+  for label, _, overrides in kinds:
     for steps in CURVE_STEPS:
       groups.append(Group(
           name=f"finetune-{label}-after-{steps}", config=finetune_config,
-          overrides={**FINETUNE, **COMPUTE, **overrides,
+          overrides={**FINETUNE, **COMPUTE, **overrides, **finetune_steps,
                      "init_from": Ref("pretrain", same=("seed",),
                                       match={**overrides, "num_train_steps": steps})},
-          seeds=(0,)))
-  return Sweep(name="self_pretraining_curve", groups=groups)
+          seeds=(0,), step_cost=STEP_COST[label]))
+  return Sweep(name=name, groups=groups)
 
 
-def _curve_table(best_val: bool) -> Table:
+def _curve_table(best_val: bool, conv: bool = False) -> Table:
   def pretrained_for(steps):
     return lambda path: bool(path) and path.rstrip("/").split("/")[-1].startswith(
         "pretrain__listops__") and f"-{steps}__seed=" in path
+  kinds, finetune_steps, _ = _curve_setup(conv)
+  # conv_curve's column also matches the conv field (0 unless set), so that it never holds a
+  # run without it (the first curve's runs predate the field: its column stays as it was)
+  match = _with_conv if conv else dict
   return Table(
-      title=("ListOps fine-tuned after self-pretraining for a number of steps (rows), seed 0: "
-             "test accuracy (%) " + ("at the best validation step" if best_val
-                                     else "at the last step")),
+      title=("ListOps fine-tuned after self-pretraining for a number of steps (rows), seed 0"
+             + (f", {LONG_PRESETS['conv_long'].title}, "
+                f"{finetune_steps.get('num_train_steps')}-step fine-tunes" if conv else "")
+             + ": test accuracy (%) "
+             + ("at the best validation step" if best_val else "at the last step")),
       split="test_at_best_val" if best_val else "test",
-      rows=[Selector(f"pretrained {steps} steps", {**FINETUNE, "init_from": pretrained_for(steps)})
+      rows=[Selector(f"pretrained {steps} steps",
+                     {**FINETUNE, **finetune_steps, "init_from": pretrained_for(steps)})
             for steps in CURVE_STEPS],
-      columns=[Selector(row, overrides) for label, row, overrides in KINDS
-               if label in CURVE_KINDS])
+      columns=[Selector(row, match(overrides)) for _, row, overrides in kinds])
 
 
 def _recipe_sweep(variants=RECIPE_VARIANTS, finetune_steps=RECIPE_FINETUNE_STEPS,
@@ -452,6 +473,8 @@ def get_sweep(preset: str = "") -> Sweep:
   tiny = _check(preset)
   if preset.startswith("curve"):
     return _curve_sweep()
+  if preset.startswith("conv_curve"):
+    return _curve_sweep(conv=True)
   if preset.startswith("pretrain_recipe"):
     return _recipe_sweep()
   if preset.startswith("long_finetune"):
@@ -490,6 +513,8 @@ def get_table(preset: str = "") -> Table:
   best_val = preset.endswith("best_val")
   if preset.startswith("curve"):
     return _curve_table(best_val)
+  if preset.startswith("conv_curve"):
+    return _curve_table(best_val, conv=True)
   if preset == "pretrain_recipe":
     return _recipe_table()
   if preset.startswith("pretrain_recipe_finetune"):
