@@ -145,8 +145,9 @@ MUTATIONS += [
    "embed_rows = vocab_size",
    "tests/test_self_pretraining.py::test_fine_tune_loads_every_encoder_parameter_and_no_lm_head"),
   ("SPT's from-scratch row not the fine-tune's config", "experiments/specs/self_pretraining.py",
-   "overrides=finetune, seeds=seeds))",
-   'overrides={**finetune, "model.mask_token": False}, seeds=seeds))',
+   "overrides=finetune, seeds=seeds, step_cost=STEP_COST[label]))",
+   'overrides={**finetune, "model.mask_token": False}, seeds=seeds,\n'
+   '                          step_cost=STEP_COST[label]))',
    "tests/test_self_pretraining.py::test_self_pretraining_spec_runs_both_stages_end_to_end"),
   ("SPT recipe rows that do not name the kind", "experiments/specs/self_pretraining.py",
    'RECIPE_FIELDS = {"attention.kind": "dense", "model.pos_emb": "sinusoidal",',
