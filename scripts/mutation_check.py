@@ -211,7 +211,9 @@ MUTATIONS += [
    "return _REGISTRY[\"dense\"].build(_REGISTRY[\"dense\"].config_class(), dims)",
    "tests/test_training_behaviour.py::test_each_kind_builds_its_own_attention"),
   ("dense float32 'auto' on XLA, not the Triton kernels", "lra_sparse/attention/dense.py",
-   'if implementation == "auto" and not _half(q) and _triton_runs(q, k, v):', "if False:",
+   'if implementation == "triton" or (implementation == "auto" and not _half(q)\n'
+   '                                    and _triton_runs(q, k, v)):',
+   'if implementation == "triton":',
    "tests/test_attention_kinds.py::test_dense_auto_routes_dropout_and_holes_to_the_mosaic_kernels"),
   ("Triton 1:1 dropout draws of the next eight keys", "lra_sparse/kernels/shared/philox.py",
    "return (key_draws(k0, k1, bh, rows, start, G, TRANSPOSE),)",
