@@ -37,20 +37,23 @@ VARIANTS = ["bf16:auto", "bf16:kind=dfss+nm=2:4", "bf16:kind=dsa+sparsity=0.9",
 CELL_MARK = "CELL "
 GIB = 2 ** 30
 
-flags.DEFINE_list("configs", CONFIGS, "Config files, the table's columns.")
-flags.DEFINE_list("variants", VARIANTS, "dtype:attention[/drop=RATE] settings, the rows.")
-flags.DEFINE_list("overrides", [], "key=value config overrides for every cell.")
-flags.DEFINE_float("attention_dropout", None, "Attention dropout of every cell (default: each "
-                   "config's own).")
-flags.DEFINE_list("gpus", [], "GPU ids: cells run one per GPU at a time (default: one cell "
-                  "at a time on the visible device).")
-flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
-flags.DEFINE_integer("reps", 10, "Timed steps.")
-flags.DEFINE_float("card_gib", 40.0, "List the cells whose peak exceeds this many GiB.")
-flags.DEFINE_integer("cell_timeout_s", 540, "A cell still running after this is stopped.")
-flags.DEFINE_string("out", "", "Also write the table here.")
-flags.DEFINE_bool("cell", False, "Internal: measure the one config and variant given, print "
-                  "one CELL line.")
+
+def define_flags() -> None:
+  """Defined only when run as a program: importing this module (the tests do) adds no flags."""
+  flags.DEFINE_list("configs", CONFIGS, "Config files, the table's columns.")
+  flags.DEFINE_list("variants", VARIANTS, "dtype:attention[/drop=RATE] settings, the rows.")
+  flags.DEFINE_list("overrides", [], "key=value config overrides for every cell.")
+  flags.DEFINE_float("attention_dropout", None, "Attention dropout of every cell (default: each "
+                     "config's own).")
+  flags.DEFINE_list("gpus", [], "GPU ids: cells run one per GPU at a time (default: one cell "
+                    "at a time on the visible device).")
+  flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
+  flags.DEFINE_integer("reps", 10, "Timed steps.")
+  flags.DEFINE_float("card_gib", 40.0, "List the cells whose peak exceeds this many GiB.")
+  flags.DEFINE_integer("cell_timeout_s", 540, "A cell still running after this is stopped.")
+  flags.DEFINE_string("out", "", "Also write the table here.")
+  flags.DEFINE_bool("cell", False, "Internal: measure the one config and variant given, print "
+                    "one CELL line.")
 
 
 def _overrides() -> list[str]:
@@ -174,4 +177,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
