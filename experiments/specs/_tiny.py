@@ -10,10 +10,11 @@ def tiny_steps(num_steps: int) -> dict:
           "num_eval_batches": 2}
 
 
-def check_preset(preset: str, spec: str) -> bool:
-  """True for the tiny variant; one clear error for an unknown preset."""
-  if preset not in ("", "tiny"):
-    raise ValueError(f"unknown preset {preset!r} for {spec}; known: '', 'tiny'")
+def check_preset(preset: str, spec: str, presets=("", "tiny")) -> bool:
+  """True for the tiny variant; one clear error for a preset not in ``presets``."""
+  if preset not in presets:
+    raise ValueError(f"unknown preset {preset!r} for {spec}; known: "
+                     + ", ".join(repr(p) for p in presets))
   return preset == "tiny"
 
 

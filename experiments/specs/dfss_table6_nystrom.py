@@ -60,10 +60,7 @@ VARIANTS = (  # (run-name label, row label, overrides)
 
 
 def _check(preset: str) -> bool:
-  if preset not in PRESETS:
-    raise ValueError(f"unknown preset {preset!r} for experiments/specs/dfss_table6_nystrom.py; "
-                     f"known: {', '.join(repr(p) for p in PRESETS)}")
-  return preset == "tiny"
+  return check_preset(preset, "experiments/specs/dfss_table6_nystrom.py", PRESETS)
 
 
 def get_sweep(preset: str = "") -> Sweep:

@@ -34,7 +34,7 @@ The published value beside the dense row is LRA's Transformer (Tay et al. 2021, 
 row trains from scratch with the mean form of L_MSE (the DSA paper's Eq. 6 swamps the
 cross-entropy from scratch; the same row as ``lra_listops.py``).
 """
-from experiments.specs._tiny import tiny_steps
+from experiments.specs._tiny import check_preset, tiny_steps
 from lra_sparse.sweep import Group, Sweep, Variant
 from lra_sparse.tables import Selector, Table
 
@@ -58,10 +58,7 @@ PAPER_SOURCE = "dense: LRA's Transformer (Tay et al. 2021, Table 1)"
 
 
 def _check(preset: str) -> bool:
-  if preset not in PRESETS:
-    raise ValueError(f"unknown preset {preset!r} for experiments/specs/pathfinder32.py; "
-                     f"known: {', '.join(repr(p) for p in PRESETS)}")
-  return preset == "tiny"
+  return check_preset(preset, "experiments/specs/pathfinder32.py", PRESETS)
 
 
 def get_sweep(preset: str = "") -> Sweep:
