@@ -198,9 +198,8 @@ MUTATIONS += [
    "      curve[int(step)] = float(value)", "      curve.setdefault(int(step), float(value))",
    _CURVES_TEST),
   ("curves leave out cut runs", "lra_sparse/tables/curves.py",
-   "    if not matches(run.config, table.where):\n      continue\n    rows =",
-   "    if not matches(run.config, table.where) or run.status != \"finished\":"
-   "\n      continue\n    rows =",
+   "    if not rows or not columns:",
+   "    if not rows or not columns or run.status != \"finished\":",
    _CURVES_TEST),
   ("the conv skip on V sees padded keys", "lra_sparse/attention/nystrom.py",
    "return depthwise_length_conv(jnp.where(real, v, 0), kernel, residual=out)",

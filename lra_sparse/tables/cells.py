@@ -145,16 +145,22 @@ def collapsed(run: RunRecord, margin: float, scale: float) -> bool:
   return far_below_best(last * scale, best * scale, margin)
 
 
+def placement(table: Table, config: Mapping[str, Any]) -> tuple[list[int], list[int]]:
+  """(indices of the rows, indices of the columns) a run's config matches; none when it fails
+  ``Table.where``. The run counts in every (row, column) pair of them."""
+  if not matches(config, table.where):
+    return [], []
+  return ([i for i, row in enumerate(table.rows) if matches(config, row.match)],
+          [i for i, column in enumerate(table.columns) if matches(config, column.match)])
+
+
 def build_cells(table: Table, runs: Sequence[RunRecord],
                 report: Reporter) -> dict[tuple[int, int], CellStats]:
   _check_keys(table, runs, report)
   cells = {(r, c): CellStats([], 0, 0, paper=table.rows[r].paper.get(table.columns[c].label))
            for r in range(len(table.rows)) for c in range(len(table.columns))}
   for run in runs:
-    if not matches(run.config, table.where):
-      continue
-    row_hits = [i for i, row in enumerate(table.rows) if matches(run.config, row.match)]
-    column_hits = [i for i, col in enumerate(table.columns) if matches(run.config, col.match)]
+    row_hits, column_hits = placement(table, run.config)
     if len(row_hits) > 1:
       report(f"{os.path.join(run.workdir, workdir_lib.CONFIG_FILE)}:1: matches rows "
              f"{[table.rows[i].label for i in row_hits]}; counted in each")

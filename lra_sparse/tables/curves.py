@@ -21,7 +21,7 @@ import os
 from typing import Sequence
 
 from lra_sparse import workdir as workdir_lib
-from lra_sparse.tables.cells import matches
+from lra_sparse.tables.cells import placement
 from lra_sparse.tables.plot import make_parent, save_figure
 from lra_sparse.tables.runs import Reporter, RunRecord, find_runs
 from lra_sparse.tables.spec import Table, load_table
@@ -72,10 +72,7 @@ def cell_curves(table: Table, runs: Sequence[RunRecord], split: str, metric: str
   scale = table.scale if metric == table.metric else 1.0
   by_cell: dict[tuple[int, int], list[tuple[RunRecord, dict[int, float]]]] = {}
   for run in runs:
-    if not matches(run.config, table.where):
-      continue
-    rows = [r for r, row in enumerate(table.rows) if matches(run.config, row.match)]
-    columns = [c for c, column in enumerate(table.columns) if matches(run.config, column.match)]
+    rows, columns = placement(table, run.config)
     if not rows or not columns:
       continue
     curve = run_curve(run.workdir, split, metric, report)
