@@ -23,9 +23,10 @@ Usage, from the repository root (Hopper GPU, bf16 or fp16):
       [--ab_mosaic=OLD_COPY_OF_MOSAIC_PY] [--ab_tiles=selection=pairs] [--free_random]
       [--out=FILE]
 
-``--ab_tiles`` adds DFSS rows without and with dropout on the same kernels with other
-``Tiles`` fields (e.g. ``selection=pairs``, ``block_kv=64``), called as the public path calls
-them, in the same process.
+``--ab_tiles`` adds Mosaic dense and DFSS rows without and with dropout on the same kernels
+with other ``Tiles`` fields (e.g. ``selection=pairs``, ``block_kv=64``, ``min_head_dim=64``:
+small head dims padded to 64 as before the kernels ran 16 and 32), called as the public path
+calls them, in the same process.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
 def methods(n: int, m: int, rate: float, ab_module=None, ab_tiles=None) -> dict:
   """name -> attention(q, k, v) through the public functions; dropout from a fixed rng. With
   ``ab_module`` (another copy of ``kernels.dfss.mosaic``) also its dense and DFSS kernels with
-  dropout (called directly, the A/B rows); with ``ab_tiles`` (a ``Tiles``) DFSS without and
-  with dropout on those tiles."""
+  dropout (called directly, the A/B rows); with ``ab_tiles`` (a ``Tiles``) dense and DFSS
+  without and with dropout on those tiles."""
   rng = jax.random.PRNGKey(0)
   drop = dict(dropout_rate=rate, dropout_rng=rng)
   out = {
@@ -74,6 +75,10 @@ def methods(n: int, m: int, rate: float, ab_module=None, ab_tiles=None) -> dict:
         q, k, v, n=n, m=m, dropout_rate=rate, dropout_seed=seed)
   if ab_tiles is not None:
     seed = dropout.seed_words(rng)
+    out["A/B tiles dense"] = lambda q, k, v: dfss_mgpu.dense_attention_mgpu(
+        q, k, v, tiles=ab_tiles)
+    out["A/B tiles dense+drop"] = lambda q, k, v: dfss_mgpu.dense_attention_mgpu(
+        q, k, v, tiles=ab_tiles, dropout_rate=rate, dropout_seed=seed)
     out["A/B tiles DFSS"] = lambda q, k, v: dfss_mgpu.dfss_attention_mgpu(
         q, k, v, n=n, m=m, tiles=ab_tiles)
     out["A/B tiles DFSS+drop"] = lambda q, k, v: dfss_mgpu.dfss_attention_mgpu(

@@ -13,32 +13,69 @@ all variants in one process. Attention dropout is 0 unless --attention_dropout s
 (the task configs' default is LRA's 0.1, which no cuDNN variant can train with).
 The flags and the step builders are ``benchmarks.harness``'s (bench_nystrom,
 bench_data_parallel and profile_train_step build the same steps).
+
+``--mosaic_head_dims=64,128`` also times every variant with the Mosaic GPU kernels limited to
+those head dims (``kernels.dfss.mosaic.SUPPORTED_HEAD_DIMS`` swapped while the step traces):
+64,128 is the kernels before they ran 16 and 32, so Pathfinder's head dim 4 and Path-X's 8 run
+padded to 64 there, the A/B of the small-head-dim tiles in one process.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 from absl import app, flags
 
 from benchmarks import harness
+from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
 
 harness.define_train_step_flags()
+flags.DEFINE_list("mosaic_head_dims", [], "Also time every variant with the Mosaic GPU "
+                  "kernels running only these head dims (e.g. 64,128: small ones padded to 64).")
 flags.adopt_module_key_flags(harness)
 FLAGS = flags.FLAGS
 
 
+def ab_head_dims(values) -> tuple[int, ...]:
+  """The head dims of --mosaic_head_dims (ascending, a subset of the kernels' own, ending at
+  their widest); one ValueError otherwise."""
+  try:
+    dims = tuple(int(v) for v in values)
+  except ValueError:
+    dims = ()
+  widest = dfss_mgpu.SUPPORTED_HEAD_DIMS[-1]
+  if (not dims or list(dims) != sorted(set(dims)) or dims[-1] != widest
+      or not set(dims) <= set(dfss_mgpu.SUPPORTED_HEAD_DIMS)):
+    raise ValueError(f"--mosaic_head_dims must be ascending head dims among "
+                     f"{dfss_mgpu.SUPPORTED_HEAD_DIMS} ending at {widest}, got {list(values)}")
+  return dims
+
+
+def timed_runs(variants, head_dims):
+  """(row label, context) per timed run: each variant as it is, then, with ``head_dims``, the
+  same variant with the Mosaic kernels limited to them."""
+  for variant in variants:
+    yield variant, contextlib.nullcontext()
+    if head_dims:
+      yield (f"{variant} [mosaic head dims {','.join(map(str, head_dims))}]",
+             harness.swapped(dfss_mgpu, SUPPORTED_HEAD_DIMS=head_dims))
+
+
 def main(argv):
   del argv
+  head_dims = ab_head_dims(FLAGS.mosaic_head_dims) if FLAGS.mosaic_head_dims else ()
   rows = []
-  for variant in FLAGS.variants:
+  for label, context in timed_runs(FLAGS.variants, head_dims):
+    variant = label.split(" [")[0]
     try:
-      seconds, loss = harness.time_variant(
-          variant, config_path=FLAGS.config, batch=FLAGS.batch, length=FLAGS.length,
-          warmup=FLAGS.warmup, reps=FLAGS.reps, overrides=harness.step_overrides(),
-          min_real_length=FLAGS.min_real_length)
-      rows.append((variant, f"{seconds * 1e3:.1f}", f"{1 / seconds:.2f}", f"{loss:.3f}"))
+      with context:
+        seconds, loss = harness.time_variant(
+            variant, config_path=FLAGS.config, batch=FLAGS.batch, length=FLAGS.length,
+            warmup=FLAGS.warmup, reps=FLAGS.reps, overrides=harness.step_overrides(),
+            min_real_length=FLAGS.min_real_length)
+      rows.append((label, f"{seconds * 1e3:.1f}", f"{1 / seconds:.2f}", f"{loss:.3f}"))
     except Exception as e:  # one failing variant must not hide the others
-      rows.append((variant, "failed", type(e).__name__, str(e).splitlines()[0][:80]))
+      rows.append((label, "failed", type(e).__name__, str(e).splitlines()[0][:80]))
     print(rows[-1], flush=True)
   config = harness.make_config("bf16:xla", config_path=FLAGS.config, batch=FLAGS.batch,
                                length=FLAGS.length, overrides=harness.step_overrides())

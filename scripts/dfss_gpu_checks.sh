@@ -7,6 +7,8 @@
 #   bash scripts/dfss_gpu_checks.sh dropout    # dropout cost, with the wide-vs-limbs bits
 #   bash scripts/dfss_gpu_checks.sh forward    # attention table against XLA and cuDNN (selections A/B)
 #   bash scripts/dfss_gpu_checks.sh steps      # ListOps (padded) and Pathfinder-32 steps
+#   bash scripts/dfss_gpu_checks.sh small_dims # head dims 8 and 4 at 16 against padded to 64:
+#                                              # attention and train steps, Path-X, Pathfinder-32
 # Several parts in one call: bash scripts/dfss_gpu_checks.sh tests dropout
 # Each part's logs and tables go to ${WORK:-/tmp/dfss_gpu_checks}/<part>/ and come back as
 # ${OUT:-runs/dfss_gpu_checks}/<part>.tgz; the tables are also printed. Commit the tables under
@@ -37,8 +39,22 @@ part_commands() {
       --reps=8 --warmup=2 --variants=bf16:cudnn_bias,bf16:kind=dfss+nm=2:4 \
       --out="$out/train_step_pathfinder.md"
     ;;
+  small_dims)
+    for shape in "pathx 64x16384 2 8" "pathfinder 512x1024 4 4"; do
+      set -- $shape
+      step "attention_$1" $py -m benchmarks.bench_attention_dropout --shapes="$2" \
+        --heads="$3" --dim="$4" --steps=5 --rounds=5 --ab_tiles=min_head_dim=64 \
+        --out="$out/attention_$1.md"
+    done
+    for task in pathx pathfinder; do
+      step "train_step_$task" $py -m benchmarks.bench_train_step --config="configs/$task.py" \
+        --reps=5 --warmup=2 --attention_dropout=0.1 --mosaic_head_dims=64,128 \
+        --variants=bf16:auto,bf16:kind=dfss+nm=2:4,bf16:kind=nystrom \
+        --out="$out/train_step_$task.md"
+    done
+    ;;
   *) return 1 ;;
   esac
 }
 
-run_parts dfss_gpu_checks "tests|dropout|forward|steps" "$@"
+run_parts dfss_gpu_checks "tests|dropout|forward|steps|small_dims" "$@"

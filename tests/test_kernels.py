@@ -1121,10 +1121,14 @@ def test_mosaic_unsupported_reason_and_backend_errors():
   assert "m in (2, 4, 8)" in reason(x, x, 1, 16)
   assert "n < m" in reason(x, x, 4, 4)
   narrow, wide = arr((2, 256, 2, 4)), arr((2, 256, 2, 160))
-  assert reason(narrow, narrow, 2, 4) is None          # zero-padded to 64
+  assert reason(narrow, narrow, 2, 4) is None          # zero-padded to 16
   assert "head_dim in [1, 128], got 160" in reason(wide, wide, 2, 4)
-  assert [dfss_mgpu.kernel_head_dim(d) for d in (1, 8, 64, 65, 128, 129)] == [
-      64, 64, 64, 128, 128, None]
+  assert [dfss_mgpu.kernel_head_dim(d) for d in (1, 8, 16, 17, 32, 33, 64, 65, 128, 129)] == [
+      16, 16, 16, 32, 32, 64, 64, 128, 128, None]
+  old = dfss_mgpu.Tiles(min_head_dim=64)                # the kernels before 16 and 32 ran
+  assert [dfss_mgpu.kernel_head_dim(d, old) for d in (4, 32, 64, 96)] == [64, 64, 64, 128]
+  with pytest.raises(ValueError, match=r"min_head_dim must be one of \(16, 32, 64, 128\), got 8"):
+    dfss_mgpu.Tiles(min_head_dim=8)
   assert "bfloat16 or float16" in reason(arr(dtype=jnp.float32), arr(dtype=jnp.float32), 2, 4)
   assert "k must match q" in reason(x, x, 2, 4, k=arr(dtype=jnp.float16))
   dense = dfss_mgpu.dense_unsupported_reason          # dense attention: the same operands
@@ -1145,7 +1149,7 @@ def test_mosaic_unsupported_reason_and_backend_errors():
 
 def test_auto_runs_every_head_dim_up_to_128_on_mosaic(monkeypatch):
   """On a Hopper GPU backend='auto' runs head dims up to 128 on the Mosaic GPU kernels, the
-  small ones (Pathfinder's 4, Path-X's 8) zero-padded to 64; above 128 neither kernel runs."""
+  small ones (Pathfinder's 4, Path-X's 8) zero-padded to 16; above 128 neither kernel runs."""
   from lra_sparse.attention import dfss
   from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
   from lra_sparse.kernels.dfss import triton as dfss_triton
@@ -1266,10 +1270,15 @@ MOSAIC_CASES = [
     # whole key tile of padding before its first real key), the last sequence fully padded
     (jnp.bfloat16, 2, 4, 3, 700, 2, 64, "holes", False),
     (jnp.bfloat16, 1, 2, 2, 520, 1, 128, "holes", False),
-    # small head dims, zero-padded to 64 (Pathfinder-32's 4 with its holes, Path-X's 8) or
-    # to 128 (96), with the true head dim's softmax scale
+    # small head dims: 16 and 32 as they are (tiles swizzled at 32 and 64 bytes), others
+    # zero-padded to 16 (Pathfinder-32's 4 with its holes, Path-X's 8), 32 (24) or 128 (96),
+    # with the true head dim's softmax scale
     (jnp.bfloat16, 2, 4, 2, 300, 2, 4, "holes", False),
     (jnp.bfloat16, 2, 4, 2, 257, 2, 8, True, False),
+    (jnp.bfloat16, 2, 4, 2, 1000, 2, 16, True, False),
+    (jnp.bfloat16, 1, 2, 2, 520, 2, 16, "holes", False),
+    (jnp.float16, 2, 8, 2, 300, 2, 24, True, False),
+    (jnp.bfloat16, 2, 4, 2, 640, 2, 32, "holes", False),
     (jnp.float16, 1, 2, 2, 200, 2, 96, True, False),
 ]
 
@@ -1327,6 +1336,8 @@ MOSAIC_DROPOUT_CASES = [
     (jnp.bfloat16, 3, 4, 1, 257, 2, 64, True, 0.3),
     (jnp.float16, 7, 8, 1, 300, 2, 64, True, 0.5),
     (jnp.bfloat16, 2, 8, 3, 700, 2, 64, "holes", 0.1),
+    (jnp.bfloat16, 2, 4, 2, 1000, 2, 8, "holes", 0.1),    # Path-X's head dim, run at 16
+    (jnp.bfloat16, 1, 2, 2, 300, 2, 32, True, 0.1),
 ]
 
 
@@ -1387,6 +1398,8 @@ MOSAIC_DENSE_CASES = [
     (jnp.bfloat16, 3, 700, 2, 4, "holes", 0.2),      # Pathfinder-32's head dim, its masks
     (jnp.bfloat16, 2, 257, 2, 8, True, 0.1),         # Path-X's head dim
     (jnp.float16, 2, 300, 2, 32, True, 0.3),
+    (jnp.bfloat16, 2, 1024, 2, 16, "holes", 0.1),    # head dim 16 as it is, Path-X's masks
+    (jnp.bfloat16, 2, 300, 2, 16, True, 0.0),
     (jnp.bfloat16, 2, 130, 2, 128, False, 0.1),
     (jnp.bfloat16, 2, 200, 1, 128, True, 0.0),
 ]

@@ -81,3 +81,25 @@ def test_bench_train_step_says_its_attention_dropout_and_applies_it():
     assert len(row) == 1 and "failed" not in row[0], result.stdout[-2000:]
     losses[rate] = float(row[0].split("|")[4])
   assert losses[None] != losses["0.5"]
+
+
+def test_bench_train_step_mosaic_head_dims_ab():
+  """--mosaic_head_dims times each variant twice: as it is, then with the Mosaic kernels limited
+  to the given head dims while it traces (64,128: Path-X's 8 padded to 64 as before the kernels
+  ran 16 and 32), restored after; a bad list is one clear error."""
+  from benchmarks import bench_train_step as bench  # pylint: disable=import-outside-toplevel
+  from lra_sparse.kernels.dfss import mosaic  # pylint: disable=import-outside-toplevel
+  assert bench.ab_head_dims(["64", "128"]) == (64, 128)
+  for bad in (["8", "128"], ["128", "64"], ["64"], ["x"], ["32", "32", "128"]):
+    with pytest.raises(ValueError, match="--mosaic_head_dims must be ascending"):
+      bench.ab_head_dims(bad)
+  runs = list(bench.timed_runs(["bf16:auto", "bf16:kind=dfss"], (64, 128)))
+  assert [label for label, _ in runs] == [
+      "bf16:auto", "bf16:auto [mosaic head dims 64,128]",
+      "bf16:kind=dfss", "bf16:kind=dfss [mosaic head dims 64,128]"]
+  widths = []
+  for _, context in runs[:2]:
+    with context:
+      widths.append(mosaic.kernel_head_dim(8))
+  assert widths == [16, 64] and mosaic.kernel_head_dim(8) == 16
+  assert [label for label, _ in bench.timed_runs(["bf16:auto"], ())] == ["bf16:auto"]

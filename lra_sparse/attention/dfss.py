@@ -14,7 +14,7 @@ run at 64 or 128 with zero padding, M in 2/4/8, attention dropout; the fastest t
 "triton" calls the fused Triton kernels in ``lra_sparse/kernels/dfss/triton.py`` (any recent
 NVIDIA GPU; every dtype, head dims up to 128, attention dropout). Kernel modules are imported
 lazily, so CPU installs never import Pallas GPU, jax_triton or triton. "auto" on a GPU picks
-Mosaic GPU when it can run the call (small head dims, Pathfinder's 4 too, zero-padded to 64),
+Mosaic GPU when it can run the call (small head dims, Pathfinder's 4 too, zero-padded to 16),
 else Triton, else the pure-JAX path, and logs once why it fell back.
 
 Attention dropout (training, rate > 0) acts on the kept probabilities, A <- A * Z / (1 - rate).

@@ -52,8 +52,10 @@ tiles while two compute warpgroups each own 64 query rows):
   eight keys of one Philox call and each thread draws once per eight keys of a row; without
   dropout the permutation is the identity (M = 1).
 
-Supported: bf16 / fp16, head_dim up to 128 (the kernels run 64 and 128; smaller head dims,
-as Pathfinder's 4 and Path-X's 8, are zero-padded to the next, which is exact), M in (2, 4, 8)
+Supported: bf16 / fp16, head_dim up to 128 (the kernels run 16, 32, 64 and 128; other head
+dims, as Pathfinder's 4 and Path-X's 8, are zero-padded to the next, which is exact; the
+shared-memory tiles of a head dim under 64 are swizzled at its row width, 2 * head_dim bytes,
+since one wgmma takes one swizzle for both operands), M in (2, 4, 8)
 (the slices of a 64-key block are 64/M >= 8 columns wide). ``unsupported_reason`` says why
 not otherwise; callers then use the Triton kernels. Nothing here imports Pallas at module
 import (CPU installs import it fine).
@@ -79,7 +81,7 @@ from lra_sparse.ops.nm import check_nm
 PERM_BLOCK = 64          # keys are permuted within blocks of this many
 MASKED = -float(2**25)   # bias of a padded key (finite and moderate: see the module docstring)
 _LOG2E = math.log2(math.e)
-SUPPORTED_HEAD_DIMS = (64, 128)   # what the kernels run; smaller head dims are zero-padded
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)   # what the kernels run; others are zero-padded
 SUPPORTED_M = (2, 4, 8)
 
 
@@ -102,6 +104,15 @@ class Tiles:
   wide_products: bool = True
   # N:M selection in the score tiles (``prune_with_max``): "tournament" (1:4, 2:4) or "pairs"
   selection: str = "tournament"
+  # the narrowest head dim the kernels run (one of SUPPORTED_HEAD_DIMS): 16 pads Path-X's 8
+  # to 16; 64 is the kernels before they ran 16 and 32 (every small head dim padded to 64),
+  # kept for the A/B of ``bench_small_head_dims``
+  min_head_dim: int = 16
+
+  def __post_init__(self):
+    if self.min_head_dim not in SUPPORTED_HEAD_DIMS:
+      raise ValueError(f"Tiles.min_head_dim must be one of {SUPPORTED_HEAD_DIMS}, got "
+                       f"{self.min_head_dim}")
 
 
 DEFAULT_TILES = Tiles()
@@ -126,9 +137,10 @@ def _is_hopper(device) -> bool:
   return any(name in device.device_kind for name in ("H100", "H200", "H800", "H20"))
 
 
-def kernel_head_dim(head_dim: int) -> Optional[int]:
+def kernel_head_dim(head_dim: int, tiles: Tiles = DEFAULT_TILES) -> Optional[int]:
   """The head dim the kernels run for ``head_dim`` (zero-padded up to it), None above 128."""
-  return prologue.kernel_head_dim(head_dim, SUPPORTED_HEAD_DIMS)
+  return prologue.kernel_head_dim(
+      head_dim, [w for w in SUPPORTED_HEAD_DIMS if w >= tiles.min_head_dim])
 
 
 def _operand_reason(q, v, k=None) -> Optional[str]:
@@ -149,8 +161,8 @@ def _operand_reason(q, v, k=None) -> Optional[str]:
 
 
 def unsupported_reason(q, v, n: int, m: int, *, k=None) -> Optional[str]:
-  """None when these kernels run DFSS n:m on these operands (head dims other than 64 and 128
-  zero-padded up to one of them), else a short reason."""
+  """None when these kernels run DFSS n:m on these operands (head dims other than 16, 32, 64
+  and 128 zero-padded up to one of them), else a short reason."""
   try:
     check_nm(n, m, what="dfss_mgpu")
   except ValueError as error:
@@ -350,9 +362,18 @@ def _dropout_multiplier(s, rows, first_key, bh, keys, m: int, t: int,
 
 
 # ----------------------------------------------------------------------------- kernels
-def _smem_transforms():
+def _swizzle_bytes(head_dim: int, dtype) -> int:
+  """The swizzle of every shared-memory tile of a kernel: a q/k/v row's width in bytes up to
+  128 (32 at head dim 16, 64 at 32, 128 from 64 on). One wgmma takes one swizzle for both
+  operands, so the P and dS tiles of the dK/dV kernel follow the head dim's too."""
+  return min(128, head_dim * jnp.dtype(dtype).itemsize)
+
+
+def _smem_transforms(head_dim: int, dtype):
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
-  return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+  swizzle = _swizzle_bytes(head_dim, dtype)
+  return (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
+          plgpu.SwizzleTransform(swizzle))
 
 
 def _inputs(refs, has_bias, has_seed):
@@ -408,7 +429,7 @@ def _forward(q, k, v, bias, steps, seed, *, n: int, m: int, scale: float, tiles:
   stages = min(tiles.stages, num_kv)
   has_bias = bias is not None
   c = scale * _LOG2E
-  transforms = _smem_transforms()
+  transforms = _smem_transforms(head_dim, dtype)
 
   def kernel(*refs):
     (q_ref, k_ref, v_ref, bias_ref, steps_ref, seed_ref), rest = _inputs(refs, has_bias,
@@ -530,7 +551,7 @@ def _backward_dq(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, til
   compute_wgs = tiles.compute_wgs_bwd
   has_bias = bias is not None
   c = scale * _LOG2E
-  transforms = _smem_transforms()
+  transforms = _smem_transforms(head_dim, dtype)
 
   def kernel(*refs):
     (q_ref, k_ref, v_ref, bias_ref, steps_ref, seed_ref), rest = _inputs(refs, has_bias,
@@ -646,7 +667,7 @@ def _backward_dkv(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, ti
   compute_wgs = tiles.compute_wgs_bwd
   has_bias = bias is not None
   c = scale * _LOG2E
-  transforms = _smem_transforms()
+  transforms = _smem_transforms(head_dim, dtype)
 
   def kernel(*refs):
     (q_ref, k_ref, v_ref, bias_ref, steps_ref, seed_ref), rest = _inputs(refs, has_bias,
@@ -868,7 +889,7 @@ def _checked_mask(mask, q):
 
 def _run(q, k, v, mask, seed, n, m, tiles, t):
   head_dim = q.shape[-1]
-  width = kernel_head_dim(head_dim)
+  width = kernel_head_dim(head_dim, tiles)
   q, k, v = (zero_pad_head_dim(x, width) for x in (q, k, v))
   out = _attn(q, k, v, mask, seed, n, m, 1.0 / math.sqrt(head_dim), tiles, t)
   return out[..., :head_dim]
@@ -878,8 +899,8 @@ def dfss_attention_mgpu(q, k, v, *, n: int, m: int, mask=None,
                         tiles: Tiles = DEFAULT_TILES, dropout_rate: float = 0.0,
                         dropout_seed=None):
   """DFSS attention with the Mosaic GPU kernels. q, k, v: [batch, length, heads, head_dim]
-  (bf16 / fp16, head_dim <= 128: 64 and 128 run as they are, smaller ones zero-padded to the
-  next with the true head dim's softmax scale, exactly), mask: bool [batch, length] key
+  (bf16 / fp16, head_dim <= 128: 16, 32, 64 and 128 run as they are, others zero-padded to
+  the next with the true head dim's softmax scale, exactly), mask: bool [batch, length] key
   padding (True = real).
   Attention dropout: rate in [0, 1) and, when > 0, ``dropout_seed`` (int32 [2],
   ``dropout.seed_words``): the mask ``ops.dropout`` defines, the same as the Triton
