@@ -8,8 +8,9 @@ scratch, on the generated hard set (contour length 14, 200k images: 160k / 20k /
   python -m lra_sparse.generators.pathfinder --output_dir=data/pathfinder32 \\
       --difficulty=hard --num_images=200000 --seed=0 --num_workers=16
 
-A run takes about an hour of one GPU (H100 step times at this config: dense 58 ms, DFSS 2:4
-45, Nystromformer 24; DSA-90's not measured), longer than a device call, so the runs train in
+A run takes 23-113 minutes of one GPU (H100 step times at this config with its attention
+dropout, ``experiments/reports/train_step/memory_h100.md``: dense 37.0 ms, DFSS 2:4 48.1,
+Nystromformer 21.8, DSA-90 108.3), longer than a device call, so the runs train in
 slices whose checkpoints (a few MB: the model is small) come back and are carried to the next
 call: one run per GPU of a 4-GPU machine,
 
@@ -39,15 +40,14 @@ from lra_sparse.sweep import Group, Sweep, Variant
 from lra_sparse.tables import Selector, Table
 
 PRESETS = ("", "seeds", "best_val", "tiny")
-KINDS = (  # (run-name label, row label, overrides, step cost: H100 ms per step / 45)
-    ("dense", "Transformer (dense)", {"attention.kind": "dense"}, 58 / 45),
+KINDS = (  # (run-name label, row label, overrides, step cost: H100 ms per step / 48.1)
+    ("dense", "Transformer (dense)", {"attention.kind": "dense"}, 37.0 / 48.1),
     ("dfss2-4", "DFSS 2:4", {"attention.kind": "dfss", "attention.dfss.nm": "2:4"}, 1.0),
     ("nystrom", "Nystromformer", {"attention.kind": "nystrom", "attention.nystrom.nm": ""},
-     24 / 45),
-    # not measured at this config; DSA-90 ran ListOps about 4x slower than DFSS 2:4
+     21.8 / 48.1),
     ("dsa90", "DSA-90 (sigma 0.25, mean-form L_MSE)",
      {"attention.kind": "dsa", "attention.dsa.sparsity": 0.9, "attention.dsa.sigma": 0.25,
-      "attention.dsa.mse_normalization": "scaled_mean"}, 4.0),
+      "attention.dsa.mse_normalization": "scaled_mean"}, 108.3 / 48.1),
 )
 MORE_SEEDS_KINDS = ("dense", "dfss2-4")
 MORE_SEEDS = (1, 2)

@@ -351,9 +351,10 @@ ROTARY = {"model.pos_emb": "rotary"}
 LONG_PRETRAIN_STEPS = 2500
 SOFTMAX_KINDS = ("dense", "dfss2-4", "dsa90")
 # conv_pathfinder: conv_long's architectures on Pathfinder-32 (the issue's second task), at a
-# length one 4-GPU lease holds for seed 0 of every kind (one run per GPU; at the H100 step
-# times of LRA's config, 58 / 45 / 24 ms, the three runs of a seed take about 21 GPU-minutes
-# for dense, 16 for DFSS 2:4, 9 for Nystromformer; DSA-90's step here is not measured):
+# length one 4-GPU lease holds for seed 0 of most kinds (one run per GPU; at the H100 step
+# times of LRA's config with its attention dropout, 37.0 / 48.1 / 21.8 / 108.3 ms in
+# experiments/reports/train_step/memory_h100.md, the three runs of a seed take about 13
+# GPU-minutes for dense, 17 for DFSS 2:4, 8 for Nystromformer and 39 for DSA-90):
 # PATHFINDER_PRETRAIN_EPOCHS of pretraining and
 # PATHFINDER_FINETUNE_EPOCHS of fine-tuning and from scratch, against LRA's 200 epochs from
 # scratch. A first choice by budget, not by a measured curve; both stages keep the config's
@@ -362,8 +363,9 @@ PATHFINDER_STEPS_PER_EPOCH = 312        # configs/pathfinder.py: 160,000 images 
 PATHFINDER_PRETRAIN_EPOCHS = 10
 PATHFINDER_FINETUNE_EPOCHS = 30
 # nystrom_pathx: one kind on Path-X, the cheapest that trains it on one GPU (Nystromformer:
-# 7.2 ms per step of LRA's Path-X config on one H100, where dense runs out of memory and DFSS
-# 2:4 / DSA-95 take 102 / 83 ms), its fields as in the main sweep (the config's learned
+# 6.7 ms per step of LRA's Path-X config with its attention dropout on one H100, where dense
+# takes 104.1 ms, DFSS 2:4 150.5 and DSA-90 375.3: experiments/reports/train_step/
+# memory_h100.md), its fields as in the main sweep (the config's learned
 # positions, its own conv skip of 35 on V, 64 landmarks): PATHX_PRETRAIN_EPOCHS
 # of pretraining, PATHX_FINETUNE_EPOCHS of fine-tuning and from scratch (LRA: 200 epochs from
 # scratch), the config's one-epoch warmup and cosine decay in each stage. About 15 GPU-minutes
