@@ -248,6 +248,20 @@ MUTATIONS += [
    "      if start < rows:\n",
    "      if start + BM < rows:\n",
    "tests/test_dsa_kernels.py::test_kernel_source_on_the_cpu_matches_reference"),
+  ("Mosaic small head dims ignore Tiles.min_head_dim", "lra_sparse/kernels/dfss/mosaic.py",
+   "head_dim, [w for w in SUPPORTED_HEAD_DIMS if w >= tiles.min_head_dim])",
+   "head_dim, SUPPORTED_HEAD_DIMS)",
+   "tests/test_kernels.py::test_mosaic_unsupported_reason_and_backend_errors"),
+  ("Mosaic tiles swizzled at 128 bytes for every head dim", "lra_sparse/kernels/dfss/mosaic.py",
+   "return min(128, head_dim * jnp.dtype(dtype).itemsize)", "return 128",
+   "tests/test_kernels.py::test_mosaic_swizzle_follows_the_head_dim"),
+  ("bench_train_step's head-dim A/B without the swap", "benchmarks/bench_train_step.py",
+   "harness.swapped(dfss_mgpu, SUPPORTED_HEAD_DIMS=head_dims))", "contextlib.nullcontext())",
+   "tests/test_profile_train_step.py::test_bench_train_step_mosaic_head_dims_ab"),
+  ("bench_train_step takes unordered head dims", "benchmarks/bench_train_step.py",
+   "if (not dims or list(dims) != sorted(set(dims)) or dims[-1] != widest",
+   "if (not dims or dims[-1] != widest",
+   "tests/test_profile_train_step.py::test_bench_train_step_mosaic_head_dims_ab"),
 ]
 
 

@@ -1471,3 +1471,15 @@ def test_mosaic_is_deterministic_and_auto_picks_it():
   first, second, via_auto = grads(direct), grads(direct), grads(auto)
   for a, b, c in zip(first, second, via_auto):
     assert np.array_equal(a, b) and np.array_equal(a, c)
+
+
+def test_mosaic_swizzle_follows_the_head_dim():
+  """The Mosaic kernels' shared-memory tiles are swizzled at a q/k/v row's width in bytes up to
+  128 (one wgmma takes one swizzle for both operands, and the tiling is (8, swizzle / itemsize)),
+  so head dims 16 and 32 need 32- and 64-byte swizzles; 64 and 128 keep 128."""
+  from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
+  swizzle = dfss_mgpu._swizzle_bytes  # pylint: disable=protected-access
+  assert [swizzle(d, jnp.bfloat16) for d in dfss_mgpu.SUPPORTED_HEAD_DIMS] == [32, 64, 128, 128]
+  assert [swizzle(d, jnp.float16) for d in (16, 32)] == [32, 64]
+  for d in dfss_mgpu.SUPPORTED_HEAD_DIMS:   # a row holds a whole number of swizzle widths
+    assert (d * 2) % swizzle(d, jnp.bfloat16) == 0
