@@ -32,7 +32,6 @@ calls them, in the same process.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 from typing import Sequence
 
@@ -86,22 +85,6 @@ def methods(n: int, m: int, rate: float, ab_module=None, ab_tiles=None) -> dict:
   return out
 
 
-def parse_tiles(text: str):
-  """``Tiles`` from 'field=value,...', each value read as its field's type (True/False,
-  integers, names); one ValueError naming a bad field or value."""
-  defaults = dataclasses.asdict(dfss_mgpu.DEFAULT_TILES)
-  values = {}
-  for item in filter(None, text.split(",")):
-    name, _, value = item.partition("=")
-    kind = type(defaults.get(name))
-    if name not in defaults or (kind is bool and value not in ("True", "False")) or (
-        kind is int and not value.lstrip("-").isdigit()) or not value:
-      raise ValueError(f"--ab_tiles: {item!r} is not field=value with a field of Tiles "
-                       f"({', '.join(defaults)}) and a value of its type")
-    values[name] = value == "True" if kind is bool else kind(value)
-  return dfss_mgpu.Tiles(**values)
-
-
 # Rows timed with Philox's rounds removed (``ops.dropout.ROUNDS`` = 0 while tracing): the
 # same kernels with random numbers for free, so the difference is what generating them costs.
 FREE_RANDOM = ("Mosaic dense+drop", "DFSS+drop")
@@ -137,7 +120,7 @@ def main(argv: Sequence[str]) -> None:
   print(header, flush=True)
   ab_module = (harness.load_module(FLAGS.ab_mosaic, "ab_mosaic") if FLAGS.ab_mosaic
                else None)
-  ab_tiles = parse_tiles(FLAGS.ab_tiles) if FLAGS.ab_tiles else None
+  ab_tiles = harness.parse_mosaic_tiles(FLAGS.ab_tiles) if FLAGS.ab_tiles else None
   if ab_tiles is not None:
     header += f"\nA/B tiles: {ab_tiles}"
   fns = methods(n, m, FLAGS.rate, ab_module, ab_tiles)

@@ -14,10 +14,10 @@ all variants in one process. Attention dropout is 0 unless --attention_dropout s
 The flags and the step builders are ``benchmarks.harness``'s (bench_nystrom,
 bench_data_parallel and profile_train_step build the same steps).
 
-``--mosaic_head_dims=64,128`` also times every variant with the Mosaic GPU kernels limited to
-those head dims (``kernels.dfss.mosaic.SUPPORTED_HEAD_DIMS`` swapped while the step traces):
-64,128 is the kernels before they ran 16 and 32, so Pathfinder's head dim 4 and Path-X's 8 run
-padded to 64 there, the A/B of the small-head-dim tiles in one process.
+``--ab_tiles=FIELD=VALUE,...`` also times every variant with the Mosaic GPU kernels on other
+``Tiles`` (``kernels.dfss.mosaic.DEFAULT_TILES`` swapped while the step traces), in the same
+process: e.g. ``min_head_dim=64``, the kernels before they ran head dims 16 and 32 (Pathfinder's
+4 and Path-X's 8 padded to 64), the A/B of the small-head-dim tiles.
 """
 from __future__ import annotations
 
@@ -30,42 +30,27 @@ from benchmarks import harness
 from lra_sparse.kernels.dfss import mosaic as dfss_mgpu
 
 harness.define_train_step_flags()
-flags.DEFINE_list("mosaic_head_dims", [], "Also time every variant with the Mosaic GPU "
-                  "kernels running only these head dims (e.g. 64,128: small ones padded to 64).")
+flags.DEFINE_string("ab_tiles", None, "Mosaic GPU Tiles fields 'name=value,...' (e.g. "
+                    "min_head_dim=64): also time every variant on those tiles.")
 flags.adopt_module_key_flags(harness)
 FLAGS = flags.FLAGS
 
 
-def ab_head_dims(values) -> tuple[int, ...]:
-  """The head dims of --mosaic_head_dims (ascending, a subset of the kernels' own, ending at
-  their widest); one ValueError otherwise."""
-  try:
-    dims = tuple(int(v) for v in values)
-  except ValueError:
-    dims = ()
-  widest = dfss_mgpu.SUPPORTED_HEAD_DIMS[-1]
-  if (not dims or list(dims) != sorted(set(dims)) or dims[-1] != widest
-      or not set(dims) <= set(dfss_mgpu.SUPPORTED_HEAD_DIMS)):
-    raise ValueError(f"--mosaic_head_dims must be ascending head dims among "
-                     f"{dfss_mgpu.SUPPORTED_HEAD_DIMS} ending at {widest}, got {list(values)}")
-  return dims
-
-
-def timed_runs(variants, head_dims):
-  """(row label, context) per timed run: each variant as it is, then, with ``head_dims``, the
-  same variant with the Mosaic kernels limited to them."""
+def timed_runs(variants, ab_tiles, ab_text: str = ""):
+  """(row label, context) per timed run: each variant as it is, then, with ``ab_tiles`` (a
+  ``Tiles``), the same variant with the Mosaic kernels' default tiles swapped for them."""
   for variant in variants:
     yield variant, contextlib.nullcontext()
-    if head_dims:
-      yield (f"{variant} [mosaic head dims {','.join(map(str, head_dims))}]",
-             harness.swapped(dfss_mgpu, SUPPORTED_HEAD_DIMS=head_dims))
+    if ab_tiles is not None:
+      yield (f"{variant} [tiles {ab_text}]",
+             harness.swapped(dfss_mgpu, DEFAULT_TILES=ab_tiles))
 
 
 def main(argv):
   del argv
-  head_dims = ab_head_dims(FLAGS.mosaic_head_dims) if FLAGS.mosaic_head_dims else ()
+  ab_tiles = harness.parse_mosaic_tiles(FLAGS.ab_tiles) if FLAGS.ab_tiles else None
   rows = []
-  for label, context in timed_runs(FLAGS.variants, head_dims):
+  for label, context in timed_runs(FLAGS.variants, ab_tiles, FLAGS.ab_tiles):
     variant = label.split(" [")[0]
     try:
       with context:

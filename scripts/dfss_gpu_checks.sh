@@ -48,7 +48,7 @@ part_commands() {
     done
     for task in pathx pathfinder; do
       step "train_step_$task" $py -m benchmarks.bench_train_step --config="configs/$task.py" \
-        --reps=5 --warmup=2 --attention_dropout=0.1 --mosaic_head_dims=64,128 \
+        --reps=5 --warmup=2 --attention_dropout=0.1 --ab_tiles=min_head_dim=64 \
         --variants=bf16:auto,bf16:kind=dfss+nm=2:4,bf16:kind=nystrom \
         --out="$out/train_step_$task.md"
     done

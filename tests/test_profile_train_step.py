@@ -83,23 +83,28 @@ def test_bench_train_step_says_its_attention_dropout_and_applies_it():
   assert losses[None] != losses["0.5"]
 
 
-def test_bench_train_step_mosaic_head_dims_ab():
-  """--mosaic_head_dims times each variant twice: as it is, then with the Mosaic kernels limited
-  to the given head dims while it traces (64,128: Path-X's 8 padded to 64 as before the kernels
-  ran 16 and 32), restored after; a bad list is one clear error."""
+def test_bench_train_step_ab_tiles():
+  """--ab_tiles times each variant twice: as it is, then with the Mosaic kernels' default tiles
+  swapped for the given ones while it traces (min_head_dim=64: Path-X's 8 padded to 64 as
+  before the kernels ran 16 and 32), restored after; a bad field or value is one clear error."""
   from benchmarks import bench_train_step as bench  # pylint: disable=import-outside-toplevel
+  from benchmarks import harness  # pylint: disable=import-outside-toplevel
   from lra_sparse.kernels.dfss import mosaic  # pylint: disable=import-outside-toplevel
-  assert bench.ab_head_dims(["64", "128"]) == (64, 128)
-  for bad in (["8", "128"], ["128", "64"], ["64"], ["x"], ["32", "32", "128"]):
-    with pytest.raises(ValueError, match="--mosaic_head_dims must be ascending"):
-      bench.ab_head_dims(bad)
-  runs = list(bench.timed_runs(["bf16:auto", "bf16:kind=dfss"], (64, 128)))
+  tiles = harness.parse_mosaic_tiles("min_head_dim=64,schedule_barrier=False")
+  assert tiles == mosaic.Tiles(min_head_dim=64, schedule_barrier=False)
+  for bad, match in (("min_head_dim=x", "not field=value"), ("nope=1", "not field=value"),
+                     ("schedule_barrier=yes", "not field=value"),
+                     ("min_head_dim=8", "min_head_dim must be one of")):
+    with pytest.raises(ValueError, match=match):
+      harness.parse_mosaic_tiles(bad)
+  runs = list(bench.timed_runs(["bf16:auto", "bf16:kind=dfss"], tiles, "min_head_dim=64"))
   assert [label for label, _ in runs] == [
-      "bf16:auto", "bf16:auto [mosaic head dims 64,128]",
-      "bf16:kind=dfss", "bf16:kind=dfss [mosaic head dims 64,128]"]
+      "bf16:auto", "bf16:auto [tiles min_head_dim=64]",
+      "bf16:kind=dfss", "bf16:kind=dfss [tiles min_head_dim=64]"]
   widths = []
   for _, context in runs[:2]:
     with context:
       widths.append(mosaic.kernel_head_dim(8))
   assert widths == [16, 64] and mosaic.kernel_head_dim(8) == 16
-  assert [label for label, _ in bench.timed_runs(["bf16:auto"], ())] == ["bf16:auto"]
+  assert mosaic.DEFAULT_TILES == mosaic.Tiles()
+  assert [label for label, _ in bench.timed_runs(["bf16:auto"], None)] == ["bf16:auto"]

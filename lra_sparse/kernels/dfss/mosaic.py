@@ -106,7 +106,7 @@ class Tiles:
   selection: str = "tournament"
   # the narrowest head dim the kernels run (one of SUPPORTED_HEAD_DIMS): 16 pads Path-X's 8
   # to 16; 64 is the kernels before they ran 16 and 32 (every small head dim padded to 64),
-  # kept for the A/B of ``bench_small_head_dims``
+  # kept for the benchmarks' A/B (``--ab_tiles=min_head_dim=64``)
   min_head_dim: int = 16
 
   def __post_init__(self):
@@ -115,7 +115,11 @@ class Tiles:
                        f"{self.min_head_dim}")
 
 
-DEFAULT_TILES = Tiles()
+DEFAULT_TILES = Tiles()   # read at call time: a benchmark may swap it while a step traces
+
+
+def _resolved(tiles: Optional[Tiles]) -> Tiles:
+  return DEFAULT_TILES if tiles is None else tiles
 
 
 def is_available() -> bool:
@@ -137,10 +141,10 @@ def _is_hopper(device) -> bool:
   return any(name in device.device_kind for name in ("H100", "H200", "H800", "H20"))
 
 
-def kernel_head_dim(head_dim: int, tiles: Tiles = DEFAULT_TILES) -> Optional[int]:
+def kernel_head_dim(head_dim: int, tiles: Optional[Tiles] = None) -> Optional[int]:
   """The head dim the kernels run for ``head_dim`` (zero-padded up to it), None above 128."""
   return prologue.kernel_head_dim(
-      head_dim, [w for w in SUPPORTED_HEAD_DIMS if w >= tiles.min_head_dim])
+      head_dim, [w for w in SUPPORTED_HEAD_DIMS if w >= _resolved(tiles).min_head_dim])
 
 
 def _operand_reason(q, v, k=None) -> Optional[str]:
@@ -896,7 +900,7 @@ def _run(q, k, v, mask, seed, n, m, tiles, t):
 
 
 def dfss_attention_mgpu(q, k, v, *, n: int, m: int, mask=None,
-                        tiles: Tiles = DEFAULT_TILES, dropout_rate: float = 0.0,
+                        tiles: Optional[Tiles] = None, dropout_rate: float = 0.0,
                         dropout_seed=None):
   """DFSS attention with the Mosaic GPU kernels. q, k, v: [batch, length, heads, head_dim]
   (bf16 / fp16, head_dim <= 128: 16, 32, 64 and 128 run as they are, others zero-padded to
@@ -910,13 +914,13 @@ def dfss_attention_mgpu(q, k, v, *, n: int, m: int, mask=None,
   if reason is not None:
     raise ValueError(reason)
   t, seed = dropout.checked_seed(dropout_rate, dropout_seed)
-  return _run(q, k, v, _checked_mask(mask, q), seed, n, m, tiles, t)
+  return _run(q, k, v, _checked_mask(mask, q), seed, n, m, _resolved(tiles), t)
 
 
 DENSE_DROPOUT_M = dropout.KEY_GROUP   # dense with dropout: keys permuted as for M = 8
 
 
-def dense_attention_mgpu(q, k, v, *, mask=None, tiles: Tiles = DEFAULT_TILES,
+def dense_attention_mgpu(q, k, v, *, mask=None, tiles: Optional[Tiles] = None,
                          dropout_rate: float = 0.0, dropout_seed=None):
   """Dense softmax attention with the Mosaic GPU kernels (the DFSS kernels with nothing
   pruned): softmax(Q K^T / sqrt(d)) V over the real keys, with attention dropout by the rule of
@@ -928,4 +932,4 @@ def dense_attention_mgpu(q, k, v, *, mask=None, tiles: Tiles = DEFAULT_TILES,
     raise ValueError(reason)
   t, seed = dropout.checked_seed(dropout_rate, dropout_seed)
   m = DENSE_DROPOUT_M if t else 1
-  return _run(q, k, v, _checked_mask(mask, q), seed, m, m, tiles, t)
+  return _run(q, k, v, _checked_mask(mask, q), seed, m, m, _resolved(tiles), t)
