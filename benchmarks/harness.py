@@ -29,7 +29,6 @@ Flags are defined only by the ``define_*_flags`` functions, which a benchmark ca
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import importlib.util
 import os
@@ -359,20 +358,9 @@ def load_module(path: str, name: str):
 
 
 def parse_mosaic_tiles(text: str, flag: str = "--ab_tiles"):
-  """The Mosaic GPU kernels' ``Tiles`` from 'field=value,...', each value read as its field's
-  type (True/False, integers, names); one ValueError naming a bad field or value."""
+  """The Mosaic GPU kernels' ``Tiles`` of a flag's 'field=value,...' (``mosaic.parse_tiles``)."""
   from lra_sparse.kernels.dfss import mosaic as dfss_mgpu  # pylint: disable=import-outside-toplevel
-  defaults = dataclasses.asdict(dfss_mgpu.DEFAULT_TILES)
-  values = {}
-  for item in filter(None, text.split(",")):
-    name, _, value = item.partition("=")
-    kind = type(defaults.get(name))
-    if name not in defaults or (kind is bool and value not in ("True", "False")) or (
-        kind is int and not value.lstrip("-").isdigit()) or not value:
-      raise ValueError(f"{flag}: {item!r} is not field=value with a field of Tiles "
-                       f"({', '.join(defaults)}) and a value of its type")
-    values[name] = value == "True" if kind is bool else kind(value)
-  return dfss_mgpu.Tiles(**values)
+  return dfss_mgpu.parse_tiles(text, flag)
 
 
 @contextlib.contextmanager

@@ -118,6 +118,23 @@ class Tiles:
 DEFAULT_TILES = Tiles()   # read at call time: a benchmark may swap it while a step traces
 
 
+def parse_tiles(text: str, what: str = "tiles") -> Tiles:
+  """``Tiles`` from 'field=value,...' (the benchmarks' and the lowering check's --ab_tiles /
+  --tiles), each value read as its field's type (True/False, integers, names); one ValueError
+  naming a bad field or value."""
+  defaults = dataclasses.asdict(DEFAULT_TILES)
+  values = {}
+  for item in filter(None, text.split(",")):
+    name, _, value = item.partition("=")
+    kind = type(defaults.get(name))
+    if name not in defaults or (kind is bool and value not in ("True", "False")) or (
+        kind is int and not value.lstrip("-").isdigit()) or not value:
+      raise ValueError(f"{what}: {item!r} is not field=value with a field of Tiles "
+                       f"({', '.join(defaults)}) and a value of its type")
+    values[name] = value == "True" if kind is bool else kind(value)
+  return Tiles(**values)
+
+
 def _resolved(tiles: Optional[Tiles]) -> Tiles:
   return DEFAULT_TILES if tiles is None else tiles
 

@@ -1,0 +1,48 @@
+"""scripts/lower_mosaic_kernels.py: the grid it lowers and how it reports a failing case (the
+lowering itself needs jax 0.11.2, the device's; on it every Mosaic kernel case lowers for cuda,
+and a tile swizzle that does not fit head dim 16 fails there, both checked by hand)."""
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from scripts import lower_mosaic_kernels as lower
+
+
+def test_cases_are_the_grid_of_kinds_head_dims_rates_and_masks():
+  grid = lower.cases(["dense", "2:4"], ["8", "64"], ["0", "0.1"], ["none", "holes"])
+  assert len(grid) == 16
+  assert grid[0] == ("dense", 8, 0.0, "none")
+  assert ((2, 4), 64, 0.1, "holes") in grid
+  with pytest.raises(ValueError, match="--masks: 'prefix' is not none or holes"):
+    lower.cases(["dense"], ["8"], ["0"], ["prefix"])
+  with pytest.raises(ValueError, match="--kinds"):
+    lower.cases(["5:4"], ["8"], ["0"], ["none"])
+
+
+def test_a_failing_case_reports_its_first_line_or_where_it_failed(monkeypatch):
+  from lra_sparse.kernels.dfss import mosaic
+  tiles = mosaic.Tiles()
+
+  def message(*args, **kwargs):
+    raise ValueError("smem_bytes=234624 > max_smem_bytes=232448\nthe rest")
+
+  def bare(*args, **kwargs):
+    raise AssertionError   # as a bare assert in library code (pytest rewrites the tests' own)
+
+  monkeypatch.setattr(mosaic, "dfss_attention_mgpu", message)
+  assert lower.lower_case(((2, 4), 64, 0.0, "none"), tiles) == (
+      "FAILED: ValueError: smem_bytes=234624 > max_smem_bytes=232448")
+  monkeypatch.setattr(mosaic, "dense_attention_mgpu", bare)
+  result = lower.lower_case(("dense", 16, 0.1, "holes"), tiles)
+  assert result.startswith("FAILED: AssertionError at test_lower_mosaic_kernels.py:")
+  assert "(raise AssertionError" in result
+
+  def fine(q, k, v, **kwargs):
+    assert kwargs["tiles"] is tiles and kwargs["dropout_rate"] == 0.1
+    mask = np.asarray(kwargs["mask"])     # a constant of the trace: holes, a padded example
+    assert mask.shape == q.shape[:2] and not mask[-1].any() and 0 < mask[0].mean() < 1
+    assert q.dtype == jnp.bfloat16 and q.shape[-1] == 16
+    return q * 1.0
+
+  monkeypatch.setattr(mosaic, "dense_attention_mgpu", fine)
+  assert lower.lower_case(("dense", 16, 0.1, "holes"), tiles) == "ok"
