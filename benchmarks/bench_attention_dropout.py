@@ -120,7 +120,7 @@ def main(argv: Sequence[str]) -> None:
   print(header, flush=True)
   ab_module = (harness.load_module(FLAGS.ab_mosaic, "ab_mosaic") if FLAGS.ab_mosaic
                else None)
-  ab_tiles = harness.parse_mosaic_tiles(FLAGS.ab_tiles) if FLAGS.ab_tiles else None
+  ab_tiles = dfss_mgpu.parse_tiles(FLAGS.ab_tiles, "--ab_tiles") if FLAGS.ab_tiles else None
   if ab_tiles is not None:
     header += f"\nA/B tiles: {ab_tiles}"
   fns = methods(n, m, FLAGS.rate, ab_module, ab_tiles)

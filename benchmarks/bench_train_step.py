@@ -48,7 +48,7 @@ def timed_runs(variants, ab_tiles, ab_text: str = ""):
 
 def main(argv):
   del argv
-  ab_tiles = harness.parse_mosaic_tiles(FLAGS.ab_tiles) if FLAGS.ab_tiles else None
+  ab_tiles = dfss_mgpu.parse_tiles(FLAGS.ab_tiles, "--ab_tiles") if FLAGS.ab_tiles else None
   rows = []
   for label, context in timed_runs(FLAGS.variants, ab_tiles, FLAGS.ab_tiles):
     variant = label.split(" [")[0]

@@ -357,12 +357,6 @@ def load_module(path: str, name: str):
   return mod
 
 
-def parse_mosaic_tiles(text: str, flag: str = "--ab_tiles"):
-  """The Mosaic GPU kernels' ``Tiles`` of a flag's 'field=value,...' (``mosaic.parse_tiles``)."""
-  from lra_sparse.kernels.dfss import mosaic as dfss_mgpu  # pylint: disable=import-outside-toplevel
-  return dfss_mgpu.parse_tiles(text, flag)
-
-
 @contextlib.contextmanager
 def swapped(module, **values):
   """``module``'s attributes replaced by ``values`` inside the context (read while tracing)."""

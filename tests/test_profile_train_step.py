@@ -88,15 +88,14 @@ def test_bench_train_step_ab_tiles():
   swapped for the given ones while it traces (min_head_dim=64: Path-X's 8 padded to 64 as
   before the kernels ran 16 and 32), restored after; a bad field or value is one clear error."""
   from benchmarks import bench_train_step as bench  # pylint: disable=import-outside-toplevel
-  from benchmarks import harness  # pylint: disable=import-outside-toplevel
   from lra_sparse.kernels.dfss import mosaic  # pylint: disable=import-outside-toplevel
-  tiles = harness.parse_mosaic_tiles("min_head_dim=64,schedule_barrier=False")
+  tiles = mosaic.parse_tiles("min_head_dim=64,schedule_barrier=False")
   assert tiles == mosaic.Tiles(min_head_dim=64, schedule_barrier=False)
   for bad, match in (("min_head_dim=x", "not field=value"), ("nope=1", "not field=value"),
                      ("schedule_barrier=yes", "not field=value"),
                      ("min_head_dim=8", "min_head_dim must be one of")):
     with pytest.raises(ValueError, match=match):
-      harness.parse_mosaic_tiles(bad)
+      mosaic.parse_tiles(bad)
   runs = list(bench.timed_runs(["bf16:auto", "bf16:kind=dfss"], tiles, "min_head_dim=64"))
   assert [label for label, _ in runs] == [
       "bf16:auto", "bf16:auto [tiles min_head_dim=64]",

@@ -10,7 +10,7 @@ real key gives zeros, never NaN, in values and gradients.
 
 Backends: "reference" is pure JAX and runs everywhere; "mosaic" calls the Pallas Mosaic GPU
 kernels in ``lra_sparse/kernels/dfss/mosaic.py`` (Hopper only: bf16/fp16, head dims up to 128,
-run at 64 or 128 with zero padding, M in 2/4/8, attention dropout; the fastest there);
+run at 16, 32, 64 or 128 with zero padding, M in 2/4/8, attention dropout; the fastest there);
 "triton" calls the fused Triton kernels in ``lra_sparse/kernels/dfss/triton.py`` (any recent
 NVIDIA GPU; every dtype, head dims up to 128, attention dropout). Kernel modules are imported
 lazily, so CPU installs never import Pallas GPU, jax_triton or triton. "auto" on a GPU picks
