@@ -2,7 +2,9 @@
 # On a machine with an NVIDIA GPU (nvidia-smi works; or GPU=1) the venv gets
 # requirements-gpu.txt (jax with CUDA, jax-triton, triton) and `make demo` trains through the
 # Triton kernels; GPU=0 forces the CPU install.
-PYTHON ?= python3
+# Python 3.12 where the machine has one that runs (on PATH or under pyenv): it gets the GPU
+# hosts' JAX (requirements.txt); else python3.
+PYTHON ?= $(firstword $(shell for p in python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12); do $$p -c "" 2>/dev/null && echo $$p && break; done) python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_DATA := data/listops_tiny
@@ -27,7 +29,7 @@ INSTALLED := $(VENV)/.installed-$(basename $(REQUIREMENTS))
 venv: $(INSTALLED)
 
 $(INSTALLED): $(REQUIREMENTS) pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r $(REQUIREMENTS)
 	$(PY) -m pip install -q --no-deps -e .

@@ -258,6 +258,11 @@ MUTATIONS += [
   ("bench_train_step's tiles A/B without the swap", "benchmarks/bench_train_step.py",
    "harness.swapped(dfss_mgpu, DEFAULT_TILES=ab_tiles))", "contextlib.nullcontext())",
    "tests/test_profile_train_step.py::test_bench_train_step_ab_tiles"),
+  ("Mosaic dK/dV kernel's P and dS tiles at a 128-byte swizzle", "lra_sparse/kernels/dfss/mosaic.py",
+   "pq_tile = plgpu.SMEM((compute_wgs, block_q, block_kv), dtype, transforms=transforms)",
+   "pq_tile = plgpu.SMEM((compute_wgs, block_q, block_kv), dtype, transforms=("
+   "plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))",
+   "tests/test_lower_mosaic_kernels.py::test_every_mosaic_kernel_case_lowers_for_cuda"),
   ("Mosaic default tiles bound at definition", "lra_sparse/kernels/dfss/mosaic.py",
    "  return DEFAULT_TILES if tiles is None else tiles", "  return tiles or Tiles()",
    "tests/test_profile_train_step.py::test_bench_train_step_ab_tiles"),

@@ -46,3 +46,24 @@ def test_a_failing_case_reports_its_first_line_or_where_it_failed(monkeypatch):
 
   monkeypatch.setattr(mosaic, "dense_attention_mgpu", fine)
   assert lower.lower_case(("dense", 16, 0.1, "holes"), tiles) == "ok"
+
+
+def _jax_lowers_the_kernels() -> bool:
+  """jax 0.11 and later lower every primitive the kernels use (0.10.2 lacks concatenate in
+  Mosaic GPU's warpgroup lowering); ``make venv`` gets 0.11.2 wherever Python 3.12 runs."""
+  import jax
+  return tuple(int(x) for x in jax.__version__.split(".")[:2]) >= (0, 11)
+
+
+@pytest.mark.skipif(not _jax_lowers_the_kernels(),
+                    reason="lowering the Mosaic GPU kernels needs jax >= 0.11 (Python 3.12)")
+def test_every_mosaic_kernel_case_lowers_for_cuda():
+  """Dense and DFSS 2:4 / 1:2, forward and backward, head dims 8 (run at 16), 32, 64 and 128,
+  with and without attention dropout, key masks with holes: each lowers for CUDA here, so a
+  kernel change that breaks a wgmma's shapes or swizzles or overflows shared memory fails on
+  the CPU."""
+  from lra_sparse.kernels.dfss import mosaic
+  grid = lower.cases(["dense", "2:4", "1:2"], ["8", "32", "64", "128"], ["0", "0.1"], ["holes"])
+  results = {case: lower.lower_case(case, mosaic.DEFAULT_TILES) for case in grid}
+  assert {case: r for case, r in results.items() if r != "ok"} == {}
+  assert len(results) == 24
