@@ -10,12 +10,13 @@ case: ok, or the error's first line. It does not compile to PTX (that needs the 
 nor check numbers: the GPU tests do.
 
 It needs the device's JAX (0.11.2; 0.10.2 has no lowering for some primitives the kernels
-use), which needs Python 3.12; on a machine without them:
+use), which needs Python 3.12: the venv of ``make venv`` has it wherever Python 3.12 runs.
 
-  python3.12 -m venv .dev/jax0112 && .dev/jax0112/bin/pip install jax==0.11.2 jaxlib==0.11.2 absl-py
-  PYTHONPATH=$PWD .dev/jax0112/bin/python -m scripts.lower_mosaic_kernels \\
-      [--kinds=dense,2:4,1:2,2:8] [--head_dims=8,16,32,64,128] [--dropout=0,0.1] \\
-      [--masks=none,holes] [--tiles=fused_backward=True]
+  .venv/bin/python -m scripts.lower_mosaic_kernels [--kinds=dense,2:4,1:2,2:8] \\
+      [--head_dims=8,16,32,64,128] [--dropout=0,0.1] [--masks=none,holes] \\
+      [--tiles=min_head_dim=64]
+
+``tests/test_lower_mosaic_kernels.py`` lowers 24 of these cases in the CPU suite.
 
 Exit status 1 when a case fails.
 """
