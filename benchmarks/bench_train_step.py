@@ -37,12 +37,13 @@ FLAGS = flags.FLAGS
 
 
 def timed_runs(variants, ab_tiles, ab_text: str = ""):
-  """(row label, context) per timed run: each variant as it is, then, with ``ab_tiles`` (a
-  ``Tiles``), the same variant with the Mosaic kernels' default tiles swapped for them."""
+  """(row label, variant, context) per timed run: each variant as it is, then, with
+  ``ab_tiles`` (a ``Tiles``), the same variant with the Mosaic kernels' default tiles swapped
+  for them."""
   for variant in variants:
-    yield variant, contextlib.nullcontext()
+    yield variant, variant, contextlib.nullcontext()
     if ab_tiles is not None:
-      yield (f"{variant} [tiles {ab_text}]",
+      yield (f"{variant} [tiles {ab_text}]", variant,
              harness.swapped(dfss_mgpu, DEFAULT_TILES=ab_tiles))
 
 
@@ -50,8 +51,7 @@ def main(argv):
   del argv
   ab_tiles = dfss_mgpu.parse_tiles(FLAGS.ab_tiles, "--ab_tiles") if FLAGS.ab_tiles else None
   rows = []
-  for label, context in timed_runs(FLAGS.variants, ab_tiles, FLAGS.ab_tiles):
-    variant = label.split(" [")[0]
+  for label, variant, context in timed_runs(FLAGS.variants, ab_tiles, FLAGS.ab_tiles):
     try:
       with context:
         seconds, loss = harness.time_variant(

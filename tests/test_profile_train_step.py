@@ -97,13 +97,14 @@ def test_bench_train_step_ab_tiles():
     with pytest.raises(ValueError, match=match):
       mosaic.parse_tiles(bad)
   runs = list(bench.timed_runs(["bf16:auto", "bf16:kind=dfss"], tiles, "min_head_dim=64"))
-  assert [label for label, _ in runs] == [
-      "bf16:auto", "bf16:auto [tiles min_head_dim=64]",
-      "bf16:kind=dfss", "bf16:kind=dfss [tiles min_head_dim=64]"]
+  assert [(label, variant) for label, variant, _ in runs] == [
+      ("bf16:auto", "bf16:auto"), ("bf16:auto [tiles min_head_dim=64]", "bf16:auto"),
+      ("bf16:kind=dfss", "bf16:kind=dfss"),
+      ("bf16:kind=dfss [tiles min_head_dim=64]", "bf16:kind=dfss")]
   widths = []
-  for _, context in runs[:2]:
+  for _, _, context in runs[:2]:
     with context:
       widths.append(mosaic.kernel_head_dim(8))
   assert widths == [16, 64] and mosaic.kernel_head_dim(8) == 16
   assert mosaic.DEFAULT_TILES == mosaic.Tiles()
-  assert [label for label, _ in bench.timed_runs(["bf16:auto"], None)] == ["bf16:auto"]
+  assert [label for label, _, _ in bench.timed_runs(["bf16:auto"], None)] == ["bf16:auto"]
