@@ -9,6 +9,9 @@
 #   bash scripts/dfss_gpu_checks.sh steps      # ListOps (padded) and Pathfinder-32 steps
 #   bash scripts/dfss_gpu_checks.sh small_dims # head dims 8 and 4 at 16 against padded to 64:
 #                                              # attention and train steps, Path-X, Pathfinder-32
+#   bash scripts/dfss_gpu_checks.sh fused      # the one-kernel backward (Tiles.fused_backward,
+#                                              # the default): its GPU tests, A/Bs against the
+#                                              # two-kernel backward (attention, train steps)
 # Several parts in one call: bash scripts/dfss_gpu_checks.sh tests dropout
 # Each part's logs and tables go to ${WORK:-/tmp/dfss_gpu_checks}/<part>/ and come back as
 # ${OUT:-runs/dfss_gpu_checks}/<part>.tgz; the tables are also printed. Commit the tables under
@@ -53,8 +56,19 @@ part_commands() {
         --out="$out/train_step_$task.md"
     done
     ;;
+  fused)
+    step gpu_tests $py -m pytest -m gpu tests/test_kernels.py -n 6 -q -rfE -p no:cacheprovider \
+      -k "fused_backward or deterministic"
+    step attention $py -m benchmarks.bench_attention_dropout --ab_tiles=fused_backward=False \
+      --out="$out/attention.md"
+    step attention_pathx $py -m benchmarks.bench_attention_dropout --shapes=64x16384 --heads=2 \
+      --dim=8 --steps=5 --rounds=5 --ab_tiles=fused_backward=False --out="$out/attention_pathx.md"
+    step train_step_listops $py -m benchmarks.bench_train_step --reps=8 --warmup=3 \
+      --min_real_length=500 --attention_dropout=0.1 --ab_tiles=fused_backward=False \
+      --variants=bf16:auto,bf16:kind=dfss+nm=2:4 --out="$out/train_step_listops.md"
+    ;;
   *) return 1 ;;
   esac
 }
 
-run_parts dfss_gpu_checks "tests|dropout|forward|steps|small_dims" "$@"
+run_parts dfss_gpu_checks "tests|dropout|forward|steps|small_dims|fused" "$@"

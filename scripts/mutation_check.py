@@ -266,6 +266,15 @@ MUTATIONS += [
   ("Mosaic default tiles bound at definition", "lra_sparse/kernels/dfss/mosaic.py",
    "  return DEFAULT_TILES if tiles is None else tiles", "  return tiles or Tiles()",
    "tests/test_profile_train_step.py::test_bench_train_step_ab_tiles"),
+  ("DFSS deterministic_kernels not passed to the Mosaic kernels", "lra_sparse/attention/dfss.py",
+   "                                          deterministic=deterministic_kernels, **drop)\n"
+   "      return kernel.dfss_attention_triton(",
+   "                                          **drop)\n"
+   "      return kernel.dfss_attention_triton(",
+   "tests/test_lower_mosaic_kernels.py::test_deterministic_kernels_reach_the_mosaic_backward"),
+  ("Mosaic deterministic runs the fused backward", "lra_sparse/kernels/dfss/mosaic.py",
+   "  if deterministic and tiles.fused_backward:", "  if False:",
+   "tests/test_lower_mosaic_kernels.py::test_deterministic_kernels_reach_the_mosaic_backward"),
 ]
 
 

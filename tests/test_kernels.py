@@ -1228,7 +1228,7 @@ def _need_mosaic():
 
 
 def _check_mosaic(mg, q, k, v, mask, ct, n, m, label, per_example=False, rate=0.0, seed=None,
-                  exact=False):
+                  exact=False, tiles=None):
   """(out, (dq, dk, dv)) of the Mosaic kernels, each checked against the fp32 reference on
   the same inputs and cotangent (finite; relative error < 2e-2 over the tensor and 1e-1 per
   row (``check_close``; near-tied rows excused unless ``exact``: integer scores), also per
@@ -1239,8 +1239,10 @@ def _check_mosaic(mg, q, k, v, mask, ct, n, m, label, per_example=False, rate=0.
     return ref.dfss_attention_reference(q, k, v, n=n, m=m, mask=mask, precision=HI,
                                         dropout_rate=rate, dropout_seed=seed)
 
+  tiles = mg.DEFAULT_TILES if tiles is None else tiles
   out, vjp = jax.vjp(jax.jit(lambda q, k, v: mg.dfss_attention_mgpu(
-      q, k, v, n=n, m=m, mask=mask, dropout_rate=rate, dropout_seed=seed)), q, k, v)
+      q, k, v, n=n, m=m, mask=mask, dropout_rate=rate, dropout_seed=seed, tiles=tiles)),
+                     q, k, v)
   grads = vjp(ct)
   want, vjp_ref = jax.vjp(f_ref, q, k, v)
   grads_ref = vjp_ref(ct.astype(jnp.float32))
@@ -1377,9 +1379,10 @@ def test_mosaic_wide_products_draw_the_limbs_bits(case):
   q, k, v, mask, ct = case_inputs(key, dtype, b, l, h, d, masked)
   seed = dd.seed_words(jax.random.PRNGKey(key))
 
-  def value_and_grads(tiles):
+  def value_and_grads(tiles):   # deterministic: dQ's bits must not depend on the adds' order
     f = lambda q, k, v: mg.dfss_attention_mgpu(q, k, v, n=n, m=m, mask=mask, tiles=tiles,
-                                               dropout_rate=rate, dropout_seed=seed)
+                                               dropout_rate=rate, dropout_seed=seed,
+                                               deterministic=True)
     out, vjp = jax.vjp(jax.jit(f), q, k, v)
     return [np.asarray(x.astype(jnp.float32)) for x in (out, *vjp(ct))]
 
@@ -1421,6 +1424,55 @@ def test_mosaic_dense_matches_float64(case):
       case, 2e-2)
 
 
+FUSED_BACKWARD_CASES = [
+    # dtype, n, m, batch, length, heads, head_dim, masked, rate (n == m: dense)
+    (jnp.bfloat16, 2, 4, 2, 1000, 2, 64, True, 0.0),
+    (jnp.bfloat16, 2, 4, 3, 700, 2, 64, "holes", 0.1),
+    (jnp.bfloat16, 1, 2, 2, 300, 1, 128, True, 0.0),
+    (jnp.float16, 2, 8, 2, 257, 2, 32, True, 0.2),
+    (jnp.bfloat16, 2, 4, 2, 1024, 2, 8, "holes", 0.1),    # Path-X's head dim, run at 16
+    (jnp.bfloat16, 1, 1, 3, 700, 2, 64, "holes", 0.1),    # dense
+    (jnp.bfloat16, 1, 1, 2, 2048, 2, 16, False, 0.0),     # dense
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_BACKWARD_CASES,
+                         ids=lambda c: _case_id(c[:8]) + f"-p{c[8]}")
+def test_mosaic_fused_backward_matches_reference(case):
+  """Tiles(fused_backward=True): dQ added by the dK/dV kernel through TMA reduce-adds, against
+  the float references (DFSS: the fp32 reference; dense: float64 numpy) with the same dropout
+  mask, padded lengths, holes and a fully padded example (zeros); and against the two-kernel
+  backward on the same inputs (the same dS and K, summed in another order)."""
+  mg = _need_mosaic()
+  from lra_sparse.ops import dropout as dd
+  dtype, n, m, b, l, h, d, masked, rate = case
+  fused = mg.Tiles(fused_backward=True)
+  key = zlib.crc32(repr(case).encode()) % (2**31)
+  if n == m:
+    check_dense_kernel(f"fused dense {case}", lambda q, k, v, mask, rate, seed:
+                       mg.dense_attention_mgpu(q, k, v, mask=mask, dropout_rate=rate,
+                                               dropout_seed=seed, tiles=fused),
+                       case[:1] + case[3:], 2e-2)
+    return
+  q, k, v, mask, ct = case_inputs(key, dtype, b, l, h, d, masked)
+  seed = dd.seed_words(jax.random.PRNGKey(key + 1)) if rate else None
+  out, grads = _check_mosaic(mg, q, k, v, mask, ct, n, m, f"fused {case}", rate=rate,
+                             seed=seed, tiles=fused)
+  _, vjp = jax.vjp(jax.jit(lambda q, k, v: mg.dfss_attention_mgpu(
+      q, k, v, n=n, m=m, mask=mask, dropout_rate=rate, dropout_seed=seed, tiles=fused,
+      deterministic=True)), q, k, v)   # deterministic: the two kernels whatever the tiles say
+  two_kernels = vjp(ct)
+  for name, a, r in zip(("dq", "dk", "dv"), grads, two_kernels):
+    a, r = (np.asarray(x.astype(jnp.float32)) for x in (a, r))
+    if name != "dq":                    # dK and dV: the same kernel code, the same bits
+      np.testing.assert_array_equal(a, r, err_msg=name)
+    elif np.linalg.norm(r) > 0:
+      assert rel_err(a, r) < 1e-2, name
+  if masked and b > 1:                  # make_mask pads the whole last sequence
+    assert np.all(np.asarray(grads[0][-1].astype(jnp.float32)) == 0.0)
+
+
 @pytest.mark.gpu
 def test_dense_auto_trains_dropout_on_mosaic_with_the_xla_mask():
   """dense_attention 'auto' with dropout on a Hopper in bf16 runs the Mosaic kernels (the
@@ -1453,8 +1505,10 @@ def test_auto_runs_dropout_on_mosaic():
 
 @pytest.mark.gpu
 def test_mosaic_is_deterministic_and_auto_picks_it():
-  """Two backward runs give bit-identical gradients (no atomics); backend='auto' on a Hopper
-  GPU runs the Mosaic GPU kernels (the same bits as calling them directly)."""
+  """With ``deterministic`` (the configs' deterministic_kernels) two backward runs give
+  bit-identical gradients (no atomics), and backend='auto' on a Hopper GPU runs the Mosaic GPU
+  kernels (the same bits as calling them directly); the default (fused) backward's dQ agrees
+  with them to float32 summation order, its dK and dV bit for bit."""
   mg = _need_mosaic()
   from lra_sparse.attention.dfss import dfss_attention
   q, k, v = rand_qkv(jax.random.PRNGKey(3), (2, 700, 2, 64), jnp.bfloat16)
@@ -1466,11 +1520,17 @@ def test_mosaic_is_deterministic_and_auto_picks_it():
     return [np.asarray(g.astype(jnp.float32))
             for g in jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, k, v)]
 
-  direct = lambda q, k, v: mg.dfss_attention_mgpu(q, k, v, n=2, m=4, mask=mask)
-  auto = lambda q, k, v: dfss_attention(q, k, v, n=2, m=4, mask=mask, backend="auto")
-  first, second, via_auto = grads(direct), grads(direct), grads(auto)
+  direct = lambda q, k, v: mg.dfss_attention_mgpu(q, k, v, n=2, m=4, mask=mask,
+                                                  deterministic=True)
+  auto = lambda q, k, v: dfss_attention(q, k, v, n=2, m=4, mask=mask, backend="auto",
+                                        deterministic_kernels=True)
+  fused = lambda q, k, v: dfss_attention(q, k, v, n=2, m=4, mask=mask, backend="auto")
+  first, second, via_auto, via_fused = grads(direct), grads(direct), grads(auto), grads(fused)
   for a, b, c in zip(first, second, via_auto):
     assert np.array_equal(a, b) and np.array_equal(a, c)
+  assert rel_err(via_fused[0], first[0]) < 1e-2
+  for a, c in zip(first[1:], via_fused[1:]):
+    np.testing.assert_array_equal(a, c)
 
 
 def test_mosaic_swizzle_follows_the_head_dim():

@@ -67,3 +67,55 @@ def test_every_mosaic_kernel_case_lowers_for_cuda():
   results = {case: lower.lower_case(case, mosaic.DEFAULT_TILES) for case in grid}
   assert {case: r for case, r in results.items() if r != "ok"} == {}
   assert len(results) == 24
+
+
+@pytest.mark.skipif(not _jax_lowers_the_kernels(),
+                    reason="lowering the Mosaic GPU kernels needs jax >= 0.11 (Python 3.12)")
+def test_the_two_kernel_backward_lowers_for_cuda():
+  """Tiles(fused_backward=False), the backward of deterministic runs (the grid above lowers
+  the default, fused one): dense and DFSS 2:4 at head dims 8 and 64, with dropout and holes."""
+  from lra_sparse.kernels.dfss import mosaic
+  grid = lower.cases(["dense", "2:4"], ["8", "64"], ["0.1"], ["holes"])
+  tiles = mosaic.Tiles(fused_backward=False)
+  assert {c: r for c in grid if (r := lower.lower_case(c, tiles)) != "ok"} == {}
+
+
+def _kernel_launches(loss, head_dim: int) -> int:
+  """Mosaic GPU kernels launched by the forward and backward of ``loss`` (its custom calls
+  in the program lowered for CUDA)."""
+  import re
+  import jax
+  q = jax.ShapeDtypeStruct((2, 256, 2, head_dim), jnp.bfloat16)
+  text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, q, q).lower(
+      lowering_platforms=("cuda",)).as_text()
+  return len(re.findall(r"custom_call @mosaic_gpu", text))
+
+
+@pytest.mark.skipif(not _jax_lowers_the_kernels(),
+                    reason="lowering the Mosaic GPU kernels needs jax >= 0.11 (Python 3.12)")
+@pytest.mark.parametrize("kind", ["dense", "2:4"])
+def test_deterministic_kernels_reach_the_mosaic_backward(monkeypatch, kind):
+  """The public functions the model calls (``dense_attention`` / ``dfss_attention`` with the
+  configs' ``deterministic_kernels``) pick the Mosaic backward: by default one kernel at head
+  dims up to 64 (dK/dV adding dQ's shares), so forward + backward launch 2 kernels; with
+  deterministic_kernels=True the separate dQ kernel too (3); at head dim 128 always 3 (the
+  fused kernel's shared memory does not fit). Lowered for CUDA on this CPU, the kernels'
+  availability check patched."""
+  from lra_sparse.attention.dense import dense_attention
+  from lra_sparse.attention.dfss import dfss_attention
+  from lra_sparse.kernels.dfss import mosaic
+  monkeypatch.setattr(mosaic, "is_available", lambda: True)
+
+  def launches(head_dim, deterministic):
+    def loss(q, k, v):
+      if kind == "dense":
+        out = dense_attention(q, k, v, implementation="mosaic",
+                              deterministic_kernels=deterministic)
+      else:
+        out = dfss_attention(q, k, v, n=2, m=4, backend="mosaic",
+                             deterministic_kernels=deterministic)
+      return out.astype(jnp.float32).sum()
+    return _kernel_launches(loss, head_dim)
+
+  assert [launches(64, False), launches(64, True), launches(128, False)] == [2, 3, 3]
+  assert launches(8, False) == 2     # Path-X's head dim, run at 16

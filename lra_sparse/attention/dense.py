@@ -44,9 +44,10 @@ class DenseConfig(KindConfig):
   # The task's key masks may have holes (pixel tasks masking black pixels). Set by the model
   # builder from the task (lra_sparse.models.attention_for_masks), not by hand.
   mask_holes: bool = derived(False)
-  # The Triton kernels' backward (float32's path): False = one pass with fp32 atomics for dQ
-  # (fastest; dQ's last bits, and so a run, vary from run to run at a fixed seed) | True =
-  # separate dK/dV and dQ kernels (bit-reproducible runs). The other paths are deterministic.
+  # The Triton and Mosaic GPU kernels' backward: False = dQ summed with fp32 atomics (fastest;
+  # dQ's last bits, and so a run, vary from run to run at a fixed seed; Mosaic: head dims up to
+  # 64) | True = separate dK/dV and dQ kernels (bit-reproducible runs). The other paths
+  # (cuDNN, XLA) are deterministic either way.
   deterministic_kernels: bool = False
 
   def __post_init__(self):
@@ -117,11 +118,13 @@ def _per_shard(kernel, q, k, v, mask, dropout_rate, dropout_rng, **options):
   return sharding.per_data_shard(kernel_call, q, k, v, mask, seed, replicated=(4,))
 
 
-def mosaic_attention(q, k, v, mask=None, *, dropout_rate: float = 0.0, dropout_rng=None):
+def mosaic_attention(q, k, v, mask=None, *, dropout_rate: float = 0.0, dropout_rng=None,
+                     deterministic: bool = False):
   """Dense attention on the Mosaic GPU kernels (``dense_attention_mgpu``), once per data
-  shard, with attention dropout as ``_per_shard`` draws it."""
+  shard, with attention dropout as ``_per_shard`` draws it; ``deterministic``: the backward
+  without atomics."""
   return _per_shard(mosaic_kernels.dense_attention_mgpu, q, k, v, mask, dropout_rate,
-                    dropout_rng)
+                    dropout_rng, deterministic=deterministic)
 
 
 def _triton_module(required: bool):
@@ -182,7 +185,8 @@ def dense_attention(q, k, v, mask=None, *, implementation: str = "auto",
   GPU with dropout or ``mask_holes`` where it runs, else cuDNN; on a GPU in float32: Triton;
   XLA otherwise). cuDNN has no dropout: asking for it with dropout is an error. A fully
   padded row gives zeros on the kernels, the mean of the values on XLA.
-  ``deterministic_kernels``: the Triton path's backward without atomics (bit-reproducible).
+  ``deterministic_kernels``: the Triton and Mosaic paths' backward without atomics
+  (bit-reproducible).
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"unknown dense attention implementation {implementation!r}; "
@@ -197,7 +201,8 @@ def dense_attention(q, k, v, mask=None, *, implementation: str = "auto",
     if reason:
       raise ValueError(f"dense attention: implementation='mosaic' cannot run this call: "
                        f"{reason}; use 'auto' or 'xla'")
-    return mosaic_attention(q, k, v, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+    return mosaic_attention(q, k, v, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+                            deterministic=deterministic_kernels)
   if implementation == "triton":
     _triton_module(required=True)
     reason = triton_kernels.unsupported_reason(q, v, 1, 1, k=k)
@@ -216,7 +221,7 @@ def dense_attention(q, k, v, mask=None, *, implementation: str = "auto",
           "kernels on Hopper, else XLA), 'mosaic' or 'xla', or attention_dropout_rate=0")
     if implementation == "auto" and _half(q) and _mosaic_runs(q, k, v):
       return mosaic_attention(q, k, v, mask, dropout_rate=dropout_rate,
-                              dropout_rng=dropout_rng)
+                              dropout_rng=dropout_rng, deterministic=deterministic_kernels)
     return dense_attention_reference(q, k, v, mask, dropout_rate=dropout_rate,
                                      dropout_rng=dropout_rng)
   if implementation == "reference":
@@ -225,7 +230,7 @@ def dense_attention(q, k, v, mask=None, *, implementation: str = "auto",
     return cudnn_attention(q, k, v, mask, any_mask=implementation == "cudnn_bias")
   if implementation == "auto" and _on_gpu() and _half(q):
     if mask_holes and mask is not None and _mosaic_runs(q, k, v):
-      return mosaic_attention(q, k, v, mask)
+      return mosaic_attention(q, k, v, mask, deterministic=deterministic_kernels)
     try:
       return cudnn_attention(q, k, v, mask, any_mask=mask_holes)
     except Exception as error:  # noqa: BLE001  cuDNN refuses at trace time: XLA runs it

@@ -53,8 +53,9 @@ class DFSSConfig(KindConfig):
   KIND = "dfss"
   nm: str = "2:4"                    # keep the n largest of every m consecutive keys: "n:m"
   backend: str = "auto"              # auto | mosaic | triton | reference
-  # Triton backward: False = one pass with fp32 atomics for dQ (fastest, last bits of dQ vary
-  # run to run); True = separate dK/dV and dQ kernels (bit-reproducible, ~15% slower).
+  # Triton and Mosaic GPU backward: False = dQ summed with fp32 atomics (fastest, last bits of
+  # dQ vary run to run; Mosaic: head dims up to 64); True = separate dK/dV and dQ kernels
+  # (bit-reproducible; Triton ~15% slower, Mosaic up to 1.35x slower forward+backward).
   deterministic_kernels: bool = False
 
   def __post_init__(self):
@@ -114,7 +115,7 @@ def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str =
   key padding (True = real token). Requires 0 < n <= m (n == m keeps every key: dense
   attention) and length % m == 0. Attention dropout (rate > 0 with an rng): every backend
   drops the same entries for the same rng (``ops.dropout``). deterministic_kernels: the Triton
-  backward without atomics (bit-reproducible gradients); the Mosaic GPU and pure-JAX paths
+  and Mosaic GPU backwards without atomics (bit-reproducible gradients); the pure-JAX paths
   are deterministic either way. backend: see the module docstring.
   """
   check_nm(n, m, what="dfss_attention")
@@ -142,7 +143,8 @@ def dfss_attention(q, k, v, *, n: int = 2, m: int = 4, mask=None, backend: str =
       drop = dict(dropout_rate=dropout_rate if use_dropout else 0.0,
                   dropout_seed=sharding.shard_dropout_seed(seed))
       if kind == "mosaic":
-        return kernel.dfss_attention_mgpu(q, k, v, n=n, m=m, mask=mask, **drop)
+        return kernel.dfss_attention_mgpu(q, k, v, n=n, m=m, mask=mask,
+                                          deterministic=deterministic_kernels, **drop)
       return kernel.dfss_attention_triton(q, k, v, n=n, m=m, mask=mask,
                                           deterministic=deterministic_kernels, **drop)
     return sharding.per_data_shard(kernel_call, q, k, v, mask, seed, replicated=(4,))

@@ -28,9 +28,12 @@ tiles while two compute warpgroups each own 64 query rows):
   Real scores are assumed above MASKED / 2 (|q . k| < 1.6e7, far outside any trained model).
   A row whose maximum is still below ``MASKED / 2`` has no real key: its output is 0 and its
   LSE +inf, so the backward gives it zero gradients.
-* Backward: a dQ kernel (loop over key tiles) and a dK/dV kernel (loop over query tiles); both
-  recompute S in the [query, key] orientation and prune it as the forward; the dK/dV kernel
-  passes P and dS to the tensor cores through shared memory, transposed.
+* Backward: a dK/dV kernel (loop over query tiles) recomputes S in the [query, key]
+  orientation, prunes it as the forward and passes P and dS to the tensor cores through shared
+  memory, transposed; at head dims up to 64 it also adds each step's dS K into a float32 dQ
+  by the TMA's reduce-add (``Tiles.fused_backward``: scores and exponentials once per tile
+  pair; dQ's last bits vary with the order of the adds). ``deterministic=True`` (and head dim
+  128) runs a separate dQ kernel (loop over key tiles) instead: bit-reproducible gradients.
 * Padding costs no work (as cuDNN's sequence lengths): with a key mask, each pipeline's step
   count is read per CTA (a dynamic grid), so the forward and dQ loops stop at the key tile of
   an example's last real key, the dK/dV loop at the query tile of its last row with a
@@ -83,6 +86,7 @@ MASKED = -float(2**25)   # bias of a padded key (finite and moderate: see the mo
 _LOG2E = math.log2(math.e)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)   # what the kernels run; others are zero-padded
 SUPPORTED_M = (2, 4, 8)
+FUSED_BACKWARD_MAX_HEAD_DIM = 64   # Tiles.fused_backward: the widest head dim whose smem fits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +112,17 @@ class Tiles:
   # to 16; 64 is the kernels before they ran 16 and 32 (every small head dim padded to 64),
   # kept for the benchmarks' A/B (``--ab_tiles=min_head_dim=64``)
   min_head_dim: int = 16
+  # backward in one kernel: the dK/dV kernel also forms each step's dQ share, dS K, and adds it
+  # into a float32 dQ through the TMA's reduce-add, so the scores, their exponentials and dP are
+  # computed once per tile pair instead of twice (dQ kernel and dK/dV kernel). dQ's last bits
+  # then depend on the order of the adds (not bit-reproducible run to run), so the public
+  # functions' ``deterministic=True`` (the configs' ``deterministic_kernels``) runs the two
+  # kernels whatever this says. Head dims up to 64: at 128 the dK/dV kernel's shared memory has
+  # no room for the float32 dQ staging (234,624 bytes > 232,448, the lowering's check), so head
+  # dim 128 keeps the two kernels. On one H100 the fused backward takes forward+backward from
+  # 0.811 to 0.640 ms (DFSS 2:4 with dropout 0.1, 32x1024, 4 heads of 64) and from 141.9 to
+  # 104.8 ms (Path-X's 64x16384, 2 heads of 8): experiments/reports/dfss_mosaic/fused_backward_h100.md.
+  fused_backward: bool = True
 
   def __post_init__(self):
     if self.min_head_dim not in SUPPORTED_HEAD_DIMS:
@@ -675,11 +690,13 @@ def _backward_dq(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, til
 
 
 def _backward_dkv(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, tiles: Tiles,
-                  t: int = 0):
+                  t: int = 0, dq_acc=None):
   """(dK, dV) on permuted k, v, bias: one CTA per compute_wgs x block_kv keys, looping over
   query tiles (with a bias, the first ``steps[b, j]`` of them for the j-th CTA of example b).
   S is recomputed as [query, key] (so the N:M slices are column slices); P^T dO and dS^T Q
-  take P and dS from shared memory, transposed."""
+  take P and dS from shared memory, transposed. With ``dq_acc`` (a float32 [B, L, H, D] ref of
+  zeros, ``jax.new_ref``), each step also adds its share of dQ / scale, dS K over this
+  warpgroup's keys, into the query rows of the step by the TMA's reduce-add."""
   from jax.experimental import pallas as pl  # pylint: disable=import-outside-toplevel
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=import-outside-toplevel
   batch, length, heads, head_dim = q.shape
@@ -687,14 +704,19 @@ def _backward_dkv(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, ti
   block_q, block_kv = tiles.bwd_block_q, tiles.bwd_block_kv
   compute_wgs = tiles.compute_wgs_bwd
   has_bias = bias is not None
+  fused = dq_acc is not None
   c = scale * _LOG2E
   transforms = _smem_transforms(head_dim, dtype)
 
   def kernel(*refs):
     (q_ref, k_ref, v_ref, bias_ref, steps_ref, seed_ref), rest = _inputs(refs, has_bias,
                                                                           bool(t))
-    do_ref, lse_ref, delta_ref, dk_ref, dv_ref, smem, barriers = rest
-    k_smem2, v_smem2, bias_smem2, p_smem2, ds_smem2 = smem
+    if fused:
+      do_ref, lse_ref, delta_ref, dq_ref, dk_ref, dv_ref, smem, barriers = rest
+      k_smem2, v_smem2, bias_smem2, p_smem2, ds_smem2, dq_smem2 = smem
+    else:
+      do_ref, lse_ref, delta_ref, dk_ref, dv_ref, smem, barriers = rest
+      k_smem2, v_smem2, bias_smem2, p_smem2, ds_smem2 = smem
     b = lax.axis_index("batch")
     h = lax.axis_index("heads")
     wg = lax.axis_index("wg")
@@ -777,6 +799,18 @@ def _backward_dkv(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, ti
         plgpu.wgmma(dk_ref, ds_smem.transpose((1, 0)), q_smem)
 
       dv, dk = pl.run_state(grads)((plgpu.ACC.init(dv), plgpu.ACC.init(dk)))
+      if fused:                           # this step's share of dQ / scale: dS K
+        def dq_product(acc_ref):
+          plgpu.wgmma(acc_ref, ds.astype(dtype), k_smem)
+          return acc_ref[...]
+
+        dq_part = pl.run_scoped(dq_product, plgpu.ACC((block_q, head_dim), jnp.float32))
+        dq_smem = dq_smem2.at[wg]
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # the last step's add has read it
+        dq_smem[...] = dq_part
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b, pl.ds(idx[0] * block_q, block_q), h],
+                                reduction_op="add")
       plgpu.barrier_arrive(q_done)
       plgpu.barrier_arrive(do_done)
       return (dk, dv, key_bias) if has_bias else (dk, dv)
@@ -796,15 +830,29 @@ def _backward_dkv(q, k, v, bias, steps, seed, do, lse, delta, *, n, m, scale, ti
   kv_tile = plgpu.SMEM((compute_wgs, block_kv, head_dim), dtype, transforms=transforms)
   pq_tile = plgpu.SMEM((compute_wgs, block_q, block_kv), dtype, transforms=transforms)
   bias_buf = plgpu.SMEM((compute_wgs, block_kv), jnp.float32)
-  call = plgpu.kernel(
-      kernel, out_type=(jax.ShapeDtypeStruct(k.shape, dtype),
-                        jax.ShapeDtypeStruct(v.shape, dtype)),
-      scratch_types=((kv_tile, kv_tile, bias_buf, pq_tile, pq_tile),
-                     (plgpu.Barrier(num_barriers=compute_wgs),) * 3),
-      grid=(heads, length // (compute_wgs * block_kv), batch),
-      grid_names=("heads", "kv_seq", "batch"), num_threads=compute_wgs + 1, thread_name="wg",
-      compiler_params=plgpu.CompilerParams(approx_math=True))
-  return call(*_operands(q, k, v, bias, steps, seed), do, lse, delta)
+  smem = (kv_tile, kv_tile, bias_buf, pq_tile, pq_tile)
+  if fused:
+    smem += (plgpu.SMEM((compute_wgs, block_q, head_dim), jnp.float32),)
+  out_type = (jax.ShapeDtypeStruct(k.shape, dtype), jax.ShapeDtypeStruct(v.shape, dtype))
+  scratch = (smem, (plgpu.Barrier(num_barriers=compute_wgs),) * 3)
+  grid = dict(grid=(heads, length // (compute_wgs * block_kv), batch),
+              grid_names=("heads", "kv_seq", "batch"), num_threads=compute_wgs + 1,
+              thread_name="wg")
+  params = plgpu.CompilerParams(approx_math=True)
+  operands = _operands(q, k, v, bias, steps, seed) + (do, lse, delta)
+  if not fused:
+    return plgpu.kernel(kernel, out_type=out_type, scratch_types=scratch,
+                        compiler_params=params, **grid)(*operands)
+
+  # A ref operand (dq_acc, which the kernel adds into) cannot pass plgpu.kernel's batching
+  # wrapper (its jaxpr loses the ref's write effect: traced on jax 0.10.2), so the fused
+  # kernel is launched as plgpu.kernel does it underneath: pl.kernel on the warpgroup mesh,
+  # the scratch allocated by run_scoped across the warpgroups.
+  def body(*refs):
+    pl.run_scoped(functools.partial(kernel, *refs), *scratch, collective_axes="wg")
+
+  return pl.kernel(body, out_type=out_type, mesh=plgpu.Mesh(**grid),
+                   compiler_params=params)(*operands, dq_acc)
 
 
 # ----------------------------------------------------------------------------- wrapper
@@ -888,8 +936,16 @@ def _attn_bwd(n, m, scale, tiles, t, res, do):
   delta = jnp.einsum("blhd,blhd->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
   kw = dict(n=n, m=m, scale=scale, tiles=tiles, t=t)
   dq_steps, dkv_steps = (None, None) if bias is None else _backward_steps(extent, do, tiles)
-  dq = _backward_dq(qp, kp, vp, bias, dq_steps, kseed, do, lse, delta, **kw)
-  dk, dv = _backward_dkv(qp, kp, vp, bias, dkv_steps, kseed, do, lse, delta, **kw)
+  if tiles.fused_backward and qp.shape[-1] <= FUSED_BACKWARD_MAX_HEAD_DIM:
+    # a dK/dV CTA's skipped query tiles and keys add nothing to dQ (dS = 0 there), so the
+    # rows no CTA reaches keep the zeros they start from, as the dQ kernel gives them
+    dq_acc = jax.new_ref(jnp.zeros(qp.shape, jnp.float32))
+    dk, dv = _backward_dkv(qp, kp, vp, bias, dkv_steps, kseed, do, lse, delta, dq_acc=dq_acc,
+                           **kw)
+    dq = (dq_acc[...] * scale).astype(qp.dtype)
+  else:
+    dq = _backward_dq(qp, kp, vp, bias, dq_steps, kseed, do, lse, delta, **kw)
+    dk, dv = _backward_dkv(qp, kp, vp, bias, dkv_steps, kseed, do, lse, delta, **kw)
   dk, dv = unpermute_keys(dk, m), unpermute_keys(dv, m)
   dmask = None if mask is None else jnp.zeros(mask.shape, jax.dtypes.float0)
   dseed = None if seed is None else jnp.zeros(seed.shape, jax.dtypes.float0)
@@ -908,7 +964,9 @@ def _checked_mask(mask, q):
   return mask.astype(bool)
 
 
-def _run(q, k, v, mask, seed, n, m, tiles, t):
+def _run(q, k, v, mask, seed, n, m, tiles, t, deterministic):
+  if deterministic and tiles.fused_backward:   # the two-kernel backward: no atomic adds
+    tiles = dataclasses.replace(tiles, fused_backward=False)
   head_dim = q.shape[-1]
   width = kernel_head_dim(head_dim, tiles)
   q, k, v = (zero_pad_head_dim(x, width) for x in (q, k, v))
@@ -918,7 +976,7 @@ def _run(q, k, v, mask, seed, n, m, tiles, t):
 
 def dfss_attention_mgpu(q, k, v, *, n: int, m: int, mask=None,
                         tiles: Optional[Tiles] = None, dropout_rate: float = 0.0,
-                        dropout_seed=None):
+                        dropout_seed=None, deterministic: bool = False):
   """DFSS attention with the Mosaic GPU kernels. q, k, v: [batch, length, heads, head_dim]
   (bf16 / fp16, head_dim <= 128: 16, 32, 64 and 128 run as they are, others zero-padded to
   the next with the true head dim's softmax scale, exactly), mask: bool [batch, length] key
@@ -926,27 +984,31 @@ def dfss_attention_mgpu(q, k, v, *, n: int, m: int, mask=None,
   Attention dropout: rate in [0, 1) and, when > 0, ``dropout_seed`` (int32 [2],
   ``dropout.seed_words``): the mask ``ops.dropout`` defines, the same as the Triton
   kernels and the pure-JAX path draw for that seed.
+  ``deterministic``: the backward in two kernels (dQ, then dK/dV) without atomic adds, so
+  gradients are bit-reproducible; otherwise head dims up to 64 run ``Tiles.fused_backward``.
   Raises ValueError(``unsupported_reason``) for operands the kernels do not handle."""
   reason = unsupported_reason(q, v, n, m, k=k)
   if reason is not None:
     raise ValueError(reason)
   t, seed = dropout.checked_seed(dropout_rate, dropout_seed)
-  return _run(q, k, v, _checked_mask(mask, q), seed, n, m, _resolved(tiles), t)
+  return _run(q, k, v, _checked_mask(mask, q), seed, n, m, _resolved(tiles), t, deterministic)
 
 
 DENSE_DROPOUT_M = dropout.KEY_GROUP   # dense with dropout: keys permuted as for M = 8
 
 
 def dense_attention_mgpu(q, k, v, *, mask=None, tiles: Optional[Tiles] = None,
-                         dropout_rate: float = 0.0, dropout_seed=None):
+                         dropout_rate: float = 0.0, dropout_seed=None,
+                         deterministic: bool = False):
   """Dense softmax attention with the Mosaic GPU kernels (the DFSS kernels with nothing
   pruned): softmax(Q K^T / sqrt(d)) V over the real keys, with attention dropout by the rule of
   ``ops.dropout`` (the mask XLA's dense path draws for the same seed). Operands as
   ``dfss_attention_mgpu``; the key mask may have holes (any bool [batch, length]); a row with
-  no real key gives zeros. Raises ValueError(``dense_unsupported_reason``) otherwise."""
+  no real key gives zeros; ``deterministic`` as there. Raises
+  ValueError(``dense_unsupported_reason``) otherwise."""
   reason = dense_unsupported_reason(q, v, k=k)
   if reason is not None:
     raise ValueError(reason)
   t, seed = dropout.checked_seed(dropout_rate, dropout_seed)
   m = DENSE_DROPOUT_M if t else 1
-  return _run(q, k, v, _checked_mask(mask, q), seed, m, m, _resolved(tiles), t)
+  return _run(q, k, v, _checked_mask(mask, q), seed, m, m, _resolved(tiles), t, deterministic)
