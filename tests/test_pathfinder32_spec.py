@@ -44,6 +44,12 @@ def test_every_kind_runs_lras_config_to_its_last_step(tmp_path, monkeypatch):
   assert sorted(run.name for run in more) == [
       f"pathfinder32__pathfinder__{kind}__seed={seed}"
       for kind in ("dense", "dfss2-4") for seed in (1, 2)]
+  every = {run.name: run for run in _runs("all", tmp_path / "c")}   # runs chain per GPU
+  assert len(every) == 12
+  for run in runs + more:                # the same runs as the other presets name them
+    twin = every[run.name]
+    assert (run.config_arg, run.overrides, run.cost) == (twin.config_arg, twin.overrides,
+                                                         twin.cost)
   table = tables.load_table(SPEC)
   assert [row.label for row in table.rows] == [
       "Transformer (dense)", "DFSS 2:4", "Nystromformer",

@@ -5,8 +5,7 @@ Every run is LRA's Pathfinder-32 config (``configs/pathfinder.py``: 4 layers, 4 
 dropout 0.1 and LRA's attention dropout, black pixels masked as LRA does) in bfloat16, from
 scratch, on the generated hard set (contour length 14, 200k images: 160k / 20k / 20k):
 
-  python -m lra_sparse.generators.pathfinder --output_dir=data/pathfinder32 \\
-      --difficulty=hard --num_images=200000 --seed=0 --num_workers=16
+  python -m lra_sparse.data.prepare --task=pathfinder --data_dir=data --offline
 
 A run takes 23-113 minutes of one GPU (H100 step times at this config with its attention
 dropout, ``experiments/reports/train_step/memory_h100.md``: dense 37.0 ms, DFSS 2:4 48.1,
@@ -14,21 +13,25 @@ Nystromformer 21.8, DSA-90 108.3), longer than a device call, so the runs train 
 slices whose checkpoints (a few MB: the model is small) come back and are carried to the next
 call: one run per GPU of a 4-GPU machine,
 
-  PREPARE="python -m lra_sparse.generators.pathfinder --output_dir=data/pathfinder32 \\
-      --difficulty=hard --num_images=200000 --seed=0 --num_workers=16" \\
-  GPUS=0,1,2,3 CARRY_IN=.carry/pathfinder32 bash scripts/device_sweep.sh \\
-      experiments/specs/pathfinder32.py /tmp/pf 540 '__dense__seed=0$' '__dfss2-4__seed=0$' \\
-      '__nystrom__seed=0$' '__dsa90__seed=0$'
+  PREPARE="python -m lra_sparse.data.prepare --task=pathfinder --data_dir=data --offline" \\
+  GPUS=0,1,3,2 CARRY_IN=.carry/pathfinder32 bash scripts/device_sweep.sh \\
+      experiments/specs/pathfinder32.py:all /tmp/pf 540 '__dense__seed=[01]$' \\
+      '__dfss2-4__seed=[01]$' '__dsa90__seed=0$' '__nystrom__seed=0$'
 
-(then copy $OUT's pI/ folders into .carry/pathfinder32/ for the next call), and the table
+(the I-th regex's runs in root /tmp/pf.pI, on the I-th GPU of GPUS, one after the other; a
+slot starts the run with the larger step_cost first, so name a cheaper run beside an unfinished
+one only once that one is done; then copy $OUT's pI/ folders into .carry/pathfinder32/ for the
+next call), and the table
 
   python -m lra_sparse.tables --root=ROOT --spec=experiments/specs/pathfinder32.py \\
       --curves=experiments/results/pathfinder32_curves.png
 
 Presets: "" (seed 0 of every kind), "seeds" (seeds 1 and 2 of dense and DFSS 2:4, the
-issue's three seeds where the budget allows), "best_val" (the table at the best validation
-step; sweep: the same runs as ""), "tiny" (the tiny Pathfinder config for 20 steps: the CPU
-pipeline check). The table pools the runs of "" and "seeds" per kind.
+issue's three seeds where the budget allows), "all" (every kind at seeds 0-2 in one root, the
+runs of "" and "seeds" among them, so that a GPU whose run ends mid-call goes on with the next
+one its regex names, e.g. '__dense__seed=[01]$': seed 0, then seed 1), "best_val" (the
+table at the best validation step; sweep: the same runs as ""), "tiny" (the tiny Pathfinder
+config for 20 steps: the CPU pipeline check). The table pools a kind's runs over the seeds.
 
 The published value beside the dense row is LRA's Transformer (Tay et al. 2021, Table 1:
 71.40). DFSS and DSA left Pathfinder out of their papers, so their rows have none. The DSA-90
@@ -39,7 +42,7 @@ from experiments.specs._tiny import check_preset, tiny_steps
 from lra_sparse.sweep import Group, Sweep, Variant
 from lra_sparse.tables import Selector, Table
 
-PRESETS = ("", "seeds", "best_val", "tiny")
+PRESETS = ("", "seeds", "all", "best_val", "tiny")
 KINDS = (  # (run-name label, row label, overrides, step cost: H100 ms per step / 48.1)
     ("dense", "Transformer (dense)", {"attention.kind": "dense"}, 37.0 / 48.1),
     ("dfss2-4", "DFSS 2:4", {"attention.kind": "dfss", "attention.dfss.nm": "2:4"}, 1.0),
@@ -64,6 +67,7 @@ def _check(preset: str) -> bool:
 def get_sweep(preset: str = "") -> Sweep:
   tiny = _check(preset)
   kinds = [kind for kind in KINDS if preset != "seeds" or kind[0] in MORE_SEEDS_KINDS]
+  seeds = {"seeds": MORE_SEEDS, "all": (0, *MORE_SEEDS)}.get(preset, (0,))
   return Sweep(
       name="pathfinder32" + ("_tiny" if tiny else ""),
       groups=[Group(config="configs/pathfinder.py" + (":tiny" if tiny else ""),
@@ -72,7 +76,7 @@ def get_sweep(preset: str = "") -> Sweep:
                                              else {"data.data_dir": DATA_DIR})},
                     variants=[Variant(label, overrides, step_cost=cost)
                               for label, _, overrides, cost in kinds],
-                    seeds=MORE_SEEDS if preset == "seeds" else (0,))])
+                    seeds=seeds)])
 
 
 def get_table(preset: str = "") -> Table:
