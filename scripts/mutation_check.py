@@ -272,6 +272,10 @@ MUTATIONS += [
    "                                          **drop)\n"
    "      return kernel.dfss_attention_triton(",
    "tests/test_lower_mosaic_kernels.py::test_deterministic_kernels_reach_the_mosaic_backward"),
+  ("tables never count a one-class run", "lra_sparse/tables/cells.py",
+   "return bool(shares) and round(max(shares), 9) >= share",
+   "return bool(shares) and round(max(shares), 9) > 1.0",
+   "tests/test_sweep_tables.py::test_cells_count_runs_that_predict_one_class"),
   ("Mosaic deterministic runs the fused backward", "lra_sparse/kernels/dfss/mosaic.py",
    "  if deterministic and tiles.fused_backward:", "  if False:",
    "tests/test_lower_mosaic_kernels.py::test_deterministic_kernels_reach_the_mosaic_backward"),

@@ -4,9 +4,10 @@ Each row of a committed markdown table is matched to run folders by run name (th
 written out here by hand, not read from the spec), and its cell is recomputed from the runs'
 ``result.json`` with numpy: the mean and sample std (ddof=1) of test accuracy (%) at the last
 step or at the best validation step, n = finished runs, the runs whose last-step test is more
-than 1.5 points under their best-validation test ("k collapsed"), the runs without a result
-("k unfinished"), and the paper's value with our mean minus it. A table edited by hand, or
-rebuilt from other runs, fails here.
+than 1.5 points under their best-validation test ("k collapsed"), those whose last-step test
+put at least 99% of the examples in one predicted class ("k one-class"), the runs without a
+result ("k unfinished"), and the paper's value with our mean minus it. A table edited by hand,
+or rebuilt from other runs, fails here.
 """
 from __future__ import annotations
 
@@ -209,9 +210,10 @@ def _table_rows(path: str) -> dict[str, str]:
   return rows
 
 
-def _cell_values(folder: str, pattern: str, split: str) -> tuple[list, int, int]:
-  """(finished runs' values, unfinished runs, collapsed runs) of the runs ``pattern`` names."""
-  values, unfinished, collapsed = [], 0, 0
+def _cell_values(folder: str, pattern: str, split: str) -> tuple[list, int, int, int]:
+  """(finished runs' values, unfinished runs, collapsed runs, one-class runs) of the runs
+  ``pattern`` names."""
+  values, unfinished, collapsed, one_class = [], 0, 0, 0
   for name in sorted(os.listdir(folder)):
     if not re.fullmatch(pattern, name):
       continue
@@ -226,15 +228,19 @@ def _cell_values(folder: str, pattern: str, split: str) -> tuple[list, int, int]
     # collapse, whatever the last bits of 100 * (0.535 - 0.52) say.
     gap = 100.0 * (record["test_at_best_val"]["accuracy"] - record["test"]["accuracy"])
     collapsed += round(gap, 6) > 1.5
-  return values, unfinished, collapsed
+    # One-class: the last-step test put at least 99% of the examples in one predicted class.
+    shares = [v for k, v in record["test"].items() if k.startswith("predicted_")]
+    one_class += bool(shares) and max(shares) >= 0.99
+  return values, unfinished, collapsed, one_class
 
 
-def _expected_cell(cell: tuple[list, int, int], paper, versus: dict) -> str:
-  """The cell recomputed: value, then (n, collapsed, unfinished, paper, delta, versus) notes;
-  ``versus``: {name: the other row's values}."""
-  values, unfinished, collapsed = cell
+def _expected_cell(cell: tuple[list, int, int, int], paper, versus: dict) -> str:
+  """The cell recomputed: value, then (n, collapsed, one-class, unfinished, paper, delta,
+  versus) notes; ``versus``: {name: the other row's values}."""
+  values, unfinished, collapsed, one_class = cell
   notes = [f"n={len(values)}"] if values else []
   notes += [f"{collapsed} collapsed"] * bool(collapsed)
+  notes += [f"{one_class} one-class"] * bool(one_class)
   notes += [f"{unfinished} unfinished"] * bool(unfinished)
   if paper is not None:
     notes.append(f"paper {paper:.2f}")

@@ -1325,6 +1325,34 @@ def test_a_gap_of_exactly_the_margin_is_not_a_collapse(tmp_path):
     assert f"| Dense | {100 * last:.2f} (n=1, {want}paper 36.37" in text, text
 
 
+def test_cells_count_runs_that_predict_one_class(tmp_path):
+  """A finished run whose last-step test put at least 99% of the examples in one predicted
+  class is counted "one-class" (at chance on Pathfinder, or at the majority class on ListOps,
+  its last step is its best, so no collapse shows); 98.9% is not, nor a run without the
+  histogram; the legend defines the mark only where a cell has it, and the csv carries it."""
+  spec = tmp_path / "spec.py"
+  spec.write_text(_PAPER_SPEC.replace("PAPER", "{}"))
+  root = tmp_path / "runs"
+  for seed, shares in enumerate([(0.0, 1.0), (0.011, 0.989), None]):
+    workdir = write_run(root, f"d{seed}", task="listops", kind="dense", seed=seed,
+                        accuracy=0.5)
+    if shares is not None:
+      result = json.loads((workdir / "result.json").read_text())
+      result["test"].update({f"predicted_{c}": v for c, v in enumerate(shares)})
+      (workdir / "result.json").write_text(json.dumps(result))
+  report = tables.Reporter(echo=False)
+  text = tables.make_table(str(root), str(spec), "markdown", report=report)
+  assert "| Dense | 50.00 ± 0.00 (n=3, 1 one-class) |" in text, text
+  assert "'k one-class' = finished runs whose last-step test put at least 99% of the " \
+      "examples in one predicted class" in text
+  rows = list(csv.DictReader(io.StringIO(tables.make_table(str(root), str(spec), "csv",
+                                                           report=report))))
+  assert [(r["column"], r["one_class"]) for r in rows] == [("ListOps", "1"), ("Text", "0")]
+  (root / "d0").rename(tmp_path / "away")
+  text = tables.make_table(str(root), str(spec), "markdown", report=report)
+  assert "one-class" not in text, text
+
+
 _VERSUS_SPEC = """
 from lra_sparse.tables import Selector, Table
 

@@ -33,7 +33,9 @@ that did not finish are appended to the parentheses: ``(n=2, 1 unfinished, 1 fai
 ``Δ vs X D`` (our mean minus another row's, same column: a fine-tune against its
 from-scratch twin, a sparse kind against dense), and finished runs whose last-step test is
 more than ``Table.collapse_margin`` under their best-validation test are counted
-``k collapsed``.
+``k collapsed``, and those whose last-step test put at least ``Table.one_class_share`` of the
+examples in one predicted class ``k one-class`` (a run that never learned shows as a number
+otherwise: its last step is its best).
 
 Problems in the logs (invalid JSON lines in metrics.jsonl, unreadable config.json/result.json,
 a run matching two rows) are reported as ``warning: FILE:LINE: ...`` on stderr and skipped.

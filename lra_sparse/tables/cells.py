@@ -29,6 +29,7 @@ class CellStats:
   runs: list = dataclasses.field(default_factory=list)     # the finished RunRecords
   pooling: list = dataclasses.field(default_factory=list)  # why pooling them is suspect
   collapsed: int = 0                  # finished runs far under their best (Table.collapse_margin)
+  one_class: int = 0                  # finished runs predicting one class (Table.one_class_share)
   paper: float | None = None          # the published value of this cell, if the spec gives one
   # (name, our mean minus the mean of the row that name stands for): the row's ``versus``
   versus: list = dataclasses.field(default_factory=list)
@@ -145,6 +146,19 @@ def collapsed(run: RunRecord, margin: float, scale: float) -> bool:
   return far_below_best(last * scale, best * scale, margin)
 
 
+def one_class(run: RunRecord, share: float) -> bool:
+  """Whether a finished run's last-step test put at least ``share`` of the examples in one
+  predicted class (``result.json``'s test ``predicted_<c>``; False for runs that did not record
+  them, or for regression metrics)."""
+  try:
+    test = workdir_lib.read_result(run.workdir)["test"]
+    shares = [v for k, v in test.items() if k.startswith("predicted_")]
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    return False
+  shares = [v for v in shares if isinstance(v, (int, float)) and math.isfinite(v)]
+  return bool(shares) and round(max(shares), 9) >= share
+
+
 def placement(table: Table, config: Mapping[str, Any]) -> tuple[list[int], list[int]]:
   """(indices of the rows, indices of the columns) a run's config matches; none when it fails
   ``Table.where``. The run counts in every (row, column) pair of them."""
@@ -174,6 +188,7 @@ def build_cells(table: Table, runs: Sequence[RunRecord],
           cell.values.append(run.value * table.scale)
           cell.runs.append(run)
           cell.collapsed += collapsed(run, table.collapse_margin, table.scale)
+          cell.one_class += one_class(run, table.one_class_share)
         elif run.status == "failed":
           cell.failed += 1
         else:
@@ -198,6 +213,8 @@ def format_cell(cell: CellStats, decimals: int, plus_minus: str = PLUS_MINUS,
   notes = [f"! {problem}" for problem in cell.pooling]
   if cell.collapsed:
     notes.append(f"{cell.collapsed} collapsed")
+  if cell.one_class:
+    notes.append(f"{cell.one_class} one-class")
   if cell.unfinished:
     notes.append(f"{cell.unfinished} unfinished")
   if cell.failed:

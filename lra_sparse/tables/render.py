@@ -30,7 +30,7 @@ def _row_average(table: Table, cells: Mapping[tuple[int, int], CellStats], r: in
   return math.fsum(means) / len(means)
 
 
-def legend(table: Table) -> str:
+def legend(table: Table, cells: Mapping[tuple[int, int], CellStats]) -> str:
   unit = "%" if table.scale == 100 else f"x{table.scale:g}"
   return (f"Cells: mean {PLUS_MINUS} sample std (ddof=1) of {table.split} {table.metric} ({unit}) "
           f"over finished runs (seeds); n = finished runs; {MISSING_MARK} = no finished run; "
@@ -40,6 +40,9 @@ def legend(table: Table) -> str:
           f"= finished runs whose last-step test is more than {table.collapse_margin:g} points "
           "under their test at the best validation step; 'paper X, Δ D' = the published value "
           "and our mean minus it" + (f" ({table.paper_source})" if table.paper_source else "")
+          + (f"; 'k one-class' = finished runs whose last-step test put at least "
+             f"{table.one_class_share:.0%} of the examples in one predicted class"
+             if any(cell.one_class for cell in cells.values()) else "")
           + ("; 'Δ vs X D' = our mean minus the mean of the row X names (the spec's "
              "Selector.versus), in the same column" if any(row.versus for row in table.rows)
              else "")
@@ -79,7 +82,7 @@ def markdown_grid(header: Sequence[str], body: Sequence[Sequence[str]], *,
 def render_markdown(table: Table, cells: Mapping[tuple[int, int], CellStats]) -> str:
   header, body = _grid(table, cells, PLUS_MINUS, MISSING_MARK)
   return "\n".join([f"### {table.title}", "", markdown_grid(header, body, center=True), "",
-                    legend(table), ""])
+                    legend(table, cells), ""])
 
 
 def _latex_escape(text: str) -> str:
@@ -94,7 +97,7 @@ def render_latex(table: Table, cells: Mapping[tuple[int, int], CellStats]) -> st
   header, body = _grid(table, cells, "@@PM@@", "@@MISSING@@")
   fix = lambda text: (_latex_escape(text).replace("@@PM@@", r"$\pm$")
                       .replace("@@MISSING@@", "--"))
-  lines = [f"% {legend(table)}", r"\begin{table}[t]", r"\centering",
+  lines = [f"% {legend(table, cells)}", r"\begin{table}[t]", r"\centering",
            rf"\caption{{{_latex_escape(table.title)}}}",
            r"\begin{tabular}{l" + "c" * (len(header) - 1) + "}", r"\toprule",
            " & ".join(map(fix, header)) + r" \\", r"\midrule"]
@@ -104,7 +107,7 @@ def render_latex(table: Table, cells: Mapping[tuple[int, int], CellStats]) -> st
 
 
 CSV_HEADER = ("row", "column", "n", "mean", "std", "unfinished", "failed", "collapsed",
-              "paper", "delta", "cell")
+              "one_class", "paper", "delta", "cell")
 
 
 def render_csv(table: Table, cells: Mapping[tuple[int, int], CellStats]) -> str:
@@ -118,7 +121,8 @@ def render_csv(table: Table, cells: Mapping[tuple[int, int], CellStats]) -> str:
       cell = cells[(r, c)]
       delta = None if cell.paper is None or cell.mean is None else cell.mean - cell.paper
       writer.writerow([row.label, column.label, cell.n, number(cell.mean), number(cell.std),
-                       cell.unfinished, cell.failed, cell.collapsed, number(cell.paper),
+                       cell.unfinished, cell.failed, cell.collapsed, cell.one_class,
+                       number(cell.paper),
                        number(delta), format_cell(cell, table.decimals)])
   return out.getvalue()
 

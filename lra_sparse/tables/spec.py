@@ -63,6 +63,10 @@ class Table:
   # A finished run "collapsed" when its last-step test is more than this many points (table
   # units) under its test at the best validation step; cells count such runs.
   collapse_margin: float = 1.5
+  # A finished run is "one-class" when its last-step test predictions put at least this share
+  # of the examples in one class (``predicted_<c>`` in result.json; a model that never learned,
+  # or fell back to the majority class); cells count such runs.
+  one_class_share: float = 0.99
   paper_source: str = ""      # where the rows' paper values come from (shown in the legend)
 
 
