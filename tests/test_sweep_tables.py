@@ -10,6 +10,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
@@ -532,26 +533,40 @@ sys.exit(1)
 """
 
 
-def test_ctrl_c_of_the_sweep_records_its_trainers_as_interrupted(sweep_spec, tmp_path):
+def test_ctrl_c_of_the_sweep_records_its_trainers_as_interrupted(sweep_spec, tmp_path, request):
   """Ctrl-C (or ``timeout -s INT``) to the sweep forwards SIGINT; the trainers it stopped are
   recorded "interrupted" with their exit code in sweep.json and sweep_error.txt, not left
   "pending" as if they had never started."""
+  # Ctrl-C handled as in a terminal: a suite started in the background without job control
+  # (`cmd &` in a script) inherits SIGINT ignored, Python leaves it ignored, and then no
+  # simulated Ctrl-C reaches the sweep (seen: "DID NOT RAISE" in such a run).
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
   spec, _ = sweep_spec
   main = tmp_path / "stoppable_main.py"
   main.write_text(STOPPABLE_MAIN)
   root = tmp_path / "root"
 
+  fired = {}
+
   def interrupt_once_started():
     deadline = time.time() + 60
     while not list(root.glob("*/started")) and time.time() < deadline:
       time.sleep(0.02)
+    fired.update(at=time.time(), handler=repr(signal.getsignal(signal.SIGINT)),
+                 started=[p.parent.name for p in root.glob("*/started")])
     _thread.interrupt_main()
 
+  began = time.time()
   threading.Thread(target=interrupt_once_started, daemon=True).start()
-  with pytest.raises(KeyboardInterrupt):
-    sweep_lib.run_sweep(f"{spec}:tiny", str(root),
-                        launcher=sweep_lib.Launcher([sys.executable, str(main)]),
-                        poll_seconds=0.01, show_progress=False)
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      sweep_lib.run_sweep(f"{spec}:tiny", str(root),
+                          launcher=sweep_lib.Launcher([sys.executable, str(main)]),
+                          poll_seconds=0.01, show_progress=False)
+  except pytest.fail.Exception:   # say when the interrupt was sent, and to which handler
+    pytest.fail(f"the sweep returned {time.time() - began:.1f} s in without the interrupt "
+                f"sent at {fired.get('at', began) - began:.1f} s: {fired}")
   started = [path.parent.name for path in root.glob("*/started")]
   assert len(started) == 1, started
   runs = {r["name"]: r for r in json.loads((root / "sweep.json").read_text())["runs"]}
