@@ -119,3 +119,41 @@ def test_deterministic_kernels_reach_the_mosaic_backward(monkeypatch, kind):
 
   assert [launches(64, False), launches(64, True), launches(128, False)] == [2, 3, 3]
   assert launches(8, False) == 2     # Path-X's head dim, run at 16
+
+
+_SHARDED_LOWERING = """
+import re, sys, jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+from lra_sparse.attention.dfss import dfss_attention
+from lra_sparse.kernels.dfss import mosaic
+from lra_sparse.ops import sharding
+mosaic.is_available = lambda: True
+mesh = jax.make_mesh((2,), (sharding.DATA_AXIS,))
+q = jax.ShapeDtypeStruct((4, 256, 2, 64), jnp.bfloat16,
+                         sharding=NamedSharding(mesh, PartitionSpec(sharding.DATA_AXIS)))
+for deterministic in (False, True):
+  loss = lambda q, k, v: dfss_attention(q, k, v, n=2, m=4, backend="mosaic",
+      deterministic_kernels=deterministic).astype(jnp.float32).sum()
+  with jax.set_mesh(mesh):
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, q, q).lower(
+        lowering_platforms=("cuda",)).as_text()
+  per_shard = "manual_computation" in text or "SPMDFullToShardShape" in text   # shard_map's
+  print(deterministic, len(re.findall(r"custom_call @mosaic_gpu", text)), per_shard)
+"""
+
+
+@pytest.mark.skipif(not _jax_lowers_the_kernels(),
+                    reason="lowering the Mosaic GPU kernels needs jax >= 0.11 (Python 3.12)")
+def test_the_fused_backward_lowers_per_data_shard():
+  """On a data-parallel mesh (two CPU devices here) the kernels run once per shard inside
+  ``shard_map``: the fused backward's float32 dQ (a ``jax.new_ref`` the dK/dV kernel adds into)
+  lowers there too, as one backward kernel; deterministic_kernels=True gives two."""
+  import os
+  import subprocess
+  import sys
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  result = subprocess.run([sys.executable, "-c", _SHARDED_LOWERING], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.split("\n")[:2] == ["False 2 True", "True 3 True"], result.stdout
