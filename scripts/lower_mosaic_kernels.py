@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import sys
 import traceback
 
@@ -50,6 +51,19 @@ def cases(kinds, head_dims, rates, masks):
                                 [float(r) for r in rates], masks))
 
 
+def lowered_for_cuda(loss, q) -> str:
+  """The program of ``jax.grad(loss)`` (forward and backward, all three operands shaped and
+  typed like ``q``, a ``jax.ShapeDtypeStruct``) lowered for CUDA, as text."""
+  import jax  # pylint: disable=import-outside-toplevel
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, q, q).lower(
+      lowering_platforms=("cuda",)).as_text()
+
+
+def kernel_launches(text: str) -> int:
+  """Mosaic GPU kernels a lowered program launches (its ``mosaic_gpu`` custom calls)."""
+  return len(re.findall(r"custom_call @mosaic_gpu", text))
+
+
 def lower_case(case, tiles) -> str:
   """'ok', or the first line of the error lowering this case's forward and backward."""
   import jax  # pylint: disable=import-outside-toplevel
@@ -72,8 +86,7 @@ def lower_case(case, tiles) -> str:
     return out.astype(jnp.float32).sum()
 
   try:
-    jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, q, q).lower(
-        lowering_platforms=("cuda",))
+    lowered_for_cuda(loss, q)
   except Exception as error:  # pylint: disable=broad-except  (one line per failing case)
     lines = str(error).strip().splitlines()
     if lines:

@@ -81,14 +81,10 @@ def test_the_two_kernel_backward_lowers_for_cuda():
 
 
 def _kernel_launches(loss, head_dim: int) -> int:
-  """Mosaic GPU kernels launched by the forward and backward of ``loss`` (its custom calls
-  in the program lowered for CUDA)."""
-  import re
+  """Mosaic GPU kernels launched by the forward and backward of ``loss``, lowered for CUDA."""
   import jax
   q = jax.ShapeDtypeStruct((2, 256, 2, head_dim), jnp.bfloat16)
-  text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, q, q).lower(
-      lowering_platforms=("cuda",)).as_text()
-  return len(re.findall(r"custom_call @mosaic_gpu", text))
+  return lower.kernel_launches(lower.lowered_for_cuda(loss, q))
 
 
 @pytest.mark.skipif(not _jax_lowers_the_kernels(),
@@ -122,11 +118,12 @@ def test_deterministic_kernels_reach_the_mosaic_backward(monkeypatch, kind):
 
 
 _SHARDED_LOWERING = """
-import re, sys, jax, jax.numpy as jnp
+import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 from lra_sparse.attention.dfss import dfss_attention
 from lra_sparse.kernels.dfss import mosaic
 from lra_sparse.ops import sharding
+from scripts.lower_mosaic_kernels import kernel_launches, lowered_for_cuda
 mosaic.is_available = lambda: True
 mesh = jax.make_mesh((2,), (sharding.DATA_AXIS,))
 q = jax.ShapeDtypeStruct((4, 256, 2, 64), jnp.bfloat16,
@@ -135,10 +132,9 @@ for deterministic in (False, True):
   loss = lambda q, k, v: dfss_attention(q, k, v, n=2, m=4, backend="mosaic",
       deterministic_kernels=deterministic).astype(jnp.float32).sum()
   with jax.set_mesh(mesh):
-    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, q, q).lower(
-        lowering_platforms=("cuda",)).as_text()
+    text = lowered_for_cuda(loss, q)
   per_shard = "manual_computation" in text or "SPMDFullToShardShape" in text   # shard_map's
-  print(deterministic, len(re.findall(r"custom_call @mosaic_gpu", text)), per_shard)
+  print(deterministic, kernel_launches(text), per_shard)
 """
 
 

@@ -133,27 +133,34 @@ def far_below_best(last: float, best: float, margin: float) -> bool:
   return round(best - last, 9) > margin
 
 
-def collapsed(run: RunRecord, margin: float, scale: float) -> bool:
-  """Whether a finished run's last-step test is more than ``margin`` (table units) under its
-  test at the best validation step (``result.json``; False when either is missing)."""
+def _result(run: RunRecord) -> Mapping[str, Any]:
+  """A finished run's ``result.json`` ({} when unreadable: its marks are then not counted)."""
   try:
     result = workdir_lib.read_result(run.workdir)
+  except (OSError, ValueError, TypeError):
+    return {}
+  return result if isinstance(result, dict) else {}
+
+
+def collapsed(result: Mapping[str, Any], margin: float, scale: float) -> bool:
+  """Whether a finished run's last-step test is more than ``margin`` (table units) under its
+  test at the best validation step (its ``result.json``; False when either is missing)."""
+  try:
     last, best = result["test"]["accuracy"], result["test_at_best_val"]["accuracy"]
-  except (OSError, ValueError, KeyError, TypeError):
+  except (KeyError, TypeError):
     return False
   if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (last, best)):
     return False
   return far_below_best(last * scale, best * scale, margin)
 
 
-def one_class(run: RunRecord, share: float) -> bool:
+def one_class(result: Mapping[str, Any], share: float) -> bool:
   """Whether a finished run's last-step test put at least ``share`` of the examples in one
-  predicted class (``result.json``'s test ``predicted_<c>``; False for runs that did not record
-  them, or for regression metrics)."""
+  predicted class (its ``result.json``'s test ``predicted_<c>``; False for runs that did not
+  record them, or for regression metrics)."""
   try:
-    test = workdir_lib.read_result(run.workdir)["test"]
-    shares = [v for k, v in test.items() if k.startswith("predicted_")]
-  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    shares = [v for k, v in result["test"].items() if k.startswith("predicted_")]
+  except (KeyError, TypeError, AttributeError):
     return False
   shares = [v for v in shares if isinstance(v, (int, float)) and math.isfinite(v)]
   return bool(shares) and round(max(shares), 9) >= share
@@ -181,14 +188,18 @@ def build_cells(table: Table, runs: Sequence[RunRecord],
     if len(column_hits) > 1:
       report(f"{os.path.join(run.workdir, workdir_lib.CONFIG_FILE)}:1: matches columns "
              f"{[table.columns[i].label for i in column_hits]}; counted in each")
+    if run.status == "finished" and row_hits and column_hits:   # read once, in every cell
+      result = _result(run)
+      marks = (collapsed(result, table.collapse_margin, table.scale),
+               one_class(result, table.one_class_share))
     for r in row_hits:
       for c in column_hits:
         cell = cells[(r, c)]
         if run.status == "finished":
           cell.values.append(run.value * table.scale)
           cell.runs.append(run)
-          cell.collapsed += collapsed(run, table.collapse_margin, table.scale)
-          cell.one_class += one_class(run, table.one_class_share)
+          cell.collapsed += marks[0]
+          cell.one_class += marks[1]
         elif run.status == "failed":
           cell.failed += 1
         else:

@@ -119,9 +119,7 @@ class Tiles:
   # functions' ``deterministic=True`` (the configs' ``deterministic_kernels``) runs the two
   # kernels whatever this says. Head dims up to 64: at 128 the dK/dV kernel's shared memory has
   # no room for the float32 dQ staging (234,624 bytes > 232,448, the lowering's check), so head
-  # dim 128 keeps the two kernels. On one H100 the fused backward takes forward+backward from
-  # 0.811 to 0.640 ms (DFSS 2:4 with dropout 0.1, 32x1024, 4 heads of 64) and from 141.9 to
-  # 104.8 ms (Path-X's 64x16384, 2 heads of 8): experiments/reports/dfss_mosaic/fused_backward_h100.md.
+  # dim 128 keeps the two kernels. Measured against them: dfss_mosaic/fused_backward_h100.md.
   fused_backward: bool = True
 
   def __post_init__(self):
