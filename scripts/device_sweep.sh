@@ -2,8 +2,10 @@
 # Runs part of a sweep on a single-GPU machine that is lent for a few minutes at a time:
 # several runs at once on the one GPU (each its own lra_sparse.sweep process, selected by
 # --runs REGEX, with an equal share of GPU memory, under its own root ROOT.pI, since a sweep
-# locks its root), a Ctrl-C to its sweeps and their trainers DEADLINE_S seconds in (each
-# trainer saves its checkpoint and stops; the sweep resumes it next time), then the runs' logs
+# locks its root), a Ctrl-C to its sweeps and their trainers DEADLINE_S seconds after this
+# script started, data preparation and unpacking included (each trainer saves its checkpoint
+# and stops, and its sweep starts no further run; the sweep resumes it next time; leave about
+# a minute after DEADLINE_S for those saves and the packing below), then the runs' logs
 # (config.json, metrics.jsonl, result.json, TensorBoard events; no checkpoints) as one tarball
 # in $OUT. Merge the roots' run directories into one directory to build the table.
 # Checkpoints travel through lra_sparse.sweep.carry (records and each run's newest checkpoint,
@@ -43,6 +45,11 @@ done
 per_gpu=$#
 [ ${#gpus[@]} -eq 0 ] || per_gpu=$(( ($# + ${#gpus[@]} - 1) / ${#gpus[@]} ))
 frac=$(python -c "print(round(0.9 / $per_gpu, 2))")
+left=$((deadline - SECONDS))   # the deadline counts from this script's start
+if [ "$left" -le 0 ]; then
+  echo "the deadline ($deadline s) passed while preparing the data ($SECONDS s): give more" >&2
+  exit 1
+fi
 pids=(); roots=(); i=0
 for re in "$@"; do
   r="$root.p$i"; roots+=("$r"); mkdir -p "$r"
@@ -59,7 +66,7 @@ done
 # to nothing else on the machine; when the batch ends first, its sleep is killed and the "&&"
 # sends nothing (a "pkill -f" by name after a ";" once reached other runs' trainers: the test
 # suite's, through this script's own test).
-(sleep "$deadline" && for p in "${pids[@]}"; do pkill -INT -P "$p"; kill -INT "$p"; done) \
+(sleep "$left" && for p in "${pids[@]}"; do pkill -INT -P "$p"; kill -INT "$p"; done) \
   > /dev/null 2>&1 < /dev/null &
 watchdog=$!
 wait "${pids[@]}"

@@ -1167,7 +1167,7 @@ def _bystander():
     proc.wait()
 
 
-def _device_sweep_spec(tmp_path, listops_dir, steps: int, every: int):
+def _device_sweep_spec(tmp_path, listops_dir, steps: int, every: int, seeds=(0,)):
   spec = tmp_path / "carry_spec.py"
   spec.write_text(
       "from lra_sparse.sweep import Group, Sweep\n"
@@ -1176,7 +1176,7 @@ def _device_sweep_spec(tmp_path, listops_dir, steps: int, every: int):
       f" overrides={{'data.data_dir': {listops_dir!r}, 'num_train_steps': {steps},"
       f" 'checkpoint_every_steps': {every}, 'eval_every_steps': {steps},"
       f" 'log_every_steps': {every}, 'num_eval_batches': 1, 'data.max_length': 128,"
-      " 'batch_size': 8})])\n")
+      f" 'batch_size': 8}}, seeds={tuple(seeds)!r})])\n")
   env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
              PYTHONPATH=REPO, PREPARE="true")
   return spec, env
@@ -1184,12 +1184,14 @@ def _device_sweep_spec(tmp_path, listops_dir, steps: int, every: int):
 
 def test_device_sweep_deadline_stops_its_own_runs_only(tmp_path, listops_dir):
   """At the deadline scripts/device_sweep.sh sends Ctrl-C to its sweep and the sweep's
-  trainer, which saves a checkpoint and stops (the run is left to resume); a process of the
-  same name outside the batch is not signalled."""
-  spec, env = _device_sweep_spec(tmp_path, listops_dir, 100000, 50)
+  trainer, which saves a checkpoint and stops (the run is left to resume), and the sweep
+  starts no further run its REGEX matches (seen on a device: a sweep started with ``&``
+  ignored the Ctrl-C and launched seed 1, which ran past the call's limit, so nothing came
+  back); a process of the same name outside the batch is not signalled."""
+  spec, env = _device_sweep_spec(tmp_path, listops_dir, 100000, 50, seeds=(0, 1))
   root = tmp_path / "r"
   command = ["bash", os.path.join(REPO, "scripts", "device_sweep.sh"), str(spec), str(root),
-             "25", "."]
+             "40", "."]
   with _bystander() as other:
     done = subprocess.run(command, env=dict(env, RETURN_CHECKPOINTS="0"), capture_output=True,
                           text=True, timeout=300, check=False)
@@ -1202,6 +1204,40 @@ def test_device_sweep_deadline_stops_its_own_runs_only(tmp_path, listops_dir):
                    log), log[-2000:]
   assert not os.path.exists(os.path.join(run_dir, "result.json"))
   assert any(n.isdigit() for n in os.listdir(os.path.join(run_dir, "checkpoints")))
+  assert not os.path.exists(os.path.join(str(root) + ".p0", "listops-tiny__seed=1"))
+
+
+def test_sigterm_stops_the_sweep_like_ctrl_c_even_with_sigint_ignored(tmp_path, listops_dir):
+  """``python -m lra_sparse.sweep`` started with SIGINT ignored (as ``cmd &`` in a script
+  leaves it) still takes Ctrl-C, and SIGTERM (``timeout``, a batch system) stops it the same
+  way: its trainer saves a checkpoint and stops, the run is "interrupted", the next run its
+  --runs matches never starts, and the sweep exits 130."""
+  spec, env = _device_sweep_spec(tmp_path, listops_dir, 100000, 20, seeds=(0, 1))
+  root = tmp_path / "r"
+  run_dir = root / "listops-tiny__seed=0"
+  for signum in (signal.SIGTERM, signal.SIGINT):
+    sweep = subprocess.Popen(   # trap '' INT: SIGINT ignored, and exec keeps it ignored
+        ["bash", "-c", f"trap '' INT; exec {sys.executable} -m lra_sparse.sweep "
+         f"--sweep={spec} --root={root}"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    logged = metrics.stat().st_size if metrics.exists() else 0
+    try:   # Once the trainer (on its first call, or resumed) logs a step, it is training.
+      deadline = time.time() + 240
+      while time.time() < deadline and not (metrics.exists() and
+                                             metrics.stat().st_size > logged):
+        time.sleep(0.2)
+      sweep.send_signal(signum)
+      output, _ = sweep.communicate(timeout=120)
+    finally:
+      sweep.kill()
+    assert sweep.returncode == 130, (signum, output[-2000:])
+    assert not (root / "listops-tiny__seed=1").exists(), (signum, output[-2000:])
+    manifest = {r["name"]: r for r in json.loads((root / "sweep.json").read_text())["runs"]}
+    assert manifest["listops-tiny__seed=0"]["state"] == "interrupted", signum
+    log = (run_dir / "sweep_run.log").read_text()
+    assert log.count("interrupted: interrupted at step") == (
+        1 if signum == signal.SIGTERM else 2), log[-2000:]
 
 
 def test_device_sweep_carries_checkpoints_to_a_fresh_machine(tmp_path, listops_dir):

@@ -15,7 +15,7 @@ call: one run per GPU of a 4-GPU machine,
 
   PREPARE="python -m lra_sparse.data.prepare --task=pathfinder --data_dir=data --offline" \\
   GPUS=0,1,3,2 CARRY_IN=.carry/pathfinder32 bash scripts/device_sweep.sh \\
-      experiments/specs/pathfinder32.py:all /tmp/pf 540 '__dense__seed=[01]$' \\
+      experiments/specs/pathfinder32.py:all /tmp/pf 520 '__dense__seed=[01]$' \\
       '__dfss2-4__seed=[01]$' '__dsa90__seed=0$' '__nystrom__seed=0$'
 
 (the I-th regex's runs in root /tmp/pf.pI, on the I-th GPU of GPUS, one after the other; a

@@ -16,6 +16,7 @@ that defines them. User errors are one line ``error: ...`` (``lra_sparse.cli``).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Sequence
 
@@ -60,6 +61,23 @@ def define_flags() -> None:
                       "(e.g. account=lab,qos=normal).")
 
 
+def _terminated(signum, frame):
+  del signum, frame
+  raise KeyboardInterrupt("SIGTERM")
+
+
+def take_interrupts() -> None:
+  """Ctrl-C and SIGTERM stop the local sweep: its trainers save and stop, nothing new starts.
+
+  A sweep started in the background by a script (``cmd &`` without job control) inherits
+  SIGINT ignored, and Python keeps it ignored: a Ctrl-C then stopped only the trainers, and
+  the sweep went on to launch the next run its --runs matched. SIGTERM (``timeout``, a batch
+  system's end of job) takes the same path, so its trainers save their checkpoints too.
+  """
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  signal.signal(signal.SIGTERM, _terminated)
+
+
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -91,6 +109,7 @@ def main(argv: Sequence[str]) -> None:
                           job_states=lambda job_ids: slurm_job_states(FLAGS.root, job_ids),
                           wait=FLAGS.wait)
   else:
+    take_interrupts()
     states = run_sweep(FLAGS.sweep, FLAGS.root, parallel=FLAGS.parallel, run_filter=FLAGS.runs)
   counts = {s: sum(1 for v in states.values() if v == s) for s in STATES}
   done = "submitted" if slurm and not FLAGS.wait else "done"
