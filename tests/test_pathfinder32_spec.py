@@ -1,6 +1,7 @@
 """experiments/specs/pathfinder32.py: Pathfinder-32 at LRA's config for every kind."""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -28,9 +29,20 @@ def test_every_kind_runs_lras_config_to_its_last_step(tmp_path, monkeypatch):
   config = load_config_file("configs/pathfinder.py", "")
   assert (config.num_train_steps, config.model.attention_dropout_rate) == (62400, 0.1)
   runs = _runs("", tmp_path / "a")
-  assert sorted(run.name for run in runs) == [
+  assert sorted(run.name for run in runs) == ["pathfinder32-ft__pathfinder__dsa90-ft__seed=0"] + [
       f"pathfinder32__pathfinder__{kind}__seed=0"
       for kind in ("dense", "dfss2-4", "dsa90", "nystrom")]
+  finetune = next(run for run in runs if run.name.startswith("pathfinder32-ft"))
+  runs.remove(finetune)
+  dense = next(run for run in runs if "__dense__" in run.name)
+  assert finetune.overrides["init_from"] == dense.workdir
+  assert finetune.depends_on == (dense.name,) or list(finetune.depends_on) == [dense.name]
+  assert {key: finetune.overrides[key] for key in (
+      "num_train_steps", "optim.learning_rate", "attention.kind", "attention.dsa.sparsity",
+      "attention.dsa.mse_gradient", "model.dtype")} == {
+          "num_train_steps": 6240, "optim.learning_rate": 1e-4, "attention.kind": "dsa",
+          "attention.dsa.sparsity": 0.9, "attention.dsa.mse_gradient": "predictor",
+          "model.dtype": "bfloat16"}
   for run in runs:
     assert run.config_arg == "configs/pathfinder.py"
     assert set(run.overrides) - {"seed", "model.dtype", "data.data_dir"} <= {
@@ -45,22 +57,26 @@ def test_every_kind_runs_lras_config_to_its_last_step(tmp_path, monkeypatch):
       f"pathfinder32__pathfinder__{kind}__seed={seed}"
       for kind in ("dense", "dfss2-4") for seed in (1, 2)]
   every = {run.name: run for run in _runs("all", tmp_path / "c")}   # runs chain per GPU
-  assert len(every) == 12
-  for run in runs + more:                # the same runs as the other presets name them
+  assert len(every) == 13
+  for run in runs + more + [finetune]:   # the same runs as the other presets name them
     twin = every[run.name]
-    assert (run.config_arg, run.overrides, run.cost) == (twin.config_arg, twin.overrides,
-                                                         twin.cost)
+    assert (run.config_arg, run.cost) == (twin.config_arg, twin.cost)
+    assert {**run.overrides, "init_from": None} == {**twin.overrides, "init_from": None}
   table = tables.load_table(SPEC)
   assert [row.label for row in table.rows] == [
       "Transformer (dense)", "DFSS 2:4", "Nystromformer",
-      "DSA-90 (sigma 0.25, mean-form L_MSE)"]
-  assert [dict(row.paper) for row in table.rows] == [{"Pathfinder-32": 71.40}, {}, {}, {}]
-  for run in runs + more:
+      "DSA-90 (sigma 0.25, mean-form L_MSE)",
+      "DSA-90 fine-tuned from dense (predictor-only L_MSE)"]
+  assert [dict(row.paper) for row in table.rows] == [{"Pathfinder-32": 71.40}, {}, {}, {}, {}]
+  for run in runs + more + [finetune]:
     config = {"task": "pathfinder", "attention.dfss.nm": None, "attention.nystrom.nm": None,
-              "attention.dsa.sparsity": None, **run.overrides}
+              "attention.dsa.sparsity": None, "attention.dsa.mse_gradient": "joint",
+              "init_from": "", **run.overrides}
     held = [row.label for row in table.rows
-            if all(config.get(k) == v for k, v in row.match.items())]
-    assert len(held) == 1, (run.name, held)
+            if all(v(config.get(k)) if callable(v) else config.get(k) == v
+                   for k, v in row.match.items())]
+    assert held == (["DSA-90 fine-tuned from dense (predictor-only L_MSE)"]
+                    if run is finetune else held[:1]) and len(held) == 1, (run.name, held)
   assert tables.load_table(f"{SPEC}:best_val").split == "test_at_best_val"
   with pytest.raises(ValueError, match="unknown preset 'x'"):
     sweep_lib.load_sweep(f"{SPEC}:x")
@@ -69,15 +85,21 @@ def test_every_kind_runs_lras_config_to_its_last_step(tmp_path, monkeypatch):
 def test_tiny_preset_trains_on_pathfinder_end_to_end(tmp_path, monkeypatch):
   """pathfinder32.py:tiny on a small generated Pathfinder set (black pixels masked: key masks
   with holes): Nystromformer and DSA-90, the kinds no other Pathfinder spec trains, run their
-  20 steps and land in their own rows (dense and DFSS 2:4 are lra_pixels.py's; the four
-  subprocess runs together take about 90 s here, so two)."""
+  20 steps, and DSA-90 fine-tunes from the dense run (after it, loading its parameters); each
+  lands in its own row (DFSS 2:4 is lra_pixels.py's; skipped here to save a subprocess run)."""
   monkeypatch.chdir(REPO)
   data = pathfinder_dir_with_cue(tmp_path / "pathfinder")
   spec = spec_on_data(tmp_path, SPEC, "tiny", data)
   root = tmp_path / "root"
   states = sweep_lib.run_sweep(spec, str(root), show_progress=False,
-                               run_filter="__(nystrom|dsa90)__")
-  assert sorted(states.values()) == ["finished", "finished", "pending", "pending"], states
+                               run_filter="__(dense|nystrom|dsa90|dsa90-ft)__")
+  assert states.pop("pathfinder32__pathfinder-tiny__dfss2-4__seed=0") == "pending"
+  assert set(states.values()) == {"finished"}, states
+  with open(root / "pathfinder32-ft__pathfinder-tiny__dsa90-ft__seed=0" / "metrics.jsonl") as f:
+    init = [json.loads(line) for line in f if '"init_from"' in line]
+  assert len(init) == 1 and init[0]["fresh_params"] > 0, init   # the predictor starts fresh
   text = tables.make_table(str(root), spec, "markdown", report=tables.Reporter(echo=False))
   rows = [line.split(" |")[0] for line in text.splitlines() if "(n=1)" in line]
-  assert rows == ["| Nystromformer", "| DSA-90 (sigma 0.25, mean-form L_MSE)"], text
+  assert rows == ["| Transformer (dense)", "| Nystromformer",
+                  "| DSA-90 (sigma 0.25, mean-form L_MSE)",
+                  "| DSA-90 fine-tuned from dense (predictor-only L_MSE)"], text
