@@ -279,6 +279,20 @@ MUTATIONS += [
   ("Mosaic deterministic runs the fused backward", "lra_sparse/kernels/dfss/mosaic.py",
    "  if deterministic and tiles.fused_backward:", "  if False:",
    "tests/test_lower_mosaic_kernels.py::test_deterministic_kernels_reach_the_mosaic_backward"),
+  ("sweep keeps an inherited ignored SIGINT", "lra_sparse/sweep/__main__.py",
+   "  signal.signal(signal.SIGINT, signal.default_int_handler)\n", "",
+   "tests/test_sweep_tables.py::"
+   "test_sigterm_stops_the_sweep_like_ctrl_c_even_with_sigint_ignored"),
+  ("sweep dies on SIGTERM without stopping its trainers", "lra_sparse/sweep/__main__.py",
+   "  signal.signal(signal.SIGTERM, _terminated)\n", "",
+   "tests/test_sweep_tables.py::"
+   "test_sigterm_stops_the_sweep_like_ctrl_c_even_with_sigint_ignored"),
+  ("device_sweep deadline counted from the sweeps' launch", "scripts/device_sweep.sh",
+   "left=$((deadline - SECONDS))", "left=$deadline",
+   "tests/test_sweep_tables.py::test_device_sweep_deadline_counts_from_its_start"),
+  ("DSA fine-tune row matches from-scratch runs too", "experiments/specs/pathfinder32.py",
+   '{**overrides, **COMPUTE, "init_from": _from_scratch}', '{**overrides, **COMPUTE}',
+   "tests/test_pathfinder32_spec.py::test_every_kind_runs_lras_config_to_its_last_step"),
 ]
 
 

@@ -1207,6 +1207,22 @@ def test_device_sweep_deadline_stops_its_own_runs_only(tmp_path, listops_dir):
   assert not os.path.exists(os.path.join(str(root) + ".p0", "listops-tiny__seed=1"))
 
 
+def test_device_sweep_deadline_counts_from_its_start(tmp_path, listops_dir):
+  """DEADLINE_S counts from the script's start, data preparation included (it once counted
+  from the sweeps' launch, so a slow PREPARE pushed the Ctrl-C past the device call's limit and
+  nothing came back): a deadline that passes while PREPARE runs is one clear error, and no
+  sweep starts."""
+  spec, env = _device_sweep_spec(tmp_path, listops_dir, 8, 4)
+  root = tmp_path / "r"
+  done = subprocess.run(
+      ["bash", os.path.join(REPO, "scripts", "device_sweep.sh"), str(spec), str(root), "2",
+       "."], env=dict(env, PREPARE="sleep 3"), capture_output=True, text=True, timeout=120,
+      check=False)
+  assert done.returncode == 1, done.stdout + done.stderr
+  assert "the deadline (2 s) passed while preparing the data" in done.stderr, done.stderr
+  assert not (tmp_path / "r.p0").exists()
+
+
 def test_sigterm_stops_the_sweep_like_ctrl_c_even_with_sigint_ignored(tmp_path, listops_dir):
   """``python -m lra_sparse.sweep`` started with SIGINT ignored (as ``cmd &`` in a script
   leaves it) still takes Ctrl-C, and SIGTERM (``timeout``, a batch system) stops it the same
