@@ -1235,7 +1235,8 @@ def test_sigterm_stops_the_sweep_like_ctrl_c_even_with_sigint_ignored(tmp_path, 
     sweep = subprocess.Popen(   # trap '' INT: SIGINT ignored, and exec keeps it ignored
         ["bash", "-c", f"trap '' INT; exec {sys.executable} -m lra_sparse.sweep "
          f"--sweep={spec} --root={root}"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)   # its own process group: the finally below ends its trainers
     metrics = run_dir / "metrics.jsonl"
     logged = metrics.stat().st_size if metrics.exists() else 0
     try:   # Once the trainer (on its first call, or resumed) logs a step, it is training.
@@ -1246,7 +1247,8 @@ def test_sigterm_stops_the_sweep_like_ctrl_c_even_with_sigint_ignored(tmp_path, 
       sweep.send_signal(signum)
       output, _ = sweep.communicate(timeout=120)
     finally:
-      sweep.kill()
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(sweep.pid, signal.SIGKILL)
     assert sweep.returncode == 130, (signum, output[-2000:])
     assert not (root / "listops-tiny__seed=1").exists(), (signum, output[-2000:])
     manifest = {r["name"]: r for r in json.loads((root / "sweep.json").read_text())["runs"]}
