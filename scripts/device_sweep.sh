@@ -47,7 +47,7 @@ per_gpu=$#
 frac=$(python -c "print(round(0.9 / $per_gpu, 2))")
 left=$((deadline - SECONDS))   # the deadline counts from this script's start
 if [ "$left" -le 0 ]; then
-  echo "the deadline ($deadline s) passed while preparing the data ($SECONDS s): give more" >&2
+  echo "the deadline ($deadline s) passed while preparing the data and unpacking CARRY_IN ($SECONDS s)" >&2
   exit 1
 fi
 pids=(); roots=(); i=0

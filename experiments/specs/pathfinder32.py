@@ -27,10 +27,11 @@ folders into .carry/pathfinder32/ for the next call), and the table
   python -m lra_sparse.tables --root=ROOT --spec=experiments/specs/pathfinder32.py \\
       --curves=experiments/results/pathfinder32_curves.png
 
-Presets: "" (seed 0 of every kind, and DSA-90 fine-tuned from the dense run), "seeds" (seeds 1 and 2 of dense and DFSS 2:4, the
-issue's three seeds where the budget allows), "all" (every kind at seeds 0-2 in one root, the
-runs of "" and "seeds" among them, so that a GPU whose run ends mid-call goes on with the next
-one its regex names, e.g. '__dense__seed=[01]$': seed 0, then seed 1), "best_val" (the
+Presets: "" (seed 0 of every kind, and DSA-90 fine-tuned from the dense run), "seeds" (seeds
+1 and 2 of dense and DFSS 2:4, the issue's three seeds where the budget allows), "all" (every
+kind at seeds 0-2 and the fine-tune in one root, the runs of "" and "seeds" among them, so that
+a GPU whose run ends mid-call goes on with the next one its regex names, e.g.
+'__dfss2-4__seed=[01]$': seed 0, then seed 1), "best_val" (the
 table at the best validation step; sweep: the same runs as ""), "tiny" (the tiny Pathfinder
 config for 20 steps: the CPU pipeline check). The table pools a kind's runs over the seeds.
 
