@@ -293,6 +293,14 @@ MUTATIONS += [
   ("DSA fine-tune row matches from-scratch runs too", "experiments/specs/pathfinder32.py",
    '{**overrides, **COMPUTE, "init_from": _from_scratch}', '{**overrides, **COMPUTE}',
    "tests/test_pathfinder32_spec.py::test_every_kind_runs_lras_config_to_its_last_step"),
+  ("a missing key never matches a list holding None", "lra_sparse/tables/cells.py",
+   "  if isinstance(expected, (list, tuple, set, frozenset)):   # before None: [0, None] takes "
+   "both\n    return any(_value_matches(actual, option) for option in expected)\n"
+   "  if expected is None or actual is None:\n    return expected is None and actual is None\n",
+   "  if expected is None or actual is None:\n    return expected is None and actual is None\n"
+   "  if isinstance(expected, (list, tuple, set, frozenset)):\n"
+   "    return any(_value_matches(actual, option) for option in expected)\n",
+   "tests/test_sweep_tables.py::test_matchers_read_a_missing_key_as_none"),
 ]
 
 

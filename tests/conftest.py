@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import atexit
+import gzip
 import math
 import os
 import shutil
+import struct
 import tempfile
 
 import numpy as np
@@ -329,6 +331,37 @@ def get_table(preset=""):
 """
 
 
+_TASK_DATA_WRAPPER = """
+import importlib.util
+import os
+_spec = importlib.util.spec_from_file_location("wrapped_spec", {path!r})
+wrapped = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(wrapped)
+BY_TASK = {by_task!r}
+
+
+def get_sweep(preset=""):
+  sweep = wrapped.get_sweep({preset!r})
+  for group in sweep.groups:
+    task = os.path.basename(group.config.split(":")[0]).removesuffix(".py")
+    group.overrides = dict(group.overrides, **BY_TASK[task])
+  return sweep
+
+
+def get_table(preset=""):
+  return wrapped.get_table({preset!r})
+"""
+
+
+def spec_on_task_data(tmp_path, spec: str, preset: str, by_task: dict) -> str:
+  """``spec_on_data`` for a spec of several tasks: each group gets the overrides of its config
+  file's task (``by_task["text"]`` for configs/text.py, e.g. ``task_data_overrides``)."""
+  path = tmp_path / f"on_task_data_{os.path.basename(spec)}"
+  path.write_text(_TASK_DATA_WRAPPER.format(path=os.path.join(REPO, spec), preset=preset,
+                                            by_task=by_task))
+  return str(path)
+
+
 def spec_on_data(tmp_path, spec: str, preset: str, data_dir: str) -> str:
   """A spec file in ``tmp_path`` that is ``spec:preset`` (a path under the repo) with every
   group reading ``data_dir``: a committed spec's tiny preset run end to end on a test's
@@ -356,3 +389,48 @@ def pathfinder_dir_with_cue(root, resolution=32) -> str:
     pixels[:2] = 255 if label else 0
     Image.fromarray(pixels).save(path)
   return str(root)
+
+
+def _write_idx(path: str, array: np.ndarray) -> None:
+  """IDX as Fashion-MNIST ships it: magic (0, 0, type 0x08 = uint8, ndim), big-endian dims."""
+  header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I",
+                                                                       *array.shape)
+  with gzip.open(path, "wb") as f:
+    f.write(header + array.astype(np.uint8).tobytes())
+
+
+def _image_dir(root) -> str:
+  """Fashion-MNIST-format files whose class is readable from the image (bright stripe row)."""
+  rng = np.random.default_rng(0)
+  for prefix, n in (("train", 320), ("t10k", 64)):
+    labels = rng.integers(0, 10, n)
+    images = rng.integers(0, 60, (n, 28, 28))
+    images[np.arange(n), labels * 2 + 4, :] = 255
+    _write_idx(os.path.join(root, f"{prefix}-images-idx3-ubyte.gz"), images)
+    _write_idx(os.path.join(root, f"{prefix}-labels-idx1-ubyte.gz"), labels)
+  return str(root)
+
+
+def task_data_overrides(task: str, tmp_path, listops_dir) -> dict:
+  """Per-task overrides pointing a task's tiny preset at small data written for a test in
+  ``tmp_path`` in the official formats (Text, Retrieval, the Image stand-in, Pathfinder)."""
+  if task == "listops":
+    return {"data.data_dir": listops_dir, "data.max_length": 128}
+  if task == "text":
+    from lra_sparse.generators.text import write_tiny_aclimdb
+    write_tiny_aclimdb(str(tmp_path / "imdb"), num_train=320, num_test=64)
+    return {"data.data_dir": str(tmp_path / "imdb"), "data.max_length": 192}
+  if task == "retrieval":
+    from lra_sparse.generators.retrieval import write_tiny_aan
+    write_tiny_aan(str(tmp_path / "aan"), num_train=320, num_eval=32, num_test=32)
+    return {"data.data_dir": str(tmp_path / "aan"), "data.max_length": 192}
+  # The 1024-pixel tasks keep one layer: the test is about the pipeline, not capacity,
+  # and batch 8 (1024 tokens each).
+  if task == "image":
+    os.makedirs(tmp_path / "fmnist")
+    return {"data.source": "fashion_mnist", "data.data_dir": _image_dir(tmp_path / "fmnist"),
+            "data.max_examples": 320, "model.num_layers": 1, "batch_size": 8}
+  if task == "pathfinder":
+    return {"data.data_dir": pathfinder_dir_with_cue(tmp_path / "pf"), "model.num_layers": 1,
+            "batch_size": 8}
+  raise AssertionError(task)

@@ -829,6 +829,27 @@ def test_spec_path_from_before_the_move_to_experiments_specs_names_the_new_path(
     tables.load_table(str(tmp_path / "experiments" / "y.py"))
 
 
+def test_matchers_read_a_missing_key_as_none():
+  """A selector's value: None (alone or in a list) matches runs without the key, a list any of
+  its options, a callable what it accepts (never a missing key), a number within 1e-9
+  (a bool only a bool). A dense run has no attention.dsa.quant_bits: DSA Table 2's FP32 column
+  ([0, None]) takes it, as its Dense (base) row needs (it was always empty: a missing key was
+  compared with the list as a whole)."""
+  from lra_sparse.tables import cells  # pylint: disable=import-outside-toplevel
+  dense, dsa8 = {"attention.kind": "dense"}, {"attention.dsa.quant_bits": 8}
+  fp32 = {"attention.dsa.quant_bits": [0, None]}
+  assert cells.matches(dense, fp32) and cells.matches({"attention.dsa.quant_bits": 0}, fp32)
+  assert not cells.matches(dsa8, fp32)
+  assert cells.matches(dense, {"attention.dsa.quant_bits": None})
+  assert not cells.matches(dense, {"attention.dsa.quant_bits": 0})
+  assert not cells.matches(dense, {"init_from": bool}) and cells.matches(
+      {"init_from": "/runs/a"}, {"init_from": bool})
+  assert cells.matches({"lr": 0.1 + 0.2}, {"lr": 0.3}) and not cells.matches({"x": 1}, {"x": True})
+  table = tables.load_table("experiments/specs/dsa_table2.py")
+  assert [cells.matches({"attention.kind": "dense", "task": "text"}, column.match)
+          for column in table.columns] == [False, False, False, True]
+
+
 # ----------------------------------------------------------------------------- repo specs
 
 EXPERIMENTS = {  # spec -> (runs in full, runs in tiny)
@@ -861,6 +882,48 @@ def test_experiment_specs_expand(name, preset, tmp_path, monkeypatch):
   if not validate:
     pytest.skip(f"config files {sorted(c for c in configs if not os.path.exists(c))} not in "
                 "the tree yet: names checked, override keys not validated")
+
+
+# One chain per paper spec (seed 0): each stage of the spec (from-scratch and fine-tune groups)
+# and a task loader the others leave out, kept to two short runs a spec for the suite's time.
+PAPER_SPEC_CHAINS = {   # spec -> (the runs it trains, the rows whose cell they fill)
+    "dfss_table4": ("float-listops__listops-tiny__dense-fp32__seed=0",
+                    "bf16-listops__listops-tiny__dfss2-4-bf16__seed=0"),
+    "dfss_table6_nystrom": ("pretrain-fmnist-standin__image-tiny__seed=0",
+                            "finetune-fmnist-standin__image-tiny__nystrom-dfss2-4-bf16__seed=0"),
+    "dsa_table2": ("dense__text-tiny__seed=0",
+                   "dsa90__text-tiny__quant_bits=2__sigma=0.1__seed=0"),
+    "dsa_sparsity": ("dense-text__text-tiny__seed=0",
+                     "dsa-text__text-tiny__sparsity=0.99__seed=0"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_SPEC_CHAINS))
+def test_paper_spec_tiny_presets_train_end_to_end(name, tmp_path, listops_dir, monkeypatch):
+  """Each paper spec's tiny preset trains end to end on small files in the official formats
+  (ListOps, IMDB, the Fashion-MNIST stand-in; every task's loader and tiny preset, AAN's
+  included, train in test_tiny_presets.py): a from-scratch run, then a fine-tune that loads it,
+  both finished; the table fills their two cells and no other."""
+  from tests.conftest import spec_on_task_data, task_data_overrides  # pylint: disable=import-outside-toplevel
+  monkeypatch.chdir(REPO)
+  base, finetune = PAPER_SPEC_CHAINS[name]
+  tasks = {os.path.basename(run.config).removesuffix(".py")
+           for run in _spec_runs(f"experiments/specs/{name}.py:tiny", tmp_path / "names")}
+  spec = spec_on_task_data(tmp_path, f"experiments/specs/{name}.py", "tiny", {
+      task: task_data_overrides(task, tmp_path / task, listops_dir) for task in tasks})
+  root = tmp_path / "root"
+  states = sweep_lib.run_sweep(spec, str(root), show_progress=False,
+                               run_filter=f"^({re.escape(base)}|{re.escape(finetune)})$")
+  assert {run: states[run] for run in (base, finetune)} == {base: "finished",
+                                                            finetune: "finished"}, states
+  assert set(states.values()) == {"finished", "pending"}
+  with open(root / finetune / "metrics.jsonl") as f:
+    loaded = [json.loads(line) for line in f if '"init_from"' in line]
+  assert len(loaded) == 1, "the fine-tune did not load its base run"
+  assert json.loads((root / finetune / "config.json").read_text())["init_from"] == str(
+      root / base)
+  text = tables.make_table(str(root), spec, "markdown", report=tables.Reporter(echo=False))
+  assert text.count("(n=1") == 2, text
 
 
 def test_tiny_listops_spec(tmp_path, monkeypatch):

@@ -1,10 +1,8 @@
 """Every task's tiny preset, and every attention kind, trains 30 steps through the one trainer."""
 from __future__ import annotations
 
-import gzip
 import json
 import os
-import struct
 
 import jax
 import jax.numpy as jnp
@@ -16,53 +14,9 @@ from lra_sparse import train
 from lra_sparse.config import load_config_file
 from lra_sparse.data import get_task
 from lra_sparse.models.encoder import sinusoidal_positions
-from tests.conftest import pathfinder_dir_with_cue
+from tests.conftest import task_data_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _write_idx(path: str, array: np.ndarray) -> None:
-  """IDX as Fashion-MNIST ships it: magic (0, 0, type 0x08 = uint8, ndim), big-endian dims."""
-  header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I",
-                                                                       *array.shape)
-  with gzip.open(path, "wb") as f:
-    f.write(header + array.astype(np.uint8).tobytes())
-
-
-def _image_dir(root) -> str:
-  """Fashion-MNIST-format files whose class is readable from the image (bright stripe row)."""
-  rng = np.random.default_rng(0)
-  for prefix, n in (("train", 320), ("t10k", 64)):
-    labels = rng.integers(0, 10, n)
-    images = rng.integers(0, 60, (n, 28, 28))
-    images[np.arange(n), labels * 2 + 4, :] = 255
-    _write_idx(os.path.join(root, f"{prefix}-images-idx3-ubyte.gz"), images)
-    _write_idx(os.path.join(root, f"{prefix}-labels-idx1-ubyte.gz"), labels)
-  return str(root)
-
-
-def _task_setup(task: str, tmp_path, listops_dir) -> dict:
-  """Per-task overrides pointing the tiny preset at data written for the test."""
-  if task == "listops":
-    return {"data.data_dir": listops_dir, "data.max_length": 128}
-  if task == "text":
-    from lra_sparse.generators.text import write_tiny_aclimdb
-    write_tiny_aclimdb(str(tmp_path / "imdb"), num_train=320, num_test=64)
-    return {"data.data_dir": str(tmp_path / "imdb"), "data.max_length": 192}
-  if task == "retrieval":
-    from lra_sparse.generators.retrieval import write_tiny_aan
-    write_tiny_aan(str(tmp_path / "aan"), num_train=320, num_eval=32, num_test=32)
-    return {"data.data_dir": str(tmp_path / "aan"), "data.max_length": 192}
-  # The 1024-pixel tasks keep one layer: the test is about the pipeline, not capacity,
-  # and batch 8 (1024 tokens each).
-  if task == "image":
-    os.makedirs(tmp_path / "fmnist")
-    return {"data.source": "fashion_mnist", "data.data_dir": _image_dir(tmp_path / "fmnist"),
-            "data.max_examples": 320, "model.num_layers": 1, "batch_size": 8}
-  if task == "pathfinder":
-    return {"data.data_dir": pathfinder_dir_with_cue(tmp_path / "pf"), "model.num_layers": 1,
-            "batch_size": 8}
-  raise AssertionError(task)
 
 
 def _short(config, **overrides):
@@ -94,7 +48,7 @@ def _assert_trains(config, workdir):
 @pytest.mark.parametrize("task", ["listops", "text", "retrieval", "image", "pathfinder"])
 def test_tiny_preset_trains(task, tmp_path, listops_dir):
   config = load_config_file(os.path.join(REPO, "configs", f"{task}.py"), "tiny")
-  overrides = _task_setup(task, tmp_path, listops_dir)
+  overrides = task_data_overrides(task, tmp_path, listops_dir)
   overrides.setdefault("batch_size", 16)
   _assert_trains(_short(config, **overrides), tmp_path / "run")
 

@@ -52,12 +52,12 @@ class CellStats:
 
 
 def _value_matches(actual: Any, expected: Any) -> bool:
+  if isinstance(expected, (list, tuple, set, frozenset)):   # before None: [0, None] takes both
+    return any(_value_matches(actual, option) for option in expected)
   if expected is None or actual is None:
     return expected is None and actual is None
   if callable(expected):
     return bool(expected(actual))
-  if isinstance(expected, (list, tuple, set, frozenset)):
-    return any(_value_matches(actual, option) for option in expected)
   if isinstance(expected, bool) or isinstance(actual, bool):
     return type(actual) is type(expected) and actual == expected
   if isinstance(expected, (int, float)) and isinstance(actual, (int, float)):
