@@ -312,26 +312,7 @@ def checkpoint_params(workdir) -> dict:
   return params
 
 
-_TINY_SPEC_WRAPPER = """
-import importlib.util
-_spec = importlib.util.spec_from_file_location("wrapped_spec", {path!r})
-wrapped = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(wrapped)
-
-
-def get_sweep(preset=""):
-  sweep = wrapped.get_sweep({preset!r})
-  for group in sweep.groups:
-    group.overrides = dict(group.overrides, **{{"data.data_dir": {data!r}}})
-  return sweep
-
-
-def get_table(preset=""):
-  return wrapped.get_table({preset!r})
-"""
-
-
-_TASK_DATA_WRAPPER = """
+_SPEC_WRAPPER = """
 import importlib.util
 import os
 _spec = importlib.util.spec_from_file_location("wrapped_spec", {path!r})
@@ -344,7 +325,7 @@ def get_sweep(preset=""):
   sweep = wrapped.get_sweep({preset!r})
   for group in sweep.groups:
     task = os.path.basename(group.config.split(":")[0]).removesuffix(".py")
-    group.overrides = dict(group.overrides, **BY_TASK[task])
+    group.overrides = dict(group.overrides, **BY_TASK[task if task in BY_TASK else "*"])
   return sweep
 
 
@@ -354,22 +335,19 @@ def get_table(preset=""):
 
 
 def spec_on_task_data(tmp_path, spec: str, preset: str, by_task: dict) -> str:
-  """``spec_on_data`` for a spec of several tasks: each group gets the overrides of its config
-  file's task (``by_task["text"]`` for configs/text.py, e.g. ``task_data_overrides``)."""
-  path = tmp_path / f"on_task_data_{os.path.basename(spec)}"
-  path.write_text(_TASK_DATA_WRAPPER.format(path=os.path.join(REPO, spec), preset=preset,
-                                            by_task=by_task))
+  """A spec file in ``tmp_path`` that is ``spec:preset`` (a path under the repo) with each
+  group given the overrides of its config file's task (``by_task["text"]`` for
+  configs/text.py, e.g. ``task_data_overrides``; ``by_task["*"]`` for any other): a committed
+  spec's tiny preset run end to end on a test's generated data. Returns its path."""
+  path = tmp_path / f"on_data_{os.path.basename(spec)}"
+  path.write_text(_SPEC_WRAPPER.format(path=os.path.join(REPO, spec), preset=preset,
+                                       by_task=by_task))
   return str(path)
 
 
 def spec_on_data(tmp_path, spec: str, preset: str, data_dir: str) -> str:
-  """A spec file in ``tmp_path`` that is ``spec:preset`` (a path under the repo) with every
-  group reading ``data_dir``: a committed spec's tiny preset run end to end on a test's
-  generated data. Returns its path."""
-  path = tmp_path / f"on_data_{os.path.basename(spec)}"
-  path.write_text(_TINY_SPEC_WRAPPER.format(path=os.path.join(REPO, spec), preset=preset,
-                                            data=data_dir))
-  return str(path)
+  """``spec_on_task_data`` with every group reading ``data_dir``."""
+  return spec_on_task_data(tmp_path, spec, preset, {"*": {"data.data_dir": data_dir}})
 
 
 def pathfinder_dir_with_cue(root, resolution=32) -> str:

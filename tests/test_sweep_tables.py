@@ -23,6 +23,7 @@ import pytest
 from lra_sparse import config as config_lib
 from lra_sparse import sweep as sweep_lib
 from lra_sparse import tables
+from tests.conftest import spec_on_data, spec_on_task_data, task_data_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LISTOPS_TINY = os.path.join(REPO, "configs", "listops.py") + ":tiny"
@@ -904,7 +905,6 @@ def test_paper_spec_tiny_presets_train_end_to_end(name, tmp_path, listops_dir, m
   (ListOps, IMDB, the Fashion-MNIST stand-in; every task's loader and tiny preset, AAN's
   included, train in test_tiny_presets.py): a from-scratch run, then a fine-tune that loads it,
   both finished; the table fills their two cells and no other."""
-  from tests.conftest import spec_on_task_data, task_data_overrides  # pylint: disable=import-outside-toplevel
   monkeypatch.chdir(REPO)
   base, finetune = PAPER_SPEC_CHAINS[name]
   tasks = {os.path.basename(run.config).removesuffix(".py")
@@ -1296,8 +1296,8 @@ def test_sigterm_stops_the_sweep_like_ctrl_c_even_with_sigint_ignored(tmp_path, 
   run_dir = root / "listops-tiny__seed=0"
   for signum in (signal.SIGTERM, signal.SIGINT):
     sweep = subprocess.Popen(   # trap '' INT: SIGINT ignored, and exec keeps it ignored
-        ["bash", "-c", f"trap '' INT; exec {sys.executable} -m lra_sparse.sweep "
-         f"--sweep={spec} --root={root}"],
+        ["bash", "-c", "trap '' INT; exec \"$@\"", "bash", sys.executable, "-m",
+         "lra_sparse.sweep", f"--sweep={spec}", f"--root={root}"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)   # its own process group: the finally below ends its trainers
     metrics = run_dir / "metrics.jsonl"
@@ -1687,7 +1687,6 @@ def test_pick_dsa_weight_script_reads_only_the_presets_finished_runs(tmp_path):
 def test_dsa_listops_tiny_runs_end_to_end(tmp_path, monkeypatch, listops_dir):
   """dsa_listops.py:tiny on a small generated ListOps set: the dense base, then DSA-90 with a
   trained and with an untrained predictor fine-tuned from it; the table has all three."""
-  from tests.conftest import spec_on_data  # pylint: disable=import-outside-toplevel
   monkeypatch.chdir(REPO)
   spec = spec_on_data(tmp_path, "experiments/specs/dsa_listops.py", "tiny", listops_dir)
   states = sweep_lib.run_sweep(spec, str(tmp_path / "root"), show_progress=False)

@@ -42,6 +42,8 @@ cross-entropy from scratch; the same row as ``lra_listops.py``); the DSA-90 fine
 follows DSA's own protocol instead (see FINETUNE_* below: 6,240 steps from the seed-0 dense
 run, its predictor trained by L_MSE alone).
 """
+import operator
+
 from experiments.specs._tiny import check_preset, tiny_steps
 from lra_sparse.sweep import Group, Ref, Sweep, Variant
 from lra_sparse.tables import Selector, Table
@@ -79,14 +81,6 @@ PAPER = {"dense": {"Pathfinder-32": 71.40}}
 PAPER_SOURCE = "dense: LRA's Transformer (Tay et al. 2021, Table 1)"
 
 
-def _from_scratch(path) -> bool:
-  return not path
-
-
-def _finetuned(path) -> bool:
-  return bool(path)
-
-
 def _check(preset: str) -> bool:
   return check_preset(preset, "experiments/specs/pathfinder32.py", PRESETS)
 
@@ -121,9 +115,9 @@ def get_table(preset: str = "") -> Table:
              + ": test accuracy (%) "
              + ("at the best validation step" if best_val else "at the last step")),
       split="test_at_best_val" if best_val else "test",
-      rows=[*(Selector(row, {**overrides, **COMPUTE, "init_from": _from_scratch},
+      rows=[*(Selector(row, {**overrides, **COMPUTE, "init_from": operator.not_},
                        paper={} if tiny else PAPER.get(label, {}))
               for label, row, overrides, _ in KINDS),
-            Selector(FINETUNE_ROW, {**FINETUNE_DSA, **COMPUTE, "init_from": _finetuned})],
+            Selector(FINETUNE_ROW, {**FINETUNE_DSA, **COMPUTE, "init_from": bool})],
       paper_source="" if tiny else PAPER_SOURCE,
       columns=[Selector("Pathfinder-32", {"task": "pathfinder"})])
