@@ -529,7 +529,11 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
     for step in progress:
       profile.before_step(step, state)
       batch = put_global_batch(batches[step], batch_sharding)
-      state, metrics = train_step(state, batch, dropout_rng)
+      # A Ctrl-C inside the call (it blocks while the device queue is full) would land after
+      # the step consumed its donated input and before its output is bound: nothing left to
+      # checkpoint, every step since the last save lost. It waits for the assignment instead.
+      with sigint_after():
+        state, metrics = train_step(state, batch, dropout_rng)
       profile.after_step(step, (state, metrics))
       finite = finite & jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
       window.append(metrics)

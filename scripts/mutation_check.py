@@ -279,6 +279,11 @@ MUTATIONS += [
   ("Mosaic deterministic runs the fused backward", "lra_sparse/kernels/dfss/mosaic.py",
    "  if deterministic and tiles.fused_backward:", "  if False:",
    "tests/test_lower_mosaic_kernels.py::test_deterministic_kernels_reach_the_mosaic_backward"),
+  ("Ctrl-C lands between a train step's donation and its result", "lra_sparse/train.py",
+   "      with sigint_after():\n        state, metrics = train_step(state, batch, dropout_rng)",
+   "      if True:\n        state, metrics = train_step(state, batch, dropout_rng)",
+   "tests/test_reliability.py::"
+   "test_ctrl_c_inside_a_train_step_call_still_checkpoints_the_step_reached"),
   ("sweep keeps an inherited ignored SIGINT", "lra_sparse/sweep/__main__.py",
    "  signal.signal(signal.SIGINT, signal.default_int_handler)\n", "",
    "tests/test_sweep_tables.py::"
