@@ -54,6 +54,16 @@ _DFSS_TABLE4_LISTOPS_ROWS = {
     "Dfss 1:2 (float)": r"float-listops__listops-stable__dfss1-2-fp32__seed=\d+",
     "Dfss 2:4 (bfloat16)": r"bf16-listops__listops-stable__dfss2-4-bf16__seed=\d+",
 }
+_PATHFINDER32_ROWS = {
+    "Transformer (dense)": r"pathfinder32__pathfinder__dense__seed=\d+",
+    "DFSS 2:4": r"pathfinder32__pathfinder__dfss2-4__seed=\d+",
+    "Nystromformer": r"pathfinder32__pathfinder__nystrom__seed=\d+",
+    "DSA-90 (sigma 0.25, mean-form L_MSE)": r"pathfinder32__pathfinder__dsa90__seed=\d+",
+    "Transformer (LRA's transformer_base.py model: 1 layer, 128/64/128)":
+        r"pathfinder32-lra-model__pathfinder__dense__seed=\d+",
+    "DSA-90 fine-tuned from dense (predictor-only L_MSE)":
+        r"pathfinder32-ft__pathfinder__dsa90-ft__seed=\d+",
+}
 _SPT_KINDS = {"Transformer (dense)": "dense", "DFSS 2:4": "dfss2-4",
               "DSA-90 (sigma 0.25, mean-form L_MSE)": "dsa90", "Nystromformer": "nystrom"}
 
@@ -158,6 +168,11 @@ _PAPER = {label: 36.37 for label in _RECIPE_5000_ROWS}
 _PAPER.update({"Transformer (dense, cuDNN)": 36.37, "DFSS 1:2": 36.85, "DFSS 2:4": 37.19})
 _PAPER.update({"Transformer (float)": 35.91, "Transformer (bfloat16)": 35.92,
                "Dfss 1:2 (float)": 36.85, "Dfss 2:4 (bfloat16)": 37.19})
+# Tables of another task than ListOps: folder -> {label: value} (Pathfinder-32: LRA's
+# Transformer only; DFSS and DSA left Pathfinder out).
+_PAPER_BY_FOLDER = {"pathfinder32": {
+    "Transformer (dense)": 71.40,
+    "Transformer (LRA's transformer_base.py model: 1 layer, 128/64/128)": 71.40}}
 
 
 def _last_and_best_val(stem: str, folder: str, rows: dict) -> list:
@@ -174,6 +189,7 @@ TABLES = [
     *_last_and_best_val("listops_recipe_5000", "listops_recipe_5000", _RECIPE_5000_ROWS),
     *_last_and_best_val("listops_protocol", "listops_protocol", _PROTOCOL_ROWS),
     *_last_and_best_val("dfss_table4_listops", "dfss_table4", _DFSS_TABLE4_LISTOPS_ROWS),
+    *_last_and_best_val("pathfinder32", "pathfinder32", _PATHFINDER32_ROWS),
     *_last_and_best_val("self_pretraining_listops", "self_pretraining", _SPT_ROWS),
     ("self_pretraining_listops_pretrain_val.md", "self_pretraining", "val", _SPT_PRETRAIN_ROWS),
     *_last_and_best_val("self_pretraining_curve", "self_pretraining_curve", _SPT_CURVE_ROWS),
@@ -263,7 +279,10 @@ def test_committed_table_is_its_runs(table, folder, split, rows):
            for label, pattern in rows.items()}
   for label in rows:
     # Self-pretraining has no published ListOps value (its row labels reuse kinds' names).
-    paper = None if folder.startswith("self_pretraining") else _PAPER.get(label)
+    if folder in _PAPER_BY_FOLDER:
+      paper = _PAPER_BY_FOLDER[folder].get(label)
+    else:
+      paper = None if folder.startswith("self_pretraining") else _PAPER.get(label)
     versus = {name: cells[other][0] for name, other in _versus(folder, label, rows).items()}
     want = _expected_cell(cells[label], paper, versus)
     assert committed[label] == want, (table, label, committed[label], want)

@@ -22,18 +22,29 @@ def _runs(preset, root):
 def test_every_kind_runs_lras_config_to_its_last_step(tmp_path, monkeypatch):
   """"": seed 0 of dense, DFSS 2:4, Nystromformer and DSA-90, each LRA's Pathfinder-32 config
   (62,400 steps, its attention dropout) in bf16 and nothing else changed; "seeds": seeds 1-2
-  of dense and DFSS 2:4; DSA-90's chain starts first on parallel slots; the table pools both
-  presets' runs per kind, with LRA's Transformer value beside dense only; a bad preset is one
-  clear error."""
+  of dense and DFSS 2:4; the dense Transformer also with the model of LRA's
+  transformer_base.py (its own group, seeds as dense's); DSA-90's chain starts first on
+  parallel slots; the table pools both presets' runs per kind, with LRA's Transformer value
+  beside the two dense rows only; a bad preset is one clear error."""
   monkeypatch.chdir(REPO)
   config = load_config_file("configs/pathfinder.py", "")
   assert (config.num_train_steps, config.model.attention_dropout_rate) == (62400, 0.1)
   runs = _runs("", tmp_path / "a")
-  assert sorted(run.name for run in runs) == ["pathfinder32-ft__pathfinder__dsa90-ft__seed=0"] + [
+  assert sorted(run.name for run in runs) == [
+      "pathfinder32-ft__pathfinder__dsa90-ft__seed=0",
+      "pathfinder32-lra-model__pathfinder__dense__seed=0"] + [
       f"pathfinder32__pathfinder__{kind}__seed=0"
       for kind in ("dense", "dfss2-4", "dsa90", "nystrom")]
   finetune = next(run for run in runs if run.name.startswith("pathfinder32-ft"))
+  lra_model = next(run for run in runs if run.name.startswith("pathfinder32-lra-model"))
   runs.remove(finetune)
+  runs.remove(lra_model)
+  assert lra_model.overrides == {   # transformer_base.py's model; the rest is the config's
+      "seed": 0, "model.dtype": "bfloat16", "data.data_dir": "data/pathfinder",
+      "attention.kind": "dense", "model.num_layers": 1, "model.emb_dim": 128,
+      "model.qkv_dim": 64, "model.mlp_dim": 128, "model.classifier_dim": 128,
+      "model.dropout_rate": 0.2}
+  assert 0 < lra_model.cost < min(run.cost for run in runs)
   dense = next(run for run in runs if "__dense__" in run.name)
   assert finetune.overrides["init_from"] == dense.workdir
   assert finetune.depends_on == [dense.name]
@@ -54,11 +65,12 @@ def test_every_kind_runs_lras_config_to_its_last_step(tmp_path, monkeypatch):
   assert costs["dfss2-4"] == 62400
   more = _runs("seeds", tmp_path / "b")
   assert sorted(run.name for run in more) == [
+      f"pathfinder32-lra-model__pathfinder__dense__seed={seed}" for seed in (1, 2)] + [
       f"pathfinder32__pathfinder__{kind}__seed={seed}"
       for kind in ("dense", "dfss2-4") for seed in (1, 2)]
   every = {run.name: run for run in _runs("all", tmp_path / "c")}   # runs chain per GPU
-  assert len(every) == 13
-  for run in runs + more + [finetune]:   # the same runs as the other presets name them
+  assert len(every) == 16
+  for run in runs + more + [finetune, lra_model]:   # the same runs as the other presets name them
     twin = every[run.name]
     assert (run.config_arg, run.cost) == (twin.config_arg, twin.cost)
     assert {**run.overrides, "init_from": None} == {**twin.overrides, "init_from": None}
@@ -66,17 +78,26 @@ def test_every_kind_runs_lras_config_to_its_last_step(tmp_path, monkeypatch):
   assert [row.label for row in table.rows] == [
       "Transformer (dense)", "DFSS 2:4", "Nystromformer",
       "DSA-90 (sigma 0.25, mean-form L_MSE)",
+      "Transformer (LRA's transformer_base.py model: 1 layer, 128/64/128)",
       "DSA-90 fine-tuned from dense (predictor-only L_MSE)"]
-  assert [dict(row.paper) for row in table.rows] == [{"Pathfinder-32": 71.40}, {}, {}, {}, {}]
-  for run in runs + more + [finetune]:
+  assert [dict(row.paper) for row in table.rows] == [
+      {"Pathfinder-32": 71.40}, {}, {}, {}, {"Pathfinder-32": 71.40}, {}]
+  for run in runs + more + [finetune, lra_model]:
     config = {"task": "pathfinder", "attention.dfss.nm": None, "attention.nystrom.nm": None,
               "attention.dsa.sparsity": None, "attention.dsa.mse_gradient": "joint",
-              "init_from": "", **run.overrides}
+              "init_from": "", "model.emb_dim": 32, **run.overrides}
     held = [row.label for row in table.rows
             if all(v(config.get(k)) if callable(v) else config.get(k) == v
                    for k, v in row.match.items())]
-    assert held == (["DSA-90 fine-tuned from dense (predictor-only L_MSE)"]
-                    if run is finetune else held[:1]) and len(held) == 1, (run.name, held)
+    assert len(held) == 1, (run.name, held)
+    if run is finetune:
+      assert held == ["DSA-90 fine-tuned from dense (predictor-only L_MSE)"]
+    elif run.name.startswith("pathfinder32-lra-model"):
+      assert held == ["Transformer (LRA's transformer_base.py model: 1 layer, 128/64/128)"]
+    else:
+      assert held == [{"dense": "Transformer (dense)", "dfss2-4": "DFSS 2:4",
+                       "nystrom": "Nystromformer", "dsa90": "DSA-90 (sigma 0.25, mean-form "
+                       "L_MSE)"}[run.name.split("__")[2]]], (run.name, held)
   assert tables.load_table(f"{SPEC}:best_val").split == "test_at_best_val"
   with pytest.raises(ValueError, match="unknown preset 'x'"):
     sweep_lib.load_sweep(f"{SPEC}:x")
@@ -92,8 +113,9 @@ def test_tiny_preset_trains_on_pathfinder_end_to_end(tmp_path, monkeypatch):
   spec = spec_on_data(tmp_path, SPEC, "tiny", data)
   root = tmp_path / "root"
   states = sweep_lib.run_sweep(spec, str(root), show_progress=False,
-                               run_filter="__(dense|nystrom|dsa90|dsa90-ft)__")
+                               run_filter="^pathfinder32(-ft)?__.*__(dense|nystrom|dsa90|dsa90-ft)__")
   assert states.pop("pathfinder32__pathfinder-tiny__dfss2-4__seed=0") == "pending"
+  assert states.pop("pathfinder32-lra-model__pathfinder-tiny__dense__seed=0") == "pending"
   assert set(states.values()) == {"finished"}, states
   with open(root / "pathfinder32-ft__pathfinder-tiny__dsa90-ft__seed=0" / "metrics.jsonl") as f:
     init = [json.loads(line) for line in f if '"init_from"' in line]
