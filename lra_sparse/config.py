@@ -82,6 +82,7 @@ ADDED_FIELDS = (
     ("model.value_conv_kernel", 0, None),
     ("objective", "classify", None),
     ("denoise", {"mask_rate": 0.15, "mask_share": 0.8, "random_share": 0.1}, None),
+    ("optim.trainable", "", None),
 ) + tuple((key, value, None) for key, value in EARLIER_MODEL.items())
 
 
@@ -146,6 +147,13 @@ def get_base_config() -> ml_collections.ConfigDict:
   # k > 1: each step's batch is processed as k micro-batches whose gradients are averaged
   # (the same update, 1/k of the activation memory); batch_size must divide by k x devices.
   config.optim.grad_accum_steps = 1
+  # A regular expression: only the parameters whose path ("/"-joined, e.g.
+  # "encoder/block_0/attention/DSAAttention_0/predictor_query") it matches (re.search) are
+  # updated, the others frozen (no update, no weight decay; clipping sees the trained ones
+  # only); "" = all.
+  # E.g. "predictor_" fits DSA's predictor to a trained model's scores. The logged grad_norm
+  # stays that of every parameter's gradient.
+  config.optim.trainable = ""
 
   # What the model is trained to predict (lra_sparse/objectives.py): "classify" (the task's
   # label, LRA) or "denoise" (masked tokens of the task's own inputs, labels unused: the

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from typing import Any, Optional
 
@@ -141,8 +142,38 @@ def make_schedule(optim_config, num_train_steps: int) -> optax.Schedule:
   raise ValueError(f"config.optim.schedule={oc.schedule!r}; choose one of {SCHEDULES}")
 
 
+def trainable_labels(params, pattern: str):
+  """"train" for each parameter whose path ("/"-joined module and parameter names, e.g.
+  ``encoder/block_0/attention/DSAAttention_0/predictor_query``) ``re.search``-matches
+  ``pattern`` (``config.optim.trainable``), "frozen" for the others; every parameter trains
+  when the pattern is empty. A pattern that matches no parameter is an error naming some
+  paths."""
+  paths = {path: "/".join(str(getattr(key, "key", key)) for key in path)
+           for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+  if not pattern:
+    return jax.tree.map(lambda _: "train", params)
+  labels = jax.tree_util.tree_map_with_path(
+      lambda path, _: "train" if re.search(pattern, paths[path]) else "frozen", params)
+  if "train" not in jax.tree.leaves(labels):
+    names = sorted(paths.values())
+    raise ValueError(f"config.optim.trainable={pattern!r} matches no parameter (paths look "
+                     f"like {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})")
+  return labels
+
+
 def make_optimizer(config) -> optax.GradientTransformation:
-  """AdamW (decoupled weight decay) on the schedule; "one_cycle" also cycles beta1."""
+  """AdamW (decoupled weight decay) on the schedule; "one_cycle" also cycles beta1. With
+  ``config.optim.trainable`` set, only the parameters it matches are updated (clipping and
+  weight decay included); the others keep their values."""
+  tx = _make_adamw(config)
+  if config.optim.trainable:
+    return optax.multi_transform(
+        {"train": tx, "frozen": optax.set_to_zero()},
+        lambda params: trainable_labels(params, config.optim.trainable))
+  return tx
+
+
+def _make_adamw(config) -> optax.GradientTransformation:
   oc = config.optim
   if oc.schedule == "one_cycle":
     lr, b1 = one_cycle_schedules(oc.learning_rate, oc.warmup_steps, config.num_train_steps)
@@ -298,6 +329,11 @@ def validate_config(config) -> None:
   if config.num_eval_batches < 0:
     raise ValueError(f"config.num_eval_batches={config.num_eval_batches} must be >= 0 "
                      "(0 = the whole split)")
+  try:
+    re.compile(config.optim.trainable)
+  except re.error as e:
+    raise ValueError(f"config.optim.trainable={config.optim.trainable!r} is not a regular "
+                     f"expression: {e}") from None
   if config.eval_dtype not in ("", "float32", "bfloat16"):
     raise ValueError(f"config.eval_dtype={config.eval_dtype!r}; choose '', 'float32' or "
                      "'bfloat16'")
@@ -423,7 +459,13 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
                             model_state=variables or None)
   num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
   processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
-  say(f"model: {num_params:,} parameters; {len(devices)} device(s){processes}: "
+  trained = ""
+  if config.optim.trainable:
+    labels = jax.tree.leaves(trainable_labels(params, config.optim.trainable))
+    count = sum(int(np.prod(p.shape)) for p, label in zip(jax.tree.leaves(params), labels)
+                if label == "train")
+    trained = f" ({count:,} trained: config.optim.trainable={config.optim.trainable!r})"
+  say(f"model: {num_params:,} parameters{trained}; {len(devices)} device(s){processes}: "
       f"{devices[0].platform}")
 
   manager = ocp.CheckpointManager(

@@ -24,21 +24,34 @@ def test_every_kind_runs_lras_config_to_its_last_step(tmp_path, monkeypatch):
   (62,400 steps, its attention dropout) in bf16 and nothing else changed; "seeds": seeds 1-2
   of dense and DFSS 2:4; the dense Transformer also with the model of LRA's
   transformer_base.py (its own group, seeds as dense's); DSA-90's chain starts first on
-  parallel slots; the table pools both presets' runs per kind, with LRA's Transformer value
-  beside the two dense rows only; a bad preset is one clear error."""
+  parallel slots; DSA-90 also fine-tuned after a predictor fit on the frozen dense model; the
+  table pools both presets' runs per kind, with LRA's Transformer value beside the two dense
+  rows only; a bad preset is one clear error."""
   monkeypatch.chdir(REPO)
   config = load_config_file("configs/pathfinder.py", "")
   assert (config.num_train_steps, config.model.attention_dropout_rate) == (62400, 0.1)
   runs = _runs("", tmp_path / "a")
   assert sorted(run.name for run in runs) == [
+      "pathfinder32-ft-fitted__pathfinder__dsa90-ft__seed=0",
       "pathfinder32-ft__pathfinder__dsa90-ft__seed=0",
-      "pathfinder32-lra-model__pathfinder__dense__seed=0"] + [
+      "pathfinder32-lra-model__pathfinder__dense__seed=0",
+      "pathfinder32-predictor__pathfinder__dsa-predictor__seed=0"] + [
       f"pathfinder32__pathfinder__{kind}__seed=0"
       for kind in ("dense", "dfss2-4", "dsa90", "nystrom")]
-  finetune = next(run for run in runs if run.name.startswith("pathfinder32-ft"))
-  lra_model = next(run for run in runs if run.name.startswith("pathfinder32-lra-model"))
-  runs.remove(finetune)
-  runs.remove(lra_model)
+  by_group = {run.name.split("__")[0]: run for run in runs}
+  finetune, lra_model = by_group["pathfinder32-ft"], by_group["pathfinder32-lra-model"]
+  fit, fitted = by_group["pathfinder32-predictor"], by_group["pathfinder32-ft-fitted"]
+  for run in (finetune, lra_model, fit, fitted):
+    runs.remove(run)
+  # The predictor fitted first: the dense run's model frozen, every key kept, only W~
+  # trained; then the same fine-tune as finetune's, from that run.
+  assert fit.depends_on == [next(r.name for r in runs if "__dense__" in r.name)]
+  assert {key: fit.overrides[key] for key in (
+      "attention.kind", "attention.dsa.sparsity", "optim.trainable", "num_train_steps")} == {
+          "attention.kind": "dsa", "attention.dsa.sparsity": 0.0,
+          "optim.trainable": "predictor_", "num_train_steps": 1560}
+  assert fitted.depends_on == [fit.name] and fitted.overrides["init_from"] == fit.workdir
+  assert {**fitted.overrides, "init_from": None} == {**finetune.overrides, "init_from": None}
   assert lra_model.overrides == {   # transformer_base.py's model; the rest is the config's
       "seed": 0, "model.dtype": "bfloat16", "data.data_dir": "data/pathfinder",
       "attention.kind": "dense", "model.num_layers": 1, "model.emb_dim": 128,
@@ -69,8 +82,9 @@ def test_every_kind_runs_lras_config_to_its_last_step(tmp_path, monkeypatch):
       f"pathfinder32__pathfinder__{kind}__seed={seed}"
       for kind in ("dense", "dfss2-4") for seed in (1, 2)]
   every = {run.name: run for run in _runs("all", tmp_path / "c")}   # runs chain per GPU
-  assert len(every) == 16
-  for run in runs + more + [finetune, lra_model]:   # the same runs as the other presets name them
+  assert len(every) == 18
+  # The same runs as the other presets name them.
+  for run in runs + more + [finetune, lra_model, fit, fitted]:
     twin = every[run.name]
     assert (run.config_arg, run.cost) == (twin.config_arg, twin.cost)
     assert {**run.overrides, "init_from": None} == {**twin.overrides, "init_from": None}
@@ -79,18 +93,23 @@ def test_every_kind_runs_lras_config_to_its_last_step(tmp_path, monkeypatch):
       "Transformer (dense)", "DFSS 2:4", "Nystromformer",
       "DSA-90 (sigma 0.25, mean-form L_MSE)",
       "Transformer (LRA's transformer_base.py model: 1 layer, 128/64/128)",
-      "DSA-90 fine-tuned from dense (predictor-only L_MSE)"]
+      "DSA-90 fine-tuned from dense (predictor-only L_MSE)",
+      "DSA-90 fine-tuned from dense, predictor fitted first"]
   assert [dict(row.paper) for row in table.rows] == [
-      {"Pathfinder-32": 71.40}, {}, {}, {}, {"Pathfinder-32": 71.40}, {}]
-  for run in runs + more + [finetune, lra_model]:
+      {"Pathfinder-32": 71.40}, {}, {}, {}, {"Pathfinder-32": 71.40}, {}, {}]
+  for run in runs + more + [finetune, lra_model, fit, fitted]:
     config = {"task": "pathfinder", "attention.dfss.nm": None, "attention.nystrom.nm": None,
               "attention.dsa.sparsity": None, "attention.dsa.mse_gradient": "joint",
               "init_from": "", "model.emb_dim": 32, **run.overrides}
     held = [row.label for row in table.rows
             if all(v(config.get(k)) if callable(v) else config.get(k) == v
                    for k, v in row.match.items())]
-    assert len(held) == 1, (run.name, held)
-    if run is finetune:
+    assert len(held) == (run is not fit), (run.name, held)   # the fit has no row
+    if run is fit:
+      continue
+    if run is fitted:
+      assert held == ["DSA-90 fine-tuned from dense, predictor fitted first"]
+    elif run is finetune:
       assert held == ["DSA-90 fine-tuned from dense (predictor-only L_MSE)"]
     elif run.name.startswith("pathfinder32-lra-model"):
       assert held == ["Transformer (LRA's transformer_base.py model: 1 layer, 128/64/128)"]
@@ -112,10 +131,14 @@ def test_tiny_preset_trains_on_pathfinder_end_to_end(tmp_path, monkeypatch):
   data = pathfinder_dir_with_cue(tmp_path / "pathfinder")
   spec = spec_on_data(tmp_path, SPEC, "tiny", data)
   root = tmp_path / "root"
-  states = sweep_lib.run_sweep(spec, str(root), show_progress=False,
-                               run_filter="^pathfinder32(-ft)?__.*__(dense|nystrom|dsa90|dsa90-ft)__")
+  states = sweep_lib.run_sweep(
+      spec, str(root), show_progress=False,
+      run_filter="^pathfinder32(-ft)?__.*__(dense|nystrom|dsa90|dsa90-ft)__")
   assert states.pop("pathfinder32__pathfinder-tiny__dfss2-4__seed=0") == "pending"
-  assert states.pop("pathfinder32-lra-model__pathfinder-tiny__dense__seed=0") == "pending"
+  for name in ("pathfinder32-lra-model__pathfinder-tiny__dense__seed=0",   # covered above
+               "pathfinder32-predictor__pathfinder-tiny__dsa-predictor__seed=0",
+               "pathfinder32-ft-fitted__pathfinder-tiny__dsa90-ft__seed=0"):
+    assert states.pop(name) == "pending"
   assert set(states.values()) == {"finished"}, states
   with open(root / "pathfinder32-ft__pathfinder-tiny__dsa90-ft__seed=0" / "metrics.jsonl") as f:
     init = [json.loads(line) for line in f if '"init_from"' in line]

@@ -177,6 +177,43 @@ def test_init_from_copies_shared_params_and_eval_dtype(tmp_path, tiny_config):
     train.train_and_evaluate(bad, str(tmp_path / "bad"))
 
 
+def test_trainable_fits_dsa_predictor_to_a_frozen_trained_model(tmp_path, tiny_config):
+  """optim.trainable="predictor_": DSA at sparsity 0 (every key kept: dense attention) from a
+  trained dense run, only the predictor updated: every other parameter stays bit for bit what
+  the dense run saved, although weight decay and clipping are on; the predictor fits (its MSE
+  falls); the model's outputs are the dense run's. Bad patterns are one clear error each."""
+  pre_result = train.train_and_evaluate(tiny_config(num_train_steps=10),
+                                        str(tmp_path / "pre"))
+  warm = tiny_config(num_train_steps=20, init_from=str(tmp_path / "pre"), **{
+      "attention.kind": "dsa", "attention.dsa.sparsity": 0.0,
+      "attention.dsa.mse_gradient": "predictor", "optim.trainable": "predictor_",
+      "optim.learning_rate": 0.01, "optim.weight_decay": 0.1, "optim.grad_clip_norm": 1.0,
+      "eval_every_steps": 10})
+  result = train.train_and_evaluate(warm, str(tmp_path / "warm"))
+  pre = checkpoint_params(tmp_path / "pre")
+  after = jax.tree_util.tree_flatten_with_path(checkpoint_params(tmp_path / "warm"))[0]
+  predictor = 0
+  for path, value in after:
+    name = jax.tree_util.keystr(path)
+    if "predictor_" in name:
+      predictor += 1
+      continue
+    frozen = pre
+    for key in path:
+      frozen = frozen[key.key]
+    np.testing.assert_array_equal(value, frozen, err_msg=name)
+  assert predictor == 2          # W~q and W~k of the tiny model's one layer
+  val = [r for r in _read_metrics(tmp_path / "warm") if r["split"] == "val"]
+  assert val[-1]["dsa_mse"] < 0.5 * val[0]["dsa_mse"], val
+  np.testing.assert_allclose(result["test"]["loss"], pre_result["test"]["loss"], rtol=1e-4)
+  for pattern, message in (("nothing_here", "config.optim.trainable='nothing_here' matches "
+                                            "no parameter \\(paths look like "),
+                           ("predictor_(", "is not a regular expression")):
+    bad = tiny_config(**{"optim.trainable": pattern})
+    with pytest.raises(ValueError, match=message):
+      train.train_and_evaluate(bad, str(tmp_path / "bad"))
+
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
