@@ -83,6 +83,7 @@ ADDED_FIELDS = (
     ("objective", "classify", None),
     ("denoise", {"mask_rate": 0.15, "mask_share": 0.8, "random_share": 0.1}, None),
     ("optim.trainable", "", None),
+    ("attention.dsa.selection_scores", "predictor", None),
 ) + tuple((key, value, None) for key, value in EARLIER_MODEL.items())
 
 

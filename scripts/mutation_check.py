@@ -279,6 +279,11 @@ MUTATIONS += [
   ("Mosaic deterministic runs the fused backward", "lra_sparse/kernels/dfss/mosaic.py",
    "  if deterministic and tiles.fused_backward:", "  if False:",
    "tests/test_lower_mosaic_kernels.py::test_deterministic_kernels_reach_the_mosaic_backward"),
+  ("DSA's oracle selection ranks the predictor's scores", "lra_sparse/attention/dsa.py",
+   '    if config.selection_scores == "oracle":   # M from the real Q, K',
+   '    if False:   # M from the real Q, K',
+   "tests/test_attention_kinds.py::"
+   "test_dsa_oracle_selection_keeps_the_top_keys_of_the_real_scores"),
   ("optim.trainable leaves the frozen parameters to AdamW", "lra_sparse/train.py",
    '{"train": tx, "frozen": optax.set_to_zero()}', '{"train": tx, "frozen": tx}',
    "tests/test_train.py::test_trainable_fits_dsa_predictor_to_a_frozen_trained_model"),

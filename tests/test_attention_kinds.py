@@ -603,6 +603,44 @@ def test_dsa_mse_gradient_predictor_leaves_q_and_k_to_the_task_loss():
     build_attention(_config("dsa", mse_gradient="both"), _dims())
 
 
+def test_dsa_oracle_selection_keeps_the_top_keys_of_the_real_scores():
+  """selection_scores="oracle": each real row attends to its ceil(0.25 * real keys) largest
+  real scores Q K^T (float64 numpy softmax over exactly those keys), whatever the predictor's
+  weights; the hit rate against the oracle reads 1. Rows whose kept and dropped scores lie
+  closer than the int8 rule's rounding are left out of the comparison; the rest must match.
+  Block granularity or the float rule with it is one clear error."""
+  q, k, v, x = _dsa_inputs(5)
+  mask = _mask()
+  core = build_attention(_config("dsa", sparsity=0.75, selection_scores="oracle"), _dims())
+  outs = []
+  for seed in (0, 1):            # two different predictors: the same selection
+    params = _init(core, q, k, v, mask=jnp.asarray(mask), inputs=x, seed=seed)
+    out, state = _apply(core, params, q, k, v, mask=jnp.asarray(mask), inputs=x,
+                        deterministic=True, mutable=["aux_metrics"])
+    assert float(state["aux_metrics"]["dsa_hit_rate"][0]) == 1.0
+    outs.append(np.asarray(out))
+  np.testing.assert_array_equal(outs[0], outs[1])
+  scores = np.einsum("bqhd,bkhd->bhqk", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(D)
+  compared = 0
+  for b, n in enumerate(LENGTHS):
+    keep = math.ceil(0.25 * n)
+    for h in range(H):
+      for row in range(n):
+        real = scores[b, h, row, :n]
+        order = np.sort(real)[::-1]
+        if order[keep - 1] - order[keep] < 0.02 * np.abs(real).max():
+          continue                 # a near tie: int8 rounding may order it either way
+        kept = real >= order[keep - 1]
+        weights = np.exp(real[kept] - real[kept].max())
+        want = (weights / weights.sum()) @ v[b, :n][kept][:, h].astype(np.float64)
+        np.testing.assert_allclose(outs[0][b, row, h], want, rtol=1e-5, atol=1e-6)
+        compared += 1
+  assert compared > 0.5 * H * LENGTHS.sum(), compared
+  for fields in ({"granularity": "block"}, {"selection_rule": "float"}):
+    with pytest.raises(ValueError, match="selection_scores.*'oracle' needs granularity='fine'"):
+      build_attention(_config("dsa", selection_scores="oracle", **fields), _dims())
+
+
 def test_dsa_mse_without_mask_and_with_no_real_token():
   q, k, v, x = _dsa_inputs(8)
   for normalization in ("eq6", "scaled_mean"):

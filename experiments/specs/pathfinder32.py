@@ -105,7 +105,9 @@ FINETUNE_SEEDS = (0,)
 # so the model computes what the dense run computed) from the dense run, only W~ trained
 # (``optim.trainable``) by L_MSE, five epochs at the config's peak rate; then FINETUNE_* from
 # that run. Five epochs is a guess, not a measured choice (the failed fine-tune's hit rate
-# stopped rising after about five epochs).
+# stopped rising after about five epochs). dsa_listops.py's "mse" preset has a warm-up too, on
+# dense attention but with the whole model training at the fine-tune's rate; here the trained
+# model stays exactly as the dense run left it.
 WARMUP_GROUP = "pathfinder32-predictor"
 WARMUP_LABEL = "dsa-predictor"
 WARMUP_FT_GROUP = "pathfinder32-ft-fitted"

@@ -48,6 +48,9 @@ Choices (the papers leave these open):
   their int32 dot products mapped to an 8-bit code per row, ties to the lower key index (why,
   and the threshold rule: ``lra_sparse.kernels.dsa.reference``). Kernel and pure-JAX paths
   choose the same keys bit for bit.
+- ``selection_scores="oracle"`` (an ablation, not in the paper): M ranks the real Q, K by the
+  same int8 rule instead of Q~, K~: the keys a perfect predictor would keep, so a run or an
+  evaluation shows what the sparsity itself costs, apart from the predictor's misses.
 - Column-vector granularity V in {1, 4, 8}: V consecutive query rows share the kept columns,
   chosen from the mean of Q~ (hence of S~) over the real rows of the group.
 - Block granularity (``granularity="block"``, not in the paper): each query block of
@@ -108,6 +111,7 @@ GRANULARITIES = ("fine", "block")
 BLOCK_SIZES = (16, 32, 64, 128)
 MSE_NORMALIZATIONS = ("eq6", "scaled_mean")
 MSE_GRADIENTS = ("joint", "predictor")
+SELECTION_SCORES = ("predictor", "oracle")
 PROJECTION_SEED = 20220601  # fixed: P must be reproducible without being stored
 
 
@@ -157,6 +161,11 @@ class DSAConfig(KindConfig):
   # that lets the kernels visit only the kept tiles (``kernels.dsa.reference.tile_lists``).
   granularity: str = "fine"
   block_size: int = 64             # granularity="block": rows and keys per block
+  # What M ranks: "predictor" (the paper: S~) | "oracle": the real scores S = Q K^T under the
+  # same int8 rule, the keys a perfect predictor would keep (an ablation: the upper bound of
+  # any predictor at this sparsity; L_MSE still fits the predictor, though it selects
+  # nothing). Fine-grained selection with the int8 rule only.
+  selection_scores: str = "predictor"
 
   def __post_init__(self):
     self.check_float("sigma", low=0.0, high=1.0, low_open=True)
@@ -183,6 +192,12 @@ class DSAConfig(KindConfig):
       raise self.error("vector", f"is the fine-grained rule's row grouping; with "
                        f"granularity='block' the rows of a block share its keys (use vector=1, "
                        f"got {self.vector})")
+    self.check_choice("selection_scores", SELECTION_SCORES)
+    if self.selection_scores == "oracle" and (self.granularity, self.selection_rule) != (
+        "fine", "int8"):
+      raise self.error("selection_scores", f"'oracle' needs granularity='fine' and "
+                       f"selection_rule='int8' (got {self.granularity!r}, "
+                       f"{self.selection_rule!r})")
     if self.granularity == "block" and self.selection_rule != "int8":
       raise self.error("selection_rule", "must be 'int8' with granularity='block' (block "
                        "scores are ranked by the int8 rule)")
@@ -313,8 +328,11 @@ class DSAAttention(nn.Module):
                                    deterministic, kernel)
 
     # M: the selection rule (dsa_reference) on the predictor's int8-rounded operands.
-    ops = None if float_rule else dsa_reference.selection_operands(
-        q_pred, k_pred, mask, vector=config.vector, scale=scale)
+    if config.selection_scores == "oracle":   # M from the real Q, K (no gradient flows)
+      ops = dsa_reference.selection_operands(q, k, mask, vector=config.vector, scale=scale)
+    else:
+      ops = None if float_rule else dsa_reference.selection_operands(
+          q_pred, k_pred, mask, vector=config.vector, scale=scale)
     if kernel is not None:
       bits = sharding.per_data_shard(
           lambda ops, mask: kernel.select_bits(ops, mask, **select), ops, mask)
