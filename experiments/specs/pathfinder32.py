@@ -34,9 +34,9 @@ below, which would then train in two roots; the fine-tunes and the predictor fit
 dense run, so they share its root.)
 
 Presets: "" (seed 0 of every kind, the dense Transformer also with LRA's own Pathfinder model,
-and DSA-90 fine-tuned from the dense run), "seeds" (seeds 1 and 2 of dense, of the LRA-model
-dense and of DFSS 2:4, the issue's three seeds where the budget allows), "all" (every
-kind at seeds 0-2 and the fine-tune in one root, the runs of "" and "seeds" among them, so that
+and DSA-90 fine-tuned from the dense run, directly and after the predictor fit), "seeds"
+(seeds 1 and 2 of dense, of the LRA-model dense and of DFSS 2:4, the issue's three seeds where
+the budget allows), "all" (every kind at seeds 0-2 and the fine-tunes in one root, the runs of "" and "seeds" among them, so that
 a GPU whose run ends mid-call goes on with the next one its regex names, e.g.
 '__dfss2-4__seed=[01]$': seed 0, then seed 1), "best_val" (the
 table at the best validation step; sweep: the same runs as ""), "tiny" (the tiny Pathfinder
@@ -50,10 +50,12 @@ and DSA left Pathfinder out of their papers, so their rows have none. The DSA-90
 from scratch with the mean form of L_MSE (the DSA paper's Eq. 6 swamps the cross-entropy from
 scratch; the same row as ``lra_listops.py``); the DSA-90 fine-tune row follows DSA's own
 protocol instead (see FINETUNE_* below: 6,240 steps from the seed-0 dense run, its predictor
-trained by L_MSE alone). That fine-tune fell to chance within its first 312 steps, while its
-fresh predictor still picked keys at random (``experiments/results/pathfinder32_notes.md``),
-so a second fine-tune row fits the predictor first (WARMUP_* below: the trained dense model
-frozen, attention kept dense) and then fine-tunes the same way from there.
+trained by L_MSE alone). That fine-tune was at chance from its first evaluation on: the dense
+model under a fresh predictor's keys is at chance before any update, and under the keys of the
+real scores' top 10% (``attention.dsa.selection_scores="oracle"``) 2.6 points under dense
+(``experiments/results/pathfinder32_notes.md``). So a second fine-tune row fits the predictor
+first (WARMUP_* below: the trained dense model frozen, attention kept dense) and then
+fine-tunes the same way from there.
 """
 import operator
 import os
@@ -139,7 +141,8 @@ def get_sweep(preset: str = "") -> Sweep:
   seeds = {"seeds": MORE_SEEDS, "all": (0, *MORE_SEEDS)}.get(preset, (0,))
   config = "configs/pathfinder.py" + (":tiny" if tiny else "")
   data = tiny_steps(20) if tiny else {"data.data_dir": DATA_DIR}
-  def after(name, label, init_from, overrides, schedule, tiny_count):   # a run from another
+  def after(name, label, init_from, overrides, schedule, tiny_count):
+    """A group of one run per FINETUNE_SEEDS seed that starts from ``init_from``'s run."""
     return Group(config=config, name=name, seeds=FINETUNE_SEEDS,
                  overrides={**COMPUTE, **data, **overrides,
                             **(tiny_steps(tiny_count) if tiny else schedule),
