@@ -36,10 +36,10 @@ dense run, so they share its root.)
 Presets: "" (seed 0 of every kind, the dense Transformer also with LRA's own Pathfinder model,
 and DSA-90 fine-tuned from the dense run, directly and after the predictor fit), "seeds"
 (seeds 1 and 2 of dense, of the LRA-model dense and of DFSS 2:4, the issue's three seeds where
-the budget allows), "all" (every kind at seeds 0-2 and the fine-tunes in one root, the runs of "" and "seeds" among them, so that
-a GPU whose run ends mid-call goes on with the next one its regex names, e.g.
-'__dfss2-4__seed=[01]$': seed 0, then seed 1), "best_val" (the
-table at the best validation step; sweep: the same runs as ""), "tiny" (the tiny Pathfinder
+the budget allows), "all" (every kind at seeds 0-2 and the fine-tunes in one root, the runs
+of "" and "seeds" among them, so that a GPU whose run ends mid-call goes on with the next one
+its regex names, e.g. '__dfss2-4__seed=[01]$': seed 0, then seed 1), "best_val" (the table at
+the best validation step; sweep: the same runs as ""), "tiny" (the tiny Pathfinder
 config for 20 steps: the CPU pipeline check). The table pools a kind's runs over the seeds.
 
 The published value beside the two dense rows is LRA's Transformer (Tay et al. 2021, Table 1:
