@@ -304,7 +304,8 @@ MUTATIONS += [
    "left=$((deadline - SECONDS))", "left=$deadline",
    "tests/test_sweep_tables.py::test_device_sweep_deadline_counts_from_its_start"),
   ("DSA fine-tune row matches from-scratch runs too", "experiments/specs/pathfinder32.py",
-   '{**overrides, **COMPUTE, "init_from": operator.not_}', '{**overrides, **COMPUTE}',
+   '**COMPUTE,\n                             "init_from": operator.not_},',
+   '**COMPUTE},',
    "tests/test_pathfinder32_spec.py::test_every_kind_runs_lras_config_to_its_last_step"),
   ("a missing key never matches a list holding None", "lra_sparse/tables/cells.py",
    "  if isinstance(expected, (list, tuple, set, frozenset)):   # before None: [0, None] takes "

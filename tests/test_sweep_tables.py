@@ -1109,7 +1109,7 @@ def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
       "pathx": {"task": "pathx", "attention": {"kind": "nystrom", "nystrom": {}},
                 "model": {}, "data": {}},
       "listops": {"task": "listops", "attention": {"kind": "dense", "dense": {}},
-                  "model": {}, "data": {}},
+                  "model": {}, "data": {}, "optim": {"learning_rate": 0.05}},
       "flat_dsa": {"task": "text", "attention": {"kind": "dsa", "sparsity": 0.9, "n": 2},
                    "model": {}},
   }
@@ -1124,6 +1124,8 @@ def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
   assert (new["dsa"]["attention.dsa.granularity"], new["dsa"]["attention.dsa.block_size"]) == (
       "fine", 64)                     # runs before block DSA: the paper's fine-grained rule
   assert new["dsa"]["attention.dsa.mse_gradient"] == "joint"   # before the option: joint
+  assert new["dsa"]["attention.dsa.selection_scores"] == "predictor"   # before the oracle
+  assert new["listops"]["optim.trainable"] == ""   # before the option: every parameter
   assert new["flat_dsa"]["attention.dsa.sparsity"] == 0.9
   assert new["retrieval"]["model.dual_head"] == "nli_one_hidden"
   assert new["image"]["data.mask_black_pixels"] is False
@@ -1141,7 +1143,9 @@ def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
              "attention": {"kind": "dsa", "dsa": {"mse_normalization": "eq6",
                                                   "selection_rule": "int8",
                                                   "mse_kernels": True, "granularity": "block",
-                                                  "block_size": 32, "mse_gradient": "predictor"}},
+                                                  "block_size": 32, "mse_gradient": "predictor",
+                                                  "selection_scores": "oracle"}},
+             "optim": {"trainable": "predictor_"},
              "profile_steps": "3:5", "eval_train_mode": True,
              "wandb": {"project": "p", "entity": ""}, "objective": "denoise",
              "denoise": {"mask_rate": 0.3, "mask_share": 1.0, "random_share": 0.0}}

@@ -39,7 +39,8 @@ def test_cosine_schedule_is_linear_warmup_then_half_cosine_to_zero(warmup, total
 def _updates(clip: float, grads_sequence):
   config = ml_collections.ConfigDict({
       "optim": {"schedule": "constant", "learning_rate": 0.01, "warmup_steps": 0, "b1": 0.9,
-                "b2": 0.98, "eps": 1e-9, "weight_decay": 0.0, "grad_clip_norm": clip},
+                "b2": 0.98, "eps": 1e-9, "weight_decay": 0.0, "grad_clip_norm": clip,
+                "trainable": ""},
       "num_train_steps": 10})
   tx = train.make_optimizer(config)
   params = {"w": jnp.ones(3), "b": jnp.ones(2)}
