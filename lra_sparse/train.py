@@ -143,22 +143,18 @@ def make_schedule(optim_config, num_train_steps: int) -> optax.Schedule:
 
 
 def trainable_labels(params, pattern: str):
-  """"train" for each parameter whose path ("/"-joined module and parameter names, e.g.
-  ``encoder/block_0/attention/DSAAttention_0/predictor_query``) ``re.search``-matches
-  ``pattern`` (``config.optim.trainable``), "frozen" for the others; every parameter trains
-  when the pattern is empty. A pattern that matches no parameter is an error naming some
-  paths."""
-  paths = {path: "/".join(str(getattr(key, "key", key)) for key in path)
-           for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
-  if not pattern:
-    return jax.tree.map(lambda _: "train", params)
-  labels = jax.tree_util.tree_map_with_path(
-      lambda path, _: "train" if re.search(pattern, paths[path]) else "frozen", params)
-  if "train" not in jax.tree.leaves(labels):
-    names = sorted(paths.values())
+  """"train" for each parameter whose path ("/"-joined module and parameter names, as
+  ``init_from`` reports them, e.g. ``encoder/block_0/attention/DSAAttention_0/predictor_query``)
+  ``re.search``-matches ``pattern`` (``config.optim.trainable``), "frozen" for the others;
+  every parameter trains when the pattern is empty. A pattern that matches no parameter is an
+  error naming some paths."""
+  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
+  labels = {name: "train" if re.search(pattern, name) else "frozen" for name in flat}
+  if "train" not in labels.values():
+    names = sorted(flat)
     raise ValueError(f"config.optim.trainable={pattern!r} matches no parameter (paths look "
                      f"like {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})")
-  return labels
+  return flax.traverse_util.unflatten_dict(labels, sep="/")
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
@@ -461,8 +457,9 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
   trained = ""
   if config.optim.trainable:
-    labels = jax.tree.leaves(trainable_labels(params, config.optim.trainable))
-    count = sum(int(np.prod(p.shape)) for p, label in zip(jax.tree.leaves(params), labels)
+    labels = trainable_labels(params, config.optim.trainable)
+    count = sum(int(np.prod(p.shape)) for p, label in zip(jax.tree.leaves(params),
+                                                           jax.tree.leaves(labels))
                 if label == "train")
     trained = f" ({count:,} trained: config.optim.trainable={config.optim.trainable!r})"
   say(f"model: {num_params:,} parameters{trained}; {len(devices)} device(s){processes}: "
