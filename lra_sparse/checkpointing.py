@@ -4,7 +4,8 @@ that fall back past unusable checkpoints.
 - ``run_lock``: one run at a time trains in a workdir (with several processes, process 0 holds
   the lock for all of them);
 - ``sigint_after`` / ``sigint_deferred``: a checkpoint save that Ctrl-C lands in finishes
-  first; ``save_on_interrupt`` then checkpoints the step the interrupted run reached;
+  first; ``interrupts_latched``: a Ctrl-C that Python swallowed still stops training;
+  ``save_on_interrupt`` then checkpoints the step the interrupted run reached;
 - ``restore_newest_readable``: the newest checkpoint that restores with finite parameters,
   unusable newer ones moved aside to ``corrupt_checkpoints/``; ``load_params_from`` the
   parameters of another run's checkpoint (``config.init_from``).
@@ -81,6 +82,42 @@ def sigint_deferred():
     yield
   finally:
     signal.signal(signal.SIGINT, previous)
+
+
+_interrupt_latched = threading.Event()
+
+
+def _latching_int_handler(signum, frame):
+  _interrupt_latched.set()
+  signal.default_int_handler(signum, frame)     # KeyboardInterrupt, where the signal lands
+
+
+@contextlib.contextmanager
+def interrupts_latched():
+  """Inside (the training loop), Ctrl-C raises KeyboardInterrupt where it lands, as Python's
+  own handler does, and also sets a latch that ``raise_if_interrupted`` reads once a step.
+  Python swallows an exception raised inside a gc callback, a ``__del__`` or a weakref
+  finaliser ("Exception ignored in ..."): a Ctrl-C that lands there (seen in jax's
+  ``_xla_gc_callback``) would leave the run training on until its sweep killed it, losing
+  every step since the last checkpoint. Only where Python's own handler is installed (the
+  main thread of a trainer); elsewhere nothing changes."""
+  _interrupt_latched.clear()
+  if (threading.current_thread() is not threading.main_thread()
+      or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+    yield
+    return
+  previous = signal.signal(signal.SIGINT, _latching_int_handler)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, previous)
+    _interrupt_latched.clear()
+
+
+def raise_if_interrupted():
+  """KeyboardInterrupt if a Ctrl-C came inside ``interrupts_latched`` (even one swallowed)."""
+  if _interrupt_latched.is_set():
+    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

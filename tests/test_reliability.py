@@ -5,6 +5,7 @@ kill -9 (real subprocesses), one-line CLI errors, the metrics log, the sweep's l
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -182,6 +183,45 @@ def test_ctrl_c_inside_a_train_step_call_still_checkpoints_the_step_reached(
   monkeypatch.undo()
   result = _run(tiny_config, workdir, checkpoint_every_steps=100, log_every_steps=5)
   assert result["step"] == 30
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed one
+def test_ctrl_c_swallowed_by_a_gc_callback_still_stops_the_run_at_the_next_step(
+    tmp_path, tiny_config, monkeypatch, request):
+  """Python swallows an exception raised inside a gc callback or a ``__del__`` ("Exception
+  ignored in ..."). A Ctrl-C that landed in jax's ``_xla_gc_callback`` at a device call's
+  deadline left a Pathfinder-32 run training until its sweep killed it 30 s later, losing the
+  2,900 steps since its last checkpoint. The trainer latches the signal and stops at the next
+  step with that step checkpointed."""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal
+  request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
+  armed, swallowed = [], []
+
+  def interrupted_collection(phase, info):
+    del info
+    if phase == "start" and armed and not swallowed:
+      swallowed.append(1)
+      os.kill(os.getpid(), signal.SIGINT)
+      for _ in range(10_000):     # the handler runs at a bytecode boundary: in here
+        pass
+
+  gc.callbacks.append(interrupted_collection)
+  request.addfinalizer(lambda: gc.callbacks.remove(interrupted_collection))
+  real_put, calls = train.put_global_batch, []
+
+  def put_global_batch(batch, sharding):
+    calls.append(1)
+    if len(calls) == 7:           # inside step 7's loop body, before its train step
+      armed.append(1)
+      gc.collect()
+    return real_put(batch, sharding)
+  monkeypatch.setattr(train, "put_global_batch", put_global_batch)
+  workdir = tmp_path / "run"
+  with pytest.raises(TrainingInterrupted, match="interrupted at step 7; saved a checkpoint at "
+                                                "step 7;"):
+    _run(tiny_config, workdir, checkpoint_every_steps=100, log_every_steps=5)
+  assert swallowed == [1]
+  assert _steps(workdir) == [7]
 
 
 # ----------------------------------------------------------------------------- fallback
