@@ -63,6 +63,8 @@ _PATHFINDER32_ROWS = {
         r"pathfinder32-lra-model__pathfinder__dense__seed=\d+",
     "DSA-90 fine-tuned from dense (predictor-only L_MSE)":
         r"pathfinder32-ft__pathfinder__dsa90-ft__seed=\d+",
+    "DSA-90 fine-tuned from dense, predictor fitted first":
+        r"pathfinder32-ft-fitted__pathfinder__dsa90-ft__seed=\d+",
 }
 _SPT_KINDS = {"Transformer (dense)": "dense", "DFSS 2:4": "dfss2-4",
               "DSA-90 (sigma 0.25, mean-form L_MSE)": "dsa90", "Nystromformer": "nystrom"}
