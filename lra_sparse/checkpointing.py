@@ -94,7 +94,7 @@ def _latching_int_handler(signum, frame):
 
 @contextlib.contextmanager
 def interrupts_latched():
-  """Inside (the training loop), Ctrl-C raises KeyboardInterrupt where it lands, as Python's
+  """Inside (a run), Ctrl-C raises KeyboardInterrupt where it lands, as Python's
   own handler does, and also sets a latch that ``raise_if_interrupted`` reads once a step.
   Python swallows an exception raised inside a gc callback, a ``__del__`` or a weakref
   finaliser ("Exception ignored in ..."): a Ctrl-C that lands there (seen in jax's

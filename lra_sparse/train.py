@@ -407,7 +407,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   validate_config(config)
   config = config_lib.run_config(config)
   workdir = os.path.abspath(workdir)
-  with run_lock(workdir):
+  # The latch: a Ctrl-C that Python swallows (inside a gc callback) still stops the loop.
+  with run_lock(workdir), interrupts_latched():
     return _train_locked(config, workdir)
 
 
@@ -565,78 +566,77 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
                   total=config.num_train_steps, desc=f"{config.task}/{config.attention.kind}",
                   dynamic_ncols=True, mininterval=2.0, disable=not is_primary())
   done = start_step
-  with interrupts_latched():   # a Ctrl-C that Python swallows still stops the loop
-    try:
-      for step in progress:
-        raise_if_interrupted()
-        profile.before_step(step, state)
-        batch = put_global_batch(batches[step], batch_sharding)
-        # A Ctrl-C inside the call (it blocks while the device queue is full) would land after
-        # the step consumed its donated input and before its output is bound: nothing left to
-        # checkpoint, every step since the last save lost. It waits for the assignment instead.
+  try:
+    for step in progress:
+      raise_if_interrupted()
+      profile.before_step(step, state)
+      batch = put_global_batch(batches[step], batch_sharding)
+      # A Ctrl-C inside the call (it blocks while the device queue is full) would land after
+      # the step consumed its donated input and before its output is bound: nothing left to
+      # checkpoint, every step since the last save lost. It waits for the assignment instead.
+      with sigint_after():
+        state, metrics = train_step(state, batch, dropout_rng)
+      profile.after_step(step, (state, metrics))
+      finite = finite & jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+      window.append(metrics)
+      done = step + 1
+      if done % config.log_every_steps == 0 or done == config.num_train_steps:
+        fetched = jax.device_get(window)
+        means = {k: float(np.mean([float(m[k]) for m in fetched])) for k in window[0]}
+        # The window's worst step: a spike the mean smooths away.
+        means.update({f"{k}_max": float(np.max([float(m[k]) for m in fetched]))
+                      for k in ("loss", "grad_norm")})
+        now = time.perf_counter()
+        means["steps_per_sec"] = len(window) / max(now - window_started, 1e-9)
+        means["learning_rate"] = float(learning_rate(done - 1))   # of the window's last update
+        window, window_started = [], now
+        if not (math.isfinite(means["loss"]) and math.isfinite(means["grad_norm"])):
+          raise diverged((last_saved or 0) + 1, done)
+        writer.write(done, "train", means)
+        progress.set_postfix(loss=f"{means['loss']:.4f}", acc=f"{means['accuracy']:.3f}")
+      evaluates = done % config.eval_every_steps == 0 or done == config.num_train_steps
+      saves = done % config.checkpoint_every_steps == 0 or done == config.num_train_steps
+      if evaluates or saves:
+        jax.block_until_ready(metrics)       # the window's training time ends here
+        paused = time.perf_counter()
+      if evaluates:
+        val = run_eval("val", config.num_eval_batches)
+        writer.write(done, "val", val)
+        if train_mode_eval is not None:
+          writer.write(done, "val_train_mode", evaluate(
+              train_mode_eval, state.params, state.model_state, splits["val"],
+              config.batch_size, batch_sharding, config.num_eval_batches,
+              rng=jax.random.fold_in(check_rng, done)))
+        shares = [v for k, v in val.items() if k.startswith("predicted_")]
+        say(f"step {done}: val " + " ".join(f"{k}={v:.4f}" for k, v in val.items()
+                                            if not k.startswith("predicted_"))
+            + (f" (most predicted class: {max(shares):.1%} of examples)" if shares else ""))
+        if best is None or val["accuracy"] > best["val_accuracy"]:
+          best = {"step": done, "val_accuracy": val["accuracy"], **run_eval("test", 0)}
+          writer.write(done, BEST_SPLIT, {k: v for k, v in best.items() if k != "step"})
+      if saves:
+        if not (bool(finite) and bool(all_finite(state.params))):
+          raise diverged((last_saved or 0) + 1, done)
         with sigint_after():
-          state, metrics = train_step(state, batch, dropout_rng)
-        profile.after_step(step, (state, metrics))
-        finite = finite & jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
-        window.append(metrics)
-        done = step + 1
-        if done % config.log_every_steps == 0 or done == config.num_train_steps:
-          fetched = jax.device_get(window)
-          means = {k: float(np.mean([float(m[k]) for m in fetched])) for k in window[0]}
-          # The window's worst step: a spike the mean smooths away.
-          means.update({f"{k}_max": float(np.max([float(m[k]) for m in fetched]))
-                        for k in ("loss", "grad_norm")})
-          now = time.perf_counter()
-          means["steps_per_sec"] = len(window) / max(now - window_started, 1e-9)
-          means["learning_rate"] = float(learning_rate(done - 1))   # of the window's last update
-          window, window_started = [], now
-          if not (math.isfinite(means["loss"]) and math.isfinite(means["grad_norm"])):
-            raise diverged((last_saved or 0) + 1, done)
-          writer.write(done, "train", means)
-          progress.set_postfix(loss=f"{means['loss']:.4f}", acc=f"{means['accuracy']:.3f}")
-        evaluates = done % config.eval_every_steps == 0 or done == config.num_train_steps
-        saves = done % config.checkpoint_every_steps == 0 or done == config.num_train_steps
-        if evaluates or saves:
-          jax.block_until_ready(metrics)       # the window's training time ends here
-          paused = time.perf_counter()
-        if evaluates:
-          val = run_eval("val", config.num_eval_batches)
-          writer.write(done, "val", val)
-          if train_mode_eval is not None:
-            writer.write(done, "val_train_mode", evaluate(
-                train_mode_eval, state.params, state.model_state, splits["val"],
-                config.batch_size, batch_sharding, config.num_eval_batches,
-                rng=jax.random.fold_in(check_rng, done)))
-          shares = [v for k, v in val.items() if k.startswith("predicted_")]
-          say(f"step {done}: val " + " ".join(f"{k}={v:.4f}" for k, v in val.items()
-                                              if not k.startswith("predicted_"))
-              + (f" (most predicted class: {max(shares):.1%} of examples)" if shares else ""))
-          if best is None or val["accuracy"] > best["val_accuracy"]:
-            best = {"step": done, "val_accuracy": val["accuracy"], **run_eval("test", 0)}
-            writer.write(done, BEST_SPLIT, {k: v for k, v in best.items() if k != "step"})
-        if saves:
-          if not (bool(finite) and bool(all_finite(state.params))):
-            raise diverged((last_saved or 0) + 1, done)
-          with sigint_after():
-            manager.save(done, args=ocp.args.StandardSave(state))
-            last_saved, finite = done, jnp.array(True)
-        if evaluates or saves:
-          window_started += time.perf_counter() - paused
-    except KeyboardInterrupt:
-      with sigint_deferred():           # a second Ctrl-C (a sweep forwards its own) waits
-        progress.close()
-        manager.wait_until_finished()    # a save in flight completes (or fails) first
-        reached, kept = save_on_interrupt(manager, state, finite, last_saved)
-        manager.close()
-      raise TrainingInterrupted(f"interrupted at step {reached or done}; {kept}; run the same "
-                                "command to resume") from None
-    except TrainingDiverged:
+          manager.save(done, args=ocp.args.StandardSave(state))
+          last_saved, finite = done, jnp.array(True)
+      if evaluates or saves:
+        window_started += time.perf_counter() - paused
+  except KeyboardInterrupt:
+    with sigint_deferred():           # a second Ctrl-C (a sweep forwards its own) waits
       progress.close()
-      manager.wait_until_finished()
+      manager.wait_until_finished()    # a save in flight completes (or fails) first
+      reached, kept = save_on_interrupt(manager, state, finite, last_saved)
       manager.close()
-      raise
-    finally:
-      profile.stop()            # a trace left running by a failed step ends here
+    raise TrainingInterrupted(f"interrupted at step {reached or done}; {kept}; run the same "
+                              "command to resume") from None
+  except TrainingDiverged:
+    progress.close()
+    manager.wait_until_finished()
+    manager.close()
+    raise
+  finally:
+    profile.stop()            # a trace left running by a failed step ends here
   manager.wait_until_finished()
 
   final_step = int(state.step)

@@ -288,12 +288,12 @@ MUTATIONS += [
    '{"train": tx, "frozen": optax.set_to_zero()}', '{"train": tx, "frozen": tx}',
    "tests/test_train.py::test_trainable_fits_dsa_predictor_to_a_frozen_trained_model"),
   ("Ctrl-C lands between a train step's donation and its result", "lra_sparse/train.py",
-   "        with sigint_after():\n          state, metrics = train_step(state, batch, dropout_rng)",
-   "        if True:\n          state, metrics = train_step(state, batch, dropout_rng)",
+   "      with sigint_after():\n        state, metrics = train_step(state, batch, dropout_rng)",
+   "      if True:\n        state, metrics = train_step(state, batch, dropout_rng)",
    "tests/test_reliability.py::"
    "test_ctrl_c_inside_a_train_step_call_still_checkpoints_the_step_reached"),
   ("the loop never reads the latched Ctrl-C", "lra_sparse/train.py",
-   "        raise_if_interrupted()\n", "",
+   "      raise_if_interrupted()\n", "",
    "tests/test_reliability.py::"
    "test_ctrl_c_swallowed_by_a_gc_callback_still_stops_the_run_at_the_next_step"),
   ("sweep keeps an inherited ignored SIGINT", "lra_sparse/sweep/__main__.py",
