@@ -23,7 +23,9 @@
 #              too large to come back); default 1.
 #   GPUS       comma-separated GPU ids of a multi-GPU machine: the sweep of the I-th REGEX
 #              runs on GPU I modulo their number (its trainer sees only that GPU), each GPU's
-#              memory shared equally by its sweeps. Unset: every sweep on the visible GPU.
+#              memory shared equally by its sweeps. An entry "1+0" gives its sweep two slots,
+#              GPUs 1 and 0, one run on each at a time (runs that depend on each other in one
+#              root, spread over both GPUs). Unset: every sweep on the visible GPU.
 # With $OUT set, each root also comes back as carry parts in $OUT/pI/ (at most 7 files in all
 # beside runs.tgz; a larger pack is one error naming its largest runs).
 set -u
@@ -40,7 +42,10 @@ fi
 gpus=()
 [ -z "${GPUS:-}" ] || IFS=, read -ra gpus <<< "$GPUS"
 for g in "${gpus[@]}"; do
-  [[ "$g" =~ ^[0-9]+$ ]] || { echo "GPUS=$GPUS: give comma-separated GPU ids, e.g. 0,1,2,3" >&2; exit 2; }
+  [[ "$g" =~ ^[0-9]+(\+[0-9]+)*$ ]] || {
+    echo "GPUS=$GPUS: give comma-separated GPU ids, e.g. 0,1,2,3 (or 1+0: one sweep on GPUs 1 and 0)" >&2
+    exit 2
+  }
 done
 per_gpu=$#
 [ ${#gpus[@]} -eq 0 ] || per_gpu=$(( ($# + ${#gpus[@]} - 1) / ${#gpus[@]} ))
@@ -53,8 +58,14 @@ fi
 pids=(); roots=(); i=0
 for re in "$@"; do
   r="$root.p$i"; roots+=("$r"); mkdir -p "$r"
-  placement=()   # one GPU slot ("ID;") for the sweep: its runs get CUDA_VISIBLE_DEVICES=ID
-  [ ${#gpus[@]} -eq 0 ] || placement=(env "LRA_SWEEP_GPUS=${gpus[$((i % ${#gpus[@]}))]};")
+  # The sweep's GPU slots: "ID;" (one slot: its runs get CUDA_VISIBLE_DEVICES=ID), or for
+  # "1+0" the id list "1,0" (a slot per GPU).
+  placement=()
+  if [ ${#gpus[@]} -gt 0 ]; then
+    g=${gpus[$((i % ${#gpus[@]}))]}
+    if [[ "$g" == *+* ]]; then slots=${g//+/,}; else slots="$g;"; fi
+    placement=(env "LRA_SWEEP_GPUS=$slots")
+  fi
   i=$((i + 1))
   "${placement[@]}" env XLA_PYTHON_CLIENT_MEM_FRACTION="$frac" python -m lra_sparse.sweep \
     --sweep="$spec" --root="$r" --runs="$re" ${placement[0]:+--parallel=gpus} \

@@ -1368,9 +1368,16 @@ def test_device_sweep_carries_checkpoints_to_a_fresh_machine(tmp_path, listops_d
   assert os.path.exists(os.path.join(run_dir, "result.json"))
   with open(os.path.join(str(root) + ".p0", "sweep.json")) as f:
     assert [run.get("slot") for run in json.load(f)["runs"]] == ["5"]
-  bad = subprocess.run(command, env=dict(env, GPUS="0,gpu1"), capture_output=True, text=True,
-                       timeout=120, check=False)
-  assert bad.returncode == 2 and "GPUS=0,gpu1: give comma-separated GPU ids" in bad.stderr
+  # "5+7": one sweep with a slot on each GPU (runs of one root spread over two GPUs)
+  done = subprocess.run(command, env=dict(env, GPUS="5+7"), capture_output=True, text=True,
+                        timeout=120, check=False)
+  assert done.returncode == 0, done.stdout + done.stderr
+  with open(str(root) + ".p0/sweep.log") as f:
+    assert "sweep: GPU slots 5; 7 " in f.read()
+  for gpus in ("0,gpu1", "0+", "+1"):
+    bad = subprocess.run(command, env=dict(env, GPUS=gpus), capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert bad.returncode == 2 and f"GPUS={gpus}: give comma-separated GPU ids" in bad.stderr
 
 
 def test_detached_sweep_outlives_its_start_and_poll_returns_the_records(tmp_path, listops_dir):

@@ -129,6 +129,8 @@ def _run_sweep_locked(sweep: Sweep, spec_arg: str, root: str, runs: Sequence[Run
     slots: list[str | None] = list(detect_gpus()) or [None]
     if slots == [None]:
       print("sweep: no GPU found, running one run at a time", file=sys.stderr)
+    else:
+      print(f"sweep: GPU slots {'; '.join(slots)} (one run each at a time)", file=sys.stderr)
   elif parallel == "none":
     slots = [None]
   else:
