@@ -45,11 +45,12 @@ demo: venv
 	rm -rf $(DEMO_RUN)
 	$(PY) -m lra_sparse.main --config=configs/listops.py:tiny --workdir=$(DEMO_RUN) $(DEMO_FLAGS)
 
-# Two pytest workers (pytest-xdist): the suite takes about 12 min on 2 cores.
-# Each worker allocates GPU memory as it needs it, not 75% of it up front.
+# Two pytest workers (pytest-xdist): the suite takes 11-17 min on 2 cores, by machine. Each
+# worker allocates GPU memory as it needs it, not 75% of it up front. The 15 slowest tests are
+# listed at the end (CI's log keeps them: what to trim when the suite grows).
 TEST_WORKERS ?= 2
 test: venv
-	XLA_PYTHON_CLIENT_PREALLOCATE=false $(PY) -m pytest -q -n $(TEST_WORKERS)
+	XLA_PYTHON_CLIENT_PREALLOCATE=false $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 
 # The fast tier: everything but the tests marked slow (tests/slow_tests.txt says what is left
 # out and what stays: one case of every kernel family, one short run per attention kind).
