@@ -45,7 +45,7 @@ demo: venv
 	rm -rf $(DEMO_RUN)
 	$(PY) -m lra_sparse.main --config=configs/listops.py:tiny --workdir=$(DEMO_RUN) $(DEMO_FLAGS)
 
-# Two pytest workers (pytest-xdist): the suite takes 11-17 min on 2 cores, by machine. Each
+# Two pytest workers (pytest-xdist): the suite takes 12-18 min on 2 cores, by machine. Each
 # worker allocates GPU memory as it needs it, not 75% of it up front. The 15 slowest tests are
 # listed at the end (CI's log keeps them: what to trim when the suite grows).
 TEST_WORKERS ?= 2
