@@ -65,6 +65,10 @@ _PATHFINDER32_ROWS = {
         r"pathfinder32-ft__pathfinder__dsa90-ft__seed=\d+",
     "DSA-90 fine-tuned from dense, predictor fitted first":
         r"pathfinder32-ft-fitted__pathfinder__dsa90-ft__seed=\d+",
+    "DSA-90 fine-tuned from dense, keys from the real scores (oracle ablation)":
+        r"pathfinder32-ft-oracle__pathfinder__dsa90-oracle-ft__seed=\d+",
+    "DSA-90 (sigma 1.0) fine-tuned from dense, predictor fitted first":
+        r"pathfinder32-ft-fitted-sigma1__pathfinder__dsa90-ft__seed=\d+",
 }
 _SPT_KINDS = {"Transformer (dense)": "dense", "DFSS 2:4": "dfss2-4",
               "DSA-90 (sigma 0.25, mean-form L_MSE)": "dsa90", "Nystromformer": "nystrom"}
@@ -165,7 +169,8 @@ def _versus(folder: str, label: str, labels) -> dict[str, str]:
 _UNTABLED = {"self_pretraining_curve": r"pretrain__listops__dense-\d+__seed=0",
              "self_pretraining_long_finetune": r"pretrain__listops__(rotary|nystrom)__seed=0",
              # DSA's predictor fitted on the frozen dense model (a stage, not a table row)
-             "pathfinder32": r"pathfinder32-predictor__pathfinder__dsa-predictor__seed=\d+"}
+             "pathfinder32":
+                 r"pathfinder32-predictor(-sigma1)?__pathfinder__dsa-predictor__seed=\d+"}
 # Published values beside the rows, written out here from the papers (LRA: Tay et al. 2021;
 # DFSS Table 4): label -> value; rows not named have none.
 _PAPER = {label: 36.37 for label in _RECIPE_5000_ROWS}

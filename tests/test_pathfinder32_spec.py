@@ -32,16 +32,22 @@ def test_every_kind_runs_lras_config_to_its_last_step(tmp_path, monkeypatch):
   assert (config.num_train_steps, config.model.attention_dropout_rate) == (62400, 0.1)
   runs = _runs("", tmp_path / "a")
   assert sorted(run.name for run in runs) == [
+      "pathfinder32-ft-fitted-sigma1__pathfinder__dsa90-ft__seed=0",
       "pathfinder32-ft-fitted__pathfinder__dsa90-ft__seed=0",
+      "pathfinder32-ft-oracle__pathfinder__dsa90-oracle-ft__seed=0",
       "pathfinder32-ft__pathfinder__dsa90-ft__seed=0",
       "pathfinder32-lra-model__pathfinder__dense__seed=0",
+      "pathfinder32-predictor-sigma1__pathfinder__dsa-predictor__seed=0",
       "pathfinder32-predictor__pathfinder__dsa-predictor__seed=0"] + [
       f"pathfinder32__pathfinder__{kind}__seed=0"
       for kind in ("dense", "dfss2-4", "dsa90", "nystrom")]
   by_group = {run.name.split("__")[0]: run for run in runs}
   finetune, lra_model = by_group["pathfinder32-ft"], by_group["pathfinder32-lra-model"]
   fit, fitted = by_group["pathfinder32-predictor"], by_group["pathfinder32-ft-fitted"]
-  for run in (finetune, lra_model, fit, fitted):
+  oracle = by_group["pathfinder32-ft-oracle"]
+  fit1, fitted1 = by_group["pathfinder32-predictor-sigma1"], by_group[
+      "pathfinder32-ft-fitted-sigma1"]
+  for run in (finetune, lra_model, fit, fitted, oracle, fit1, fitted1):
     runs.remove(run)
   # The predictor fitted first: the dense run's model frozen, every key kept, only W~
   # trained; then the same fine-tune as finetune's, from that run.
@@ -52,6 +58,16 @@ def test_every_kind_runs_lras_config_to_its_last_step(tmp_path, monkeypatch):
           "optim.trainable": "predictor_", "num_train_steps": 1560}
   assert fitted.depends_on == [fit.name] and fitted.overrides["init_from"] == fit.workdir
   assert {**fitted.overrides, "init_from": None} == {**finetune.overrides, "init_from": None}
+  # The probes: the fine-tune with M from the real scores; the fit and fine-tune at sigma 1.0.
+  assert {**oracle.overrides, "attention.dsa.selection_scores": None} == {
+      **finetune.overrides, "attention.dsa.selection_scores": None}
+  assert oracle.overrides["attention.dsa.selection_scores"] == "oracle"
+  assert oracle.depends_on == finetune.depends_on
+  assert {**fit1.overrides, "attention.dsa.sigma": 0.25} == fit.overrides
+  assert fitted1.depends_on == [fit1.name] and fitted1.overrides["init_from"] == fit1.workdir
+  assert {**fitted1.overrides, "attention.dsa.sigma": 0.25, "init_from": None} == {
+      **finetune.overrides, "init_from": None}
+  assert fitted1.overrides["attention.dsa.sigma"] == 1.0
   assert lra_model.overrides == {   # transformer_base.py's model; the rest is the config's
       "seed": 0, "model.dtype": "bfloat16", "data.data_dir": "data/pathfinder",
       "attention.kind": "dense", "model.num_layers": 1, "model.emb_dim": 128,
@@ -82,9 +98,10 @@ def test_every_kind_runs_lras_config_to_its_last_step(tmp_path, monkeypatch):
       f"pathfinder32__pathfinder__{kind}__seed={seed}"
       for kind in ("dense", "dfss2-4") for seed in (1, 2)]
   every = {run.name: run for run in _runs("all", tmp_path / "c")}   # runs chain per GPU
-  assert len(every) == 18
+  assert len(every) == 21
   # The same runs as the other presets name them.
-  for run in runs + more + [finetune, lra_model, fit, fitted]:
+  probes = [oracle, fit1, fitted1]
+  for run in runs + more + [finetune, lra_model, fit, fitted] + probes:
     twin = every[run.name]
     assert (run.config_arg, run.cost) == (twin.config_arg, twin.cost)
     assert {**run.overrides, "init_from": None} == {**twin.overrides, "init_from": None}
@@ -94,20 +111,28 @@ def test_every_kind_runs_lras_config_to_its_last_step(tmp_path, monkeypatch):
       "DSA-90 (sigma 0.25, mean-form L_MSE)",
       "Transformer (LRA's transformer_base.py model: 1 layer, 128/64/128)",
       "DSA-90 fine-tuned from dense (predictor-only L_MSE)",
-      "DSA-90 fine-tuned from dense, predictor fitted first"]
+      "DSA-90 fine-tuned from dense, predictor fitted first",
+      "DSA-90 fine-tuned from dense, keys from the real scores (oracle ablation)",
+      "DSA-90 (sigma 1.0) fine-tuned from dense, predictor fitted first"]
   assert [dict(row.paper) for row in table.rows] == [
-      {"Pathfinder-32": 71.40}, {}, {}, {}, {"Pathfinder-32": 71.40}, {}, {}]
-  for run in runs + more + [finetune, lra_model, fit, fitted]:
+      {"Pathfinder-32": 71.40}, {}, {}, {}, {"Pathfinder-32": 71.40}, {}, {}, {}, {}]
+  for run in runs + more + [finetune, lra_model, fit, fitted] + probes:
     config = {"task": "pathfinder", "attention.dfss.nm": None, "attention.nystrom.nm": None,
               "attention.dsa.sparsity": None, "attention.dsa.mse_gradient": "joint",
+              "attention.dsa.selection_scores": "predictor",
               "init_from": "", "model.emb_dim": 32, **run.overrides}
     held = [row.label for row in table.rows
             if all(v(config.get(k)) if callable(v) else config.get(k) == v
                    for k, v in row.match.items())]
-    assert len(held) == (run is not fit), (run.name, held)   # the fit has no row
-    if run is fit:
+    assert len(held) == (run not in (fit, fit1)), (run.name, held)   # the fits have no row
+    if run in (fit, fit1):
       continue
-    if run is fitted:
+    if run is oracle:
+      assert held == ["DSA-90 fine-tuned from dense, keys from the real scores (oracle "
+                      "ablation)"]
+    elif run is fitted1:
+      assert held == ["DSA-90 (sigma 1.0) fine-tuned from dense, predictor fitted first"]
+    elif run is fitted:
       assert held == ["DSA-90 fine-tuned from dense, predictor fitted first"]
     elif run is finetune:
       assert held == ["DSA-90 fine-tuned from dense (predictor-only L_MSE)"]
