@@ -84,6 +84,7 @@ ADDED_FIELDS = (
     ("denoise", {"mask_rate": 0.15, "mask_share": 0.8, "random_share": 0.1}, None),
     ("optim.trainable", "", None),
     ("attention.dsa.selection_scores", "predictor", None),
+    ("attention.dsa.mse_input_gradient", True, None),
 ) + tuple((key, value, None) for key, value in EARLIER_MODEL.items())
 
 

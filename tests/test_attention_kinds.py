@@ -570,37 +570,75 @@ def test_dsa_mse_value_against_numpy_and_gradients_reach_both_paths(normalizatio
   np.testing.assert_array_equal(np.asarray(grad_k)[0, 5], 0.0)
 
 
-def test_dsa_mse_gradient_predictor_leaves_q_and_k_to_the_task_loss():
+def test_dsa_mse_gradient_reaches_only_what_the_options_say():
   """mse_gradient="predictor": L_MSE has the same value and gives the predictor the same
   gradient as "joint", and none to q and k (S is a fixed target); the attention output (and
-  so the task loss's gradient) is the same in both."""
+  so the task loss's gradient) is the same in both. The block input X gets L_MSE's gradient
+  (through X P W~) only with mse_input_gradient=True (joint's default), and exactly the
+  gradient of the predictor's path: a float64 numpy derivative of the scaled-mean L_MSE with
+  respect to X, S held fixed. "predictor" with True is one clear error."""
   q, k, v, x = _dsa_inputs(4)
   mask = jnp.asarray(_mask())
-  grads = {}
-  for mode in ("joint", "predictor"):
-    core = build_attention(_config("dsa", sparsity=0.5, mse_weight=0.3, mse_gradient=mode),
-                           _dims())
-    params = _init(core, q, k, v, mask=mask, inputs=x)["params"]
+  grads, inits = {}, {}
+  for mode, reach in (("joint", False), ("joint", True), ("predictor", False)):
+    core = build_attention(_config("dsa", sparsity=0.5, mse_weight=0.3, mse_gradient=mode,
+                                   mse_input_gradient=reach,
+                                   mse_normalization="scaled_mean"), _dims())
+    params = inits[mode, reach] = _init(core, q, k, v, mask=mask, inputs=x)["params"]
 
-    def aux(params, q, k, core=core):
+    def aux(params, q, k, x, core=core):
       out, state = _apply(core, {"params": params}, q, k, v, mask=mask, inputs=x,
                           mutable=["aux_loss", "aux_metrics"])
       return state["aux_loss"]["dsa_mse"][0], out
 
-    grads[mode] = jax.jit(jax.value_and_grad(aux, argnums=(0, 1, 2), has_aux=True))(
-        params, q, k)
-  (loss_j, out_j), (gp_j, gq_j, gk_j) = grads["joint"]
-  (loss_p, out_p), (gp_p, gq_p, gk_p) = grads["predictor"]
-  assert float(loss_p) == float(loss_j) and float(loss_j) > 0
-  np.testing.assert_array_equal(np.asarray(out_p), np.asarray(out_j))
-  for name in ("predictor_query", "predictor_key"):
-    np.testing.assert_allclose(np.asarray(gp_p[name]), np.asarray(gp_j[name]), rtol=1e-6)
-    assert np.abs(np.asarray(gp_p[name])).sum() > 0
-  assert np.abs(np.asarray(gq_j)).sum() > 0 and np.abs(np.asarray(gk_j)).sum() > 0
-  np.testing.assert_array_equal(np.asarray(gq_p), 0.0)
-  np.testing.assert_array_equal(np.asarray(gk_p), 0.0)
+    grads[mode, reach] = jax.jit(jax.value_and_grad(aux, argnums=(0, 1, 2, 3),
+                                                    has_aux=True))(params, q, k, x)
+  (loss_j, out_j), (gp_j, gq_j, gk_j, gx_j) = grads["joint", False]
+  for (mode, reach), ((loss, out), (gp, gq, gk, gx)) in grads.items():
+    assert float(loss) == float(loss_j) and float(loss_j) > 0
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(out_j))
+    for name in ("predictor_query", "predictor_key"):
+      np.testing.assert_allclose(np.asarray(gp[name]), np.asarray(gp_j[name]), rtol=1e-6)
+      assert np.abs(np.asarray(gp[name])).sum() > 0
+    if mode == "joint":
+      np.testing.assert_allclose(np.asarray(gq), np.asarray(gq_j), rtol=1e-6)
+      assert np.abs(np.asarray(gq)).sum() > 0 and np.abs(np.asarray(gk)).sum() > 0
+    else:
+      np.testing.assert_array_equal(np.asarray(gq), 0.0)
+      np.testing.assert_array_equal(np.asarray(gk), 0.0)
+    if not reach:
+      np.testing.assert_array_equal(np.asarray(gx), 0.0)
+  # The input's gradient, in float64: L = 0.3 * mean over heads and real pairs of
+  # ((S - S~) / sqrt(d))^2 with S~ = (X P Wq_h)(X P Wk_h)^T; dL/dX through S~ only.
+  params = inits["joint", True]
+  np.testing.assert_array_equal(np.asarray(params["predictor_query"]),
+                                np.asarray(inits["predictor", False]["predictor_query"]))
+  projection = np.asarray(core.bind({"params": params}).projection(), np.float64)
+  xs, qs, ks = (np.asarray(a, np.float64) for a in (x, q, k))
+  wq, wk = (np.asarray(params[n], np.float64) for n in ("predictor_query", "predictor_key"))
+  real = np.asarray(mask, bool)
+  pairs = real[:, None, :, None] & real[:, None, None, :]           # [b, 1, q, k]
+  heads, d = qs.shape[2], qs.shape[3]
+  scores = np.einsum("bqhd,bkhd->bhqk", qs, ks)
+  xp = xs @ projection
+  qt, kt = np.einsum("blk,hkj->bhlj", xp, wq), np.einsum("blk,hkj->bhlj", xp, wk)
+  diff = np.where(pairs, scores - np.einsum("bhqj,bhkj->bhqk", qt, kt), 0.0) / d
+  count = heads * pairs.sum()
+  dpred = -2 * 0.3 * diff / count                                     # dL/dS~ [b, h, q, k]
+  dqt = np.einsum("bhqk,bhkj->bhqj", dpred, kt)
+  dkt = np.einsum("bhqk,bhqj->bhkj", dpred, qt)
+  dxp = np.einsum("bhlj,hkj->blk", dqt, wq) + np.einsum("bhlj,hkj->blk", dkt, wk)
+  expected = dxp @ projection.T
+  assert np.abs(expected).max() > 0
+  np.testing.assert_allclose(np.asarray(grads["joint", True][1][3]), expected, rtol=2e-4,
+                             atol=1e-7 * np.abs(expected).max())
+  assert get_base_config().attention.dsa.mse_input_gradient is True
+  with pytest.raises(ValueError, match="mse_input_gradient.*False with mse_gradient='predictor'"):
+    build_attention(_config("dsa", mse_gradient="predictor"), _dims())
   with pytest.raises(ValueError, match="mse_gradient"):
     build_attention(_config("dsa", mse_gradient="both"), _dims())
+  with pytest.raises(TypeError, match="mse_input_gradient"):   # ConfigDict types it
+    build_attention(_config("dsa", mse_input_gradient="yes"), _dims())
 
 
 def test_dsa_oracle_selection_keeps_the_top_keys_of_the_real_scores():

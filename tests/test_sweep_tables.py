@@ -6,6 +6,7 @@ lra_sparse/tables/ and WORKSPACE.md.
 import _thread
 import contextlib
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -1125,6 +1126,7 @@ def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
       "fine", 64)                     # runs before block DSA: the paper's fine-grained rule
   assert new["dsa"]["attention.dsa.mse_gradient"] == "joint"   # before the option: joint
   assert new["dsa"]["attention.dsa.selection_scores"] == "predictor"   # before the oracle
+  assert new["dsa"]["attention.dsa.mse_input_gradient"] is True   # before the option: X too
   assert new["listops"]["optim.trainable"] == ""   # before the option: every parameter
   assert new["flat_dsa"]["attention.dsa.sparsity"] == 0.9
   assert new["retrieval"]["model.dual_head"] == "nli_one_hidden"
@@ -1144,6 +1146,7 @@ def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
                                                   "selection_rule": "int8",
                                                   "mse_kernels": True, "granularity": "block",
                                                   "block_size": 32, "mse_gradient": "predictor",
+                                                  "mse_input_gradient": False,
                                                   "selection_scores": "oracle"}},
              "optim": {"trainable": "predictor_"},
              "profile_steps": "3:5", "eval_train_mode": True,
@@ -1600,7 +1603,9 @@ def test_dsa_listops_mse_preset_warms_the_predictor_on_dense_attention_first(tmp
                                                                             monkeypatch):
   """dsa_listops.py:mse: a warm stage per seed (DSA at sparsity 0, predictor-only L_MSE, from
   that seed's dense run), the warmed variants start from it and the others from the dense run;
-  every run lands in exactly one row of the table (and every DSA-90 run in one hit-rate row)."""
+  "predictor" runs keep L_MSE from the block input X, the joint update with and without it;
+  every run lands in exactly one row of the table (and every DSA-90 run in one hit-rate row),
+  and a run of the first attempt (predictor-only, X not kept out) in none."""
   monkeypatch.chdir(REPO)
   runs = _spec_runs("experiments/specs/dsa_listops.py:mse", tmp_path / "m")
   by_name = {run.name: run for run in runs}
@@ -1611,23 +1616,29 @@ def test_dsa_listops_mse_preset_warms_the_predictor_on_dense_attention_first(tmp
     o = run.overrides
     assert (o["init_from"], o["attention.dsa.sparsity"], o["attention.dsa.mse_gradient"],
             o["num_train_steps"]) == (dense[seed], 0.0, "predictor", 500)
+    assert o["attention.dsa.mse_input_gradient"] is False
   finetunes = [r for r in runs if r.name.startswith("dsa__")]
-  assert len(finetunes) == 12 and len(by_name) == 18
+  assert len(finetunes) == 15 and len(by_name) == 21
+  predictor = next(r for r in finetunes if "__dsa90-predictor__" in r.name)
+  runs = [*runs, dataclasses.replace(predictor, name="leaky", overrides={
+      **predictor.overrides, "attention.dsa.mse_input_gradient": True})]
   tables_by_preset = {p: tables.load_table(f"experiments/specs/dsa_listops.py:{p}")
                       for p in ("mse", "mse_hit_rate")}
   for run in runs:
     config = {"attention.dsa.granularity": "fine", "attention.dsa.mse_gradient": "joint",
-              "init_from": "", **run.overrides}
+              "attention.dsa.mse_input_gradient": True, "init_from": "", **run.overrides}
     seed = config["seed"]
     if run in finetunes:
       warmed = run.name.endswith(f"warm__seed={seed}")
       assert config["init_from"] == (warm[seed].workdir if warmed else dense[seed])
       assert (config["attention.dsa.mse_gradient"] == "joint") == ("joint" in run.name)
+      assert config["attention.dsa.mse_input_gradient"] == run.name.startswith(
+          "dsa__listops-stable__dsa90-joint__")
     for preset, table in tables_by_preset.items():
       hits = [row.label for row in table.rows
               if all(m(config.get(k)) if callable(m) else config.get(k) == m
                      for k, m in row.match.items())]
-      expected = 1 if preset == "mse" or run in finetunes else 0
+      expected = 1 if (preset == "mse" or run in finetunes) and run.name != "leaky" else 0
       assert len(hits) == expected, (preset, run.name, hits)
 
 

@@ -186,7 +186,8 @@ def test_trainable_fits_dsa_predictor_to_a_frozen_trained_model(tmp_path, tiny_c
                                         str(tmp_path / "pre"))
   warm = tiny_config(num_train_steps=20, init_from=str(tmp_path / "pre"), **{
       "attention.kind": "dsa", "attention.dsa.sparsity": 0.0,
-      "attention.dsa.mse_gradient": "predictor", "optim.trainable": "predictor_",
+      "attention.dsa.mse_gradient": "predictor", "attention.dsa.mse_input_gradient": False,
+      "optim.trainable": "predictor_",
       "optim.learning_rate": 0.01, "optim.weight_decay": 0.1, "optim.grad_clip_norm": 1.0,
       "eval_every_steps": 10})
   result = train.train_and_evaluate(warm, str(tmp_path / "warm"))

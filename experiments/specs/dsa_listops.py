@@ -31,12 +31,16 @@ Presets:
   "mse": how L_MSE should reach the model, DSA-90, 3 seeds. The weight preset showed that
     neither the predictor's hit rate nor the cross-entropy moves with the Eq. 6 weight (Adam):
     in the joint update Eq. 6 (10^6 x the cross-entropy at the start even at weight 1e-6)
-    pulls the model's q/k towards a fresh, random predictor at every weight. Rows: the joint
-    update at MSE_WEIGHT; the predictor-only update (``attention.dsa.mse_gradient=
-    "predictor"``: S a fixed target); the predictor-only update after WARM_STEPS of a
-    predictor warm-up on dense attention (a "warm" stage from the dense run: DSA at sparsity
-    0, predictor-only, so the first sparse step selects with a trained predictor), fine and
-    64 x 64 block selection. The warm rows train WARM_STEPS more steps in all.
+    pulls the model towards a fresh, random predictor at every weight. Rows: the joint
+    update at MSE_WEIGHT, as autodiff of the joint loss has it (L_MSE's gradient reaches q/k
+    through S and every layer below through the predictor's input X) and with X kept out
+    (``attention.dsa.mse_input_gradient=False``); the predictor-only update (PREDICTOR_ONLY:
+    S a fixed target, X without gradient, so only W~ learns from L_MSE); the predictor-only
+    update after WARM_STEPS of a predictor warm-up on dense attention (a "warm" stage from the
+    dense run: DSA at sparsity 0, predictor-only, so the first sparse step selects with a
+    trained predictor), fine and 64 x 64 block selection. The warm rows train WARM_STEPS more
+    steps in all. The first run of this preset (``dsa_listops_mse_input_leak/``) ran before
+    ``mse_input_gradient`` existed: its "predictor-only" runs let L_MSE reach X.
   "best_val", "weight_best_val", "table2_best_val", "granularity_best_val", "mse_best_val": the
     same runs, test at the best validation step.
   "granularity_hit_rate": the granularity runs' predictor hit rate on the validation split at
@@ -82,6 +86,9 @@ MSE_WEIGHT_MEASURED = True
 SPARSITIES = (0.9, 0.95, 0.99)
 SIGMAS = (0.1, 0.16, 0.2, 0.25, 0.33)
 PRECISIONS = (("INT2", 2), ("INT4", 4), ("INT8", 8), ("FP32", 0))
+# "predictor": L_MSE trains W~ alone (S a fixed target, the block input X without its gradient).
+PREDICTOR_ONLY = {"attention.dsa.mse_gradient": "predictor",
+                  "attention.dsa.mse_input_gradient": False}
 DSA = {"attention.kind": "dsa", "attention.dsa.sigma": 0.25, "attention.dsa.quant_bits": 0,
        "attention.dsa.mse_normalization": "eq6"}
 
@@ -139,11 +146,11 @@ def _variants(kind: str) -> list[Variant]:
                                            "attention.dsa.mse_weight": MSE_WEIGHT})
             for s in SIGMAS for name, bits in PRECISIONS]
   if kind == "mse":
-    predictor = {"attention.dsa.sparsity": 0.9, "attention.dsa.mse_gradient": "predictor",
-                 "attention.dsa.mse_weight": 1.0}
+    predictor = {"attention.dsa.sparsity": 0.9, **PREDICTOR_ONLY, "attention.dsa.mse_weight": 1.0}
     dense = {"init_from": Ref("dense")}
-    return [Variant("dsa90-joint", {"attention.dsa.sparsity": 0.9,
-                                    "attention.dsa.mse_weight": MSE_WEIGHT, **dense}),
+    joint = {"attention.dsa.sparsity": 0.9, "attention.dsa.mse_weight": MSE_WEIGHT, **dense}
+    return [Variant("dsa90-joint", joint),
+            Variant("dsa90-joint-no-x-grad", {**joint, "attention.dsa.mse_input_gradient": False}),
             Variant("dsa90-predictor", {**predictor, **dense}),
             Variant("dsa90-warm", {**predictor, "init_from": Ref("warm")}),
             Variant("dsa90-block-warm", {**predictor, **BLOCK, "init_from": Ref("warm")})]
@@ -175,8 +182,8 @@ def get_sweep(preset: str = "") -> Sweep:
   warm = [Group(name="warm", config=config, seeds=seeds,
                 overrides={**_fixed(kind), "init_from": Ref("dense"), **FINETUNE,
                            "num_train_steps": WARM_STEPS, "attention.dsa.sparsity": 0.0,
-                           "attention.dsa.mse_gradient": "predictor",
-                           "attention.dsa.mse_weight": 1.0})] if kind == "mse" else []
+                           **PREDICTOR_ONLY, "attention.dsa.mse_weight": 1.0})
+          ] if kind == "mse" else []
   return Sweep(
       name="dsa_listops" + (f"_{kind}" if kind else ""),
       groups=[Group(name="dense", config=config, seeds=seeds,
@@ -225,11 +232,14 @@ def get_table(preset: str = "") -> Table:
     warmed = lambda path: os.path.basename(str(path)).startswith("warm__")  # noqa: E731
     unwarmed = lambda path: bool(path) and not warmed(path)                  # noqa: E731
     dsa90 = {"attention.kind": "dsa", "attention.dsa.sparsity": 0.9}
-    predictor = {**dsa90, "attention.dsa.mse_gradient": "predictor"}
+    predictor = {**dsa90, **PREDICTOR_ONLY}
+    joint = {**dsa90, "attention.dsa.mse_gradient": "joint", "attention.dsa.granularity": "fine",
+             "init_from": unwarmed}
     rows = [
         Selector(f"DSA-90, joint update (Eq. 6 weight {MSE_WEIGHT:g})",
-                 {**dsa90, "attention.dsa.mse_gradient": "joint",
-                  "attention.dsa.granularity": "fine", "init_from": unwarmed}),
+                 {**joint, "attention.dsa.mse_input_gradient": True}),
+        Selector("DSA-90, joint update, L_MSE kept from the block input X",
+                 {**joint, "attention.dsa.mse_input_gradient": False}),
         Selector("DSA-90, predictor-only L_MSE",
                  {**predictor, "attention.dsa.granularity": "fine", "init_from": unwarmed}),
         Selector(f"DSA-90, predictor-only, after a {WARM_STEPS}-step predictor warm-up",

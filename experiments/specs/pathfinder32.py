@@ -100,7 +100,8 @@ FINETUNE_LABEL = "dsa90-ft"
 FINETUNE_ROW = "DSA-90 fine-tuned from dense (predictor-only L_MSE)"
 FINETUNE_DSA = {"attention.kind": "dsa", "attention.dsa.sparsity": 0.9,
                 "attention.dsa.sigma": 0.25, "attention.dsa.mse_normalization": "scaled_mean",
-                "attention.dsa.mse_gradient": "predictor"}
+                "attention.dsa.mse_gradient": "predictor",
+                "attention.dsa.mse_input_gradient": False}
 FINETUNE_SCHEDULE = {"num_train_steps": 62_400 // 10, "optim.learning_rate": 1e-4,
                      "checkpoint_every_steps": 3_120}
 FINETUNE_SEEDS = (0,)

@@ -31,7 +31,10 @@ Choices (the papers leave these open):
   padding, and weight each example by its padded length. Gradients reach both the predictor
   (W~) and the main q/k projections through S, as the paper's joint update intends
   (``mse_gradient="joint"``). With ``"predictor"`` S is a fixed target: only W~ learns from
-  L_MSE. Adam scales each parameter's step by its own gradient's size, and W~'s gradient comes
+  L_MSE, so X (the block input) must enter the predictor without gradient
+  (``mse_input_gradient=False``); with True, autodiff of the joint loss, L_MSE also trains
+  every layer and embedding below the predictor through X P W~ (it did in both modes in runs
+  recorded before the field existed). Adam scales each parameter's step by its own gradient's size, and W~'s gradient comes
   from L_MSE alone, so W~'s steps hardly depend on mse_weight; what the weight sets is how
   hard L_MSE pulls the model's q/k towards the predictor ("joint" only). Eq. 6 sums ~10^6
   squared unscaled scores per head, so at the start of a fine-tune even a weight of 1e-6 makes
@@ -131,6 +134,14 @@ class DSAConfig(KindConfig):
   # projections (the paper's joint update) | "predictor": S is a fixed target (Q and K enter
   # L_MSE without gradient), so the model trains on the task loss alone and only W~ fits S.
   mse_gradient: str = "joint"
+  # Whether L_MSE's gradient also reaches the block input X through the predictor's path
+  # Q~ = X P W~q, K~ = X P W~k, and from X every layer and embedding below: True is plain
+  # autodiff of the paper's joint loss (the paper detaches nothing) | False: X enters the
+  # predictor without gradient, so L_MSE trains W~ and, "joint", q/k through S. "predictor"
+  # needs False (it means W~ alone). Runs recorded before this field existed ran with True in
+  # both modes, so their "predictor" runs were not predictor-only: L_MSE (under Eq. 6 about
+  # 10^6 x the cross-entropy) trained every layer below the predictor too.
+  mse_input_gradient: bool = True
   vector: int = 1                  # column-vector granularity: 1 | 4 | 8
   selection: str = "topk"          # "topk" | "threshold"
   threshold: float = 0.0           # selection="threshold": keep S~ >= threshold
@@ -174,6 +185,11 @@ class DSAConfig(KindConfig):
     self.check_float("mse_weight", low=0.0)
     self.check_choice("mse_normalization", MSE_NORMALIZATIONS)
     self.check_choice("mse_gradient", MSE_GRADIENTS)
+    self.check_bool("mse_input_gradient")
+    if self.mse_gradient == "predictor" and self.mse_input_gradient:
+      raise self.error("mse_input_gradient", "must be False with mse_gradient='predictor' "
+                       "(W~ alone learns from L_MSE; True would let it train every layer below "
+                       "the predictor through X, as runs recorded before this field did)")
     self.check_choice("vector", VECTORS)
     self.check_choice("selection", SELECTIONS)
     self.check_float("threshold")
@@ -293,7 +309,10 @@ class DSAAttention(nn.Module):
 
     # Q~ = X P W~q, K~ = X P W~k (fake-quantised operands when quant_bits > 0).
     real_tokens = None if mask is None else mask[..., None]
-    x = dsa_reference.fake_quantize(inputs.astype(jnp.float32), config.quant_bits, real_tokens)
+    x = inputs.astype(jnp.float32)
+    if not config.mse_input_gradient:     # the predictor's path gives X no gradient
+      x = jax.lax.stop_gradient(x)
+    x = dsa_reference.fake_quantize(x, config.quant_bits, real_tokens)
     xp = jnp.einsum("bld,dk->blk", x, self.projection())
     w_query = dsa_reference.fake_quantize(w_query, config.quant_bits)
     w_key = dsa_reference.fake_quantize(w_key, config.quant_bits)
