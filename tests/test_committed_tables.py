@@ -70,6 +70,18 @@ _PATHFINDER32_ROWS = {
     "DSA-90 (sigma 1.0) fine-tuned from dense, predictor fitted first":
         r"pathfinder32-ft-fitted-sigma1__pathfinder__dsa90-ft__seed=\d+",
 }
+_DSA_MSE_ROWS = {
+    "Dense (the base runs)": r"dense__listops-stable__seed=\d+",
+    "Predictor warm-up (500 steps on dense attention)": r"warm__listops-stable__seed=\d+",
+    "DSA-90, joint update (Eq. 6 weight 1e-06)": r"dsa__listops-stable__dsa90-joint__seed=\d+",
+    "DSA-90, joint update, L_MSE kept from the block input X":
+        r"dsa__listops-stable__dsa90-joint-no-x-grad__seed=\d+",
+    "DSA-90, predictor-only L_MSE": r"dsa__listops-stable__dsa90-predictor__seed=\d+",
+    "DSA-90, predictor-only, after a 500-step predictor warm-up":
+        r"dsa__listops-stable__dsa90-warm__seed=\d+",
+    "DSA-90 64 x 64 blocks, predictor-only, after the warm-up":
+        r"dsa__listops-stable__dsa90-block-warm__seed=\d+",
+}
 _SPT_KINDS = {"Transformer (dense)": "dense", "DFSS 2:4": "dfss2-4",
               "DSA-90 (sigma 0.25, mean-form L_MSE)": "dsa90", "Nystromformer": "nystrom"}
 
@@ -199,6 +211,7 @@ TABLES = [
     *_last_and_best_val("listops_protocol", "listops_protocol", _PROTOCOL_ROWS),
     *_last_and_best_val("dfss_table4_listops", "dfss_table4", _DFSS_TABLE4_LISTOPS_ROWS),
     *_last_and_best_val("pathfinder32", "pathfinder32", _PATHFINDER32_ROWS),
+    *_last_and_best_val("dsa_listops_mse", "dsa_listops_mse", _DSA_MSE_ROWS),
     *_last_and_best_val("self_pretraining_listops", "self_pretraining", _SPT_ROWS),
     ("self_pretraining_listops_pretrain_val.md", "self_pretraining", "val", _SPT_PRETRAIN_ROWS),
     *_last_and_best_val("self_pretraining_curve", "self_pretraining_curve", _SPT_CURVE_ROWS),

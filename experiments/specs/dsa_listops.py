@@ -251,7 +251,8 @@ def get_table(preset: str = "") -> Table:
                              "ListOps", rows, column)
     rows = [Selector("Dense (the base runs)", {"attention.kind": "dense"}),
             Selector(f"Predictor warm-up ({WARM_STEPS} steps on dense attention)",
-                     {"attention.kind": "dsa", "attention.dsa.sparsity": 0.0}), *rows]
+                     {"attention.kind": "dsa", "attention.dsa.sparsity": 0.0, **PREDICTOR_ONLY}),
+            *rows]
     return Table(
         title=("How L_MSE reaches the model, DSA-90 fine-tuned from dense on ListOps: test "
                "accuracy (%) " + ("at the best validation step" if best_val else
