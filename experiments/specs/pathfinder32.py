@@ -50,13 +50,15 @@ and DSA left Pathfinder out of their papers, so their rows have none. The DSA-90
 from scratch with the mean form of L_MSE (the DSA paper's Eq. 6 swamps the cross-entropy from
 scratch; the same row as ``lra_listops.py``); the DSA-90 fine-tune row follows DSA's own
 protocol instead (see FINETUNE_* below: 6,240 steps from the seed-0 dense run, its predictor
-trained by L_MSE alone). That fine-tune was at chance from its first evaluation on: the dense
-model under a fresh predictor's keys is at chance before any update, and under the keys of the
-real scores' top 10% (``attention.dsa.selection_scores="oracle"``) 2.6 points under dense
-(``experiments/results/pathfinder32_notes.md``). So a second fine-tune row fits the predictor
-first (WARMUP_* below: the trained dense model frozen, attention kept dense) and then
-fine-tunes the same way from there; it was at chance after its first evaluation too (53.76
-validation at step 312, about 50 from step 624 on, hit rate 0.69 at the end).
+trained by L_MSE alone). The dense model under a fresh predictor's keys is at chance before
+any update, and under the keys of the real scores' top 10% (``attention.dsa.selection_scores=
+"oracle"``) 2.6 points under dense (``experiments/results/pathfinder32_notes.md``), so a
+second fine-tune row fits the predictor first (WARMUP_* below: the trained dense model
+frozen, attention kept dense) and then fine-tunes the same way from there, and two probes
+follow (ORACLE, SIGMA1 below). The fine-tunes' first runs fell to chance with a bug of the
+predictor-only mode (L_MSE's gradient reached the block input X and so the whole model;
+``attention.dsa.mse_input_gradient`` now keeps it out): their records are in
+``experiments/results/pathfinder32_mse_input_leak/``, and these rows run again.
 """
 import operator
 import os
@@ -93,7 +95,8 @@ ROW_MATCH = {"dense": {"model.emb_dim": lambda width: width != LRA_MODEL["model.
 # each seed-0 dense run, for a tenth of the task's steps at a tenth of its peak learning rate
 # (one epoch of warmup, cosine decay; no paper states a fine-tune schedule for Pathfinder, and
 # the dense run's own rate ends at 0 under its cosine decay). L_MSE trains the predictor only
-# (S a fixed target): the from-scratch row's joint update shrank q and k while L_MSE
+# (S a fixed target, the block input X without L_MSE's gradient): the from-scratch row's joint
+# update shrank q and k while L_MSE
 # dominated (pathfinder32_notes.md), and on ListOps the joint update dragged a trained model's
 # q/k towards the fresh predictor at every Eq. 6 weight (dsa_listops_notes.md).
 FINETUNE_LABEL = "dsa90-ft"
@@ -110,22 +113,22 @@ FINETUNE_SEEDS = (0,)
 # (``optim.trainable``) by L_MSE, five epochs at the config's peak rate; then FINETUNE_* from
 # that run. Five epochs was a guess (the failed fine-tune's hit rate stopped rising after about
 # five epochs); the fit's validation MSE was flat from step 1,248 on (4.70 at 312, 2.38 at the
-# end), so it is long enough for this loss. The fine-tune from it was at chance too. dsa_listops.py's "mse" preset has a warm-up too, on
-# dense attention but with the whole model training at the fine-tune's rate; here the trained
-# model stays exactly as the dense run left it.
+# end), so it is long enough for this loss. dsa_listops.py's "mse" preset has a warm-up too,
+# on dense attention but with the whole model training at the fine-tune's rate; here the
+# trained model stays exactly as the dense run left it.
 WARMUP_GROUP = "pathfinder32-predictor"
 WARMUP_LABEL = "dsa-predictor"
 WARMUP_FT_GROUP = "pathfinder32-ft-fitted"
 WARMUP_FT_ROW = "DSA-90 fine-tuned from dense, predictor fitted first"
 WARMUP = {**FINETUNE_DSA, "attention.dsa.sparsity": 0.0, "optim.trainable": "predictor_"}
 WARMUP_SCHEDULE = {"num_train_steps": 5 * 312, "checkpoint_every_steps": 780}
-# Two probes of why both fine-tunes fall to chance (pathfinder32_notes.md). "Oracle": the same
-# fine-tune as FINETUNE_* with M chosen from the real scores (``selection_scores="oracle"``,
-# an ablation: before any update it is 2.6 points under dense), so a fall to chance there is
-# the sparse fine-tune's, not the predictor's. "Sigma 1": the predictor fit and fine-tune of
-# WARMUP_* at sigma 1.0 (W~ as wide as the 32-wide input, not rank 8): on the CPU a fit at
-# sigma 1.0 selected keys under which the frozen dense model kept 56.75 validation against
-# 50.30 at sigma 0.25 (pathfinder32_swap/).
+# Two probes of the fine-tunes (pathfinder32_notes.md). "Oracle": the same fine-tune as
+# FINETUNE_* with M chosen from the real scores (``selection_scores="oracle"``, an ablation:
+# before any update it is 2.6 points under dense), the bound of any predictor's selection.
+# (Its first run, with the input-gradient bug, fell to chance too.) "Sigma 1": the fit and
+# fine-tune of WARMUP_* at sigma 1.0 (W~ as wide as the 32-wide input, not rank 8): on the
+# CPU a fit at sigma 1.0 selected keys under which the frozen dense model kept 56.75
+# validation against 50.30 at sigma 0.25 (pathfinder32_swap/).
 ORACLE_GROUP = "pathfinder32-ft-oracle"
 ORACLE_LABEL = "dsa90-oracle-ft"
 ORACLE_ROW = "DSA-90 fine-tuned from dense, keys from the real scores (oracle ablation)"

@@ -34,9 +34,10 @@ Choices (the papers leave these open):
   L_MSE, so X (the block input) must enter the predictor without gradient
   (``mse_input_gradient=False``); with True, autodiff of the joint loss, L_MSE also trains
   every layer and embedding below the predictor through X P W~ (it did in both modes in runs
-  recorded before the field existed). Adam scales each parameter's step by its own gradient's size, and W~'s gradient comes
-  from L_MSE alone, so W~'s steps hardly depend on mse_weight; what the weight sets is how
-  hard L_MSE pulls the model's q/k towards the predictor ("joint" only). Eq. 6 sums ~10^6
+  recorded before the field existed). Adam scales each parameter's step by its own
+  gradient's size, and W~'s gradient comes from L_MSE alone, so W~'s steps hardly depend on
+  mse_weight; what the weight sets is how hard L_MSE pulls the model's q/k (and, with
+  ``mse_input_gradient``, the layers below) towards the predictor ("joint" only). Eq. 6 sums ~10^6
   squared unscaled scores per head, so at the start of a fine-tune even a weight of 1e-6 makes
   it ~10^6 x the cross-entropy (``experiments/results/dsa_listops_notes.md``).
 - L_MSE is computed from d x d, d x k and k x k Gram matrices (no [L, L] array, forward or
