@@ -166,7 +166,10 @@ def test_tiny_preset_trains_on_pathfinder_end_to_end(tmp_path, monkeypatch):
                "pathfinder32__pathfinder-tiny__dsa90__seed=0",
                "pathfinder32-lra-model__pathfinder-tiny__dense__seed=0",
                "pathfinder32-predictor__pathfinder-tiny__dsa-predictor__seed=0",
-               "pathfinder32-ft-fitted__pathfinder-tiny__dsa90-ft__seed=0"):
+               "pathfinder32-ft-fitted__pathfinder-tiny__dsa90-ft__seed=0",
+               "pathfinder32-ft-oracle__pathfinder-tiny__dsa90-oracle-ft__seed=0",
+               "pathfinder32-predictor-sigma1__pathfinder-tiny__dsa-predictor__seed=0",
+               "pathfinder32-ft-fitted-sigma1__pathfinder-tiny__dsa90-ft__seed=0"):
     assert states.pop(name) == "pending"
   assert set(states.values()) == {"finished"}, states
   with open(root / "pathfinder32-ft__pathfinder-tiny__dsa90-ft__seed=0" / "metrics.jsonl") as f:

@@ -256,7 +256,7 @@ def test_cli_sets_a_kind_field_and_records_only_that_kind(tmp_path, listops_dir)
       "topk_algorithm": "top_k", "backend": "auto", "deterministic_kernels": False,
       "forward": "auto",
       "selection_rule": "int8", "mse_kernels": True, "granularity": "fine", "block_size": 64,
-      "mse_gradient": "joint", "selection_scores": "predictor"}}
+      "mse_gradient": "joint", "mse_input_gradient": True, "selection_scores": "predictor"}}
   assert "test accuracy" in proc.stdout
 
 
