@@ -82,6 +82,15 @@ _DSA_MSE_ROWS = {
     "DSA-90 64 x 64 blocks, predictor-only, after the warm-up":
         r"dsa__listops-stable__dsa90-block-warm__seed=\d+",
 }
+_DSA_GRANULARITY_ROWS = {
+    "Dense (the base runs)": r"dense__listops-stable__seed=\d+",
+    "DSA-90, fine-grained": r"dsa__listops-stable__dsa90__seed=\d+",
+    "DSA-90, 64 x 64 blocks": r"dsa__listops-stable__dsa90-block__seed=\d+",
+    "DSA-95, fine-grained": r"dsa__listops-stable__dsa95__seed=\d+",
+    "DSA-95, 64 x 64 blocks": r"dsa__listops-stable__dsa95-block__seed=\d+",
+}
+_DSA_WEIGHT_ROWS = {f"weight {w}": rf"dsa__listops-stable__w{w}__seed=\d+"
+                    for w in ("1e-06", "0.0001", "0.01", "1")}
 _SPT_KINDS = {"Transformer (dense)": "dense", "DFSS 2:4": "dfss2-4",
               "DSA-90 (sigma 0.25, mean-form L_MSE)": "dsa90", "Nystromformer": "nystrom"}
 
@@ -212,6 +221,8 @@ TABLES = [
     *_last_and_best_val("dfss_table4_listops", "dfss_table4", _DFSS_TABLE4_LISTOPS_ROWS),
     *_last_and_best_val("pathfinder32", "pathfinder32", _PATHFINDER32_ROWS),
     *_last_and_best_val("dsa_listops_mse", "dsa_listops_mse", _DSA_MSE_ROWS),
+    *_last_and_best_val("dsa_listops_granularity", "dsa_listops", _DSA_GRANULARITY_ROWS),
+    ("dsa_listops_weight.md", "dsa_listops_weight", "val", _DSA_WEIGHT_ROWS),
     *_last_and_best_val("self_pretraining_listops", "self_pretraining", _SPT_ROWS),
     ("self_pretraining_listops_pretrain_val.md", "self_pretraining", "val", _SPT_PRETRAIN_ROWS),
     *_last_and_best_val("self_pretraining_curve", "self_pretraining_curve", _SPT_CURVE_ROWS),
