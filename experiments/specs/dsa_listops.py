@@ -179,11 +179,11 @@ def get_sweep(preset: str = "") -> Sweep:
   tiny = kind == "tiny"
   seeds = (0,) if tiny else WEIGHT_SEEDS if kind == "weight" else SEEDS
   config = "configs/listops.py:tiny" if tiny else DENSE_CONFIG
-  warm = [Group(name="warm", config=config, seeds=seeds,
-                overrides={**_fixed(kind), "init_from": Ref("dense"), **FINETUNE,
-                           "num_train_steps": WARM_STEPS, "attention.dsa.sparsity": 0.0,
-                           **PREDICTOR_ONLY, "attention.dsa.mse_weight": 1.0})
-          ] if kind == "mse" else []
+  warm = [] if kind != "mse" else [
+      Group(name="warm", config=config, seeds=seeds,
+            overrides={**_fixed(kind), "init_from": Ref("dense"), **FINETUNE,
+                       "num_train_steps": WARM_STEPS, "attention.dsa.sparsity": 0.0,
+                       **PREDICTOR_ONLY, "attention.dsa.mse_weight": 1.0})]
   return Sweep(
       name="dsa_listops" + (f"_{kind}" if kind else ""),
       groups=[Group(name="dense", config=config, seeds=seeds,

@@ -96,9 +96,9 @@ ROW_MATCH = {"dense": {"model.emb_dim": lambda width: width != LRA_MODEL["model.
 # (one epoch of warmup, cosine decay; no paper states a fine-tune schedule for Pathfinder, and
 # the dense run's own rate ends at 0 under its cosine decay). L_MSE trains the predictor only
 # (S a fixed target, the block input X without L_MSE's gradient): the from-scratch row's joint
-# update shrank q and k while L_MSE
-# dominated (pathfinder32_notes.md), and on ListOps the joint update dragged a trained model's
-# q/k towards the fresh predictor at every Eq. 6 weight (dsa_listops_notes.md).
+# update shrank q and k while L_MSE dominated (pathfinder32_notes.md), and on ListOps the joint
+# update dragged a trained model's q/k towards the fresh predictor at every Eq. 6 weight
+# (dsa_listops_notes.md).
 FINETUNE_LABEL = "dsa90-ft"
 FINETUNE_ROW = "DSA-90 fine-tuned from dense (predictor-only L_MSE)"
 FINETUNE_DSA = {"attention.kind": "dsa", "attention.dsa.sparsity": 0.9,
@@ -151,10 +151,11 @@ def _check(preset: str) -> bool:
   return check_preset(preset, "experiments/specs/pathfinder32.py", PRESETS)
 
 
-def _started_from(init_from, group: str) -> bool:
-  """Whether a run's init_from is a run of ``group`` (run folders are named GROUP__...)."""
-  return bool(init_from) and os.path.basename(os.path.normpath(init_from)).startswith(
-      group + "__")
+def _started_from(group: str):
+  """A row's init_from test: the run started from a run of ``group`` (run folders are named
+  GROUP__...)."""
+  return lambda init_from: bool(init_from) and os.path.basename(
+      os.path.normpath(init_from)).startswith(group + "__")
 
 
 def get_sweep(preset: str = "") -> Sweep:
@@ -209,14 +210,11 @@ def get_table(preset: str = "") -> Table:
             Selector(LRA_MODEL_ROW, {**LRA_MODEL, **COMPUTE, "init_from": operator.not_},
                      paper={} if tiny else PAPER["dense-lra-model"]),
             Selector(FINETUNE_ROW, {**FINETUNE_DSA, **PREDICTOR_SELECTION, **COMPUTE,
-                                    "init_from": lambda path: _started_from(path, "pathfinder32")}),
+                                    "init_from": _started_from("pathfinder32")}),
             Selector(WARMUP_FT_ROW, {**FINETUNE_DSA, **COMPUTE,
-                                     "init_from": lambda path: _started_from(path,
-                                                                             WARMUP_GROUP)}),
-            Selector(ORACLE_ROW, {**ORACLE, **COMPUTE,
-                                  "init_from": lambda path: _started_from(path, "pathfinder32")}),
+                                     "init_from": _started_from(WARMUP_GROUP)}),
+            Selector(ORACLE_ROW, {**ORACLE, **COMPUTE, "init_from": _started_from("pathfinder32")}),
             Selector(SIGMA1_FT_ROW, {**FINETUNE_DSA, **SIGMA1, **COMPUTE,
-                                     "init_from": lambda path: _started_from(path,
-                                                                             SIGMA1_FIT_GROUP)})],
+                                     "init_from": _started_from(SIGMA1_FIT_GROUP)})],
       paper_source="" if tiny else PAPER_SOURCE,
       columns=[Selector("Pathfinder-32", {"task": "pathfinder"})])
