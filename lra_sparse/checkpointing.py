@@ -4,7 +4,8 @@ that fall back past unusable checkpoints.
 - ``run_lock``: one run at a time trains in a workdir (with several processes, process 0 holds
   the lock for all of them);
 - ``sigint_after`` / ``sigint_deferred``: a checkpoint save that Ctrl-C lands in finishes
-  first; ``interrupts_latched``: a Ctrl-C that Python swallowed still stops training;
+  first; ``interrupts_latched``: a Ctrl-C that Python swallowed still stops training, and
+  one that follows it (a sweep forwards its own Ctrl-C to its trainers) cuts nothing;
   ``save_on_interrupt`` then checkpoints the step the interrupted run reached;
 - ``restore_newest_readable``: the newest checkpoint that restores with finite parameters,
   unusable newer ones moved aside to ``corrupt_checkpoints/``; ``load_params_from`` the
@@ -88,6 +89,12 @@ _interrupt_latched = threading.Event()
 
 
 def _latching_int_handler(signum, frame):
+  # Once latched the run is already stopping: a further Ctrl-C (the sweep's forwarded copy of
+  # the one that stopped it, milliseconds later) raises nothing, since a KeyboardInterrupt
+  # landing between the trainer's ``except KeyboardInterrupt`` and its ``sigint_deferred``
+  # escaped the interrupt's own save (a Pathfinder-32 run lost 950 steps that way).
+  if _interrupt_latched.is_set():
+    return
   _interrupt_latched.set()
   signal.default_int_handler(signum, frame)     # KeyboardInterrupt, where the signal lands
 
@@ -99,7 +106,8 @@ def interrupts_latched():
   Python swallows an exception raised inside a gc callback, a ``__del__`` or a weakref
   finaliser ("Exception ignored in ..."): a Ctrl-C that lands there (seen in jax's
   ``_xla_gc_callback``) would leave the run training on until its sweep killed it, losing
-  every step since the last checkpoint. Only where Python's own handler is installed (the
+  every step since the last checkpoint. A Ctrl-C after the latched one raises nothing: the
+  run is stopping and saving already. Only where Python's own handler is installed (the
   main thread of a trainer); elsewhere nothing changes."""
   _interrupt_latched.clear()
   if (threading.current_thread() is not threading.main_thread()
@@ -138,6 +146,8 @@ def sigint_after():
   finally:
     signal.signal(signal.SIGINT, previous)
   if caught:
+    if previous is _latching_int_handler:
+      _interrupt_latched.set()     # as if it had landed there: a further Ctrl-C is ignored
     raise KeyboardInterrupt
 
 

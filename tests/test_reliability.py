@@ -185,6 +185,48 @@ def test_ctrl_c_inside_a_train_step_call_still_checkpoints_the_step_reached(
   assert result["step"] == 30
 
 
+def test_a_second_ctrl_c_as_the_first_is_handled_cuts_nothing(
+    tmp_path, tiny_config, monkeypatch, request):
+  """A sweep forwards its own Ctrl-C to its trainers, so at a device call's deadline a trainer
+  gets two, milliseconds apart. The second used to raise a new KeyboardInterrupt where it
+  landed; landing as the trainer entered its interrupt handler, before that handler ignored
+  SIGINT, it escaped the save ("interrupted" and nothing saved: a Pathfinder-32 run lost 950
+  steps). Here the first lands inside a train step's call, the second just as the handler
+  starts; the step reached is still saved, and the run resumes from it."""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal
+  request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
+  real_in_mesh, real_deferred, calls = train.in_mesh, train.sigint_deferred, []
+
+  def in_mesh(step, mesh):
+    real = real_in_mesh(step, mesh)
+
+    def call(*args):
+      out = real(*args)
+      if len(args) == 3:                   # the train step (state, batch, rng)
+        calls.append(1)
+        if len(calls) == 7:
+          os.kill(os.getpid(), signal.SIGINT)   # the first Ctrl-C, inside the call
+      return out
+    return call
+
+  def deferred_after_a_second_ctrl_c():
+    os.kill(os.getpid(), signal.SIGINT)    # the forwarded copy, as the handler starts
+    for _ in range(10_000):                # the handler runs at a bytecode boundary: in here
+      pass
+    return real_deferred()
+  monkeypatch.setattr(train, "in_mesh", in_mesh)
+  monkeypatch.setattr(train, "sigint_deferred", deferred_after_a_second_ctrl_c)
+  workdir = tmp_path / "run"
+  with pytest.raises((TrainingInterrupted, KeyboardInterrupt)) as stopped:
+    _run(tiny_config, workdir, checkpoint_every_steps=100, log_every_steps=5)
+  assert stopped.type is TrainingInterrupted, "the second Ctrl-C escaped the save"
+  assert "interrupted at step 7; saved a checkpoint at step 7;" in str(stopped.value)
+  assert _steps(workdir) == [7]
+  monkeypatch.undo()
+  result = _run(tiny_config, workdir, checkpoint_every_steps=100, log_every_steps=5)
+  assert result["step"] == 30
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed one
 def test_ctrl_c_swallowed_by_a_gc_callback_still_stops_the_run_at_the_next_step(
     tmp_path, tiny_config, monkeypatch, request):
