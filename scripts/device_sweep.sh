@@ -16,8 +16,9 @@
 #              when missing), e.g. the Pathfinder-32 generator for experiments/specs/lra_pixels.py.
 #   CARRY_IN   a directory holding the pI/ folders of an earlier call's $OUT (carry parts):
 #              each is unpacked into ROOT.pI first, so runs resume from their checkpoints on a
-#              fresh machine (runs longer than one call: copy $OUT's pI/ folders into a
-#              carried, git-ignored directory such as .carry/). A run already at or past the
+#              fresh machine (runs longer than one call: copy $OUT's pI/ folders into
+#              experiments/carry/NAME/ and commit them, since a new session starts from a
+#              fresh clone; experiments/carry/README.md). A run already at or past the
 #              carried checkpoint (a later call on the same machine) keeps its own copy.
 #   RETURN_CHECKPOINTS  0: no carry parts (runs that finish on one machine, or checkpoints
 #              too large to come back); default 1.

@@ -14,7 +14,7 @@ slices whose checkpoints (a few MB: the model is small) come back and are carrie
 call: one run per GPU of a 4-GPU machine,
 
   PREPARE="python -m lra_sparse.data.prepare --task=pathfinder --data_dir=data --offline" \\
-  GPUS=0,1,3,2 CARRY_IN=.carry/pathfinder32 bash scripts/device_sweep.sh \\
+  GPUS=0,1,3,2 CARRY_IN=experiments/carry/pathfinder32 bash scripts/device_sweep.sh \\
       experiments/specs/pathfinder32.py:all /tmp/pf 520 \\
       '^pathfinder32(-ft|-predictor|-ft-fitted)?__.*__(dense|dsa90-ft|dsa-predictor)__seed=0$' \\
       '__dfss2-4__seed=[01]$|^pathfinder32-lra-model__.*__seed=0$' '__dsa90__seed=0$' \\
@@ -24,7 +24,8 @@ call: one run per GPU of a 4-GPU machine,
 slot starts the ready run with the most work on its chain first, so name a cheaper run beside
 an unfinished one only once that one is done, and a run beside the one it depends on, as the
 DSA fine-tune beside its dense run: a root holds its own runs only; then copy $OUT's pI/
-folders into .carry/pathfinder32/ for the next call), and the table
+folders into experiments/carry/pathfinder32/ and commit them for the next call or session;
+experiments/carry/README.md lists the runs each part holds now), and the table
 
   python -m lra_sparse.tables --root=ROOT --spec=experiments/specs/pathfinder32.py \\
       --curves=experiments/results/pathfinder32_curves.png

@@ -18,7 +18,7 @@ replaces its local copy. Resuming from the unpacked root then continues each run
 the packed one stopped (``tests/test_reliability.py::test_a_carried_run_resumes_bit_identically``).
 
   python -m lra_sparse.sweep.carry --pack --root=runs/pf --parts_dir=$OUT
-  python -m lra_sparse.sweep.carry --unpack --root=runs/pf --parts_dir=.carry
+  python -m lra_sparse.sweep.carry --unpack --root=runs/pf --parts_dir=experiments/carry/pf/p0
 """
 from __future__ import annotations
 
