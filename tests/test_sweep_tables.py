@@ -1548,7 +1548,8 @@ def test_dsa_listops_finetunes_each_seeds_dense_run_no_harder_than_it_ended(tmp_
                                                                            monkeypatch):
   """experiments/specs/dsa_listops.py: every DSA run fine-tunes the dense run of its seed,
   and its learning rate peaks (at the end of its warmup) at the dense run's last-step rate;
-  the untrained-predictor rows have Eq. 6 weight 0; table2 crosses sigma with precision."""
+  the untrained-predictor rows have Eq. 6 weight 0; table2 crosses sigma with precision; both
+  train with the predictor-only update."""
   monkeypatch.chdir(REPO)
   from lra_sparse.train import rsqrt_schedule  # pylint: disable=import-outside-toplevel
   runs = {run.name: run for run in _spec_runs("experiments/specs/dsa_listops.py",
@@ -1571,6 +1572,10 @@ def test_dsa_listops_finetunes_each_seeds_dense_run_no_harder_than_it_ended(tmp_
     assert (o["attention.dsa.mse_weight"] == 0.0) == run.name.endswith("-random__seed="
                                                                        f"{o['seed']}")
   table2 = _spec_runs("experiments/specs/dsa_listops.py:table2", tmp_path / "t2")
+  # The update the :mse preset chose: L_MSE trains the predictor alone, X kept out.
+  for run in finetunes + [r for r in table2 if r.depends_on]:
+    assert (run.overrides["attention.dsa.mse_gradient"],
+            run.overrides["attention.dsa.mse_input_gradient"]) == ("predictor", False), run.name
   grid = {(r.overrides["attention.dsa.sigma"], r.overrides["attention.dsa.quant_bits"])
           for r in table2 if r.depends_on}
   assert len(grid) == 20 and {q for _, q in grid} == {0, 2, 4, 8}
