@@ -85,7 +85,12 @@ ADDED_FIELDS = (
     ("optim.trainable", "", None),
     ("attention.dsa.selection_scores", "predictor", None),
     ("attention.dsa.mse_input_gradient", True, None),
+    ("deterministic", False, None),
 ) + tuple((key, value, None) for key, value in EARLIER_MODEL.items())
+
+
+# What ``config.deterministic`` needs in XLA_FLAGS before JAX starts its backend.
+DETERMINISTIC_XLA_FLAG = "--xla_gpu_deterministic_ops=true"
 
 
 def get_base_config() -> ml_collections.ConfigDict:
@@ -168,6 +173,14 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.denoise.mask_rate = 0.15
   config.denoise.mask_share = 0.8
   config.denoise.random_share = 0.1
+
+  # True: a rerun of the same config on the same machine and software repeats the run bit for
+  # bit. On a GPU, sums with atomics add in no fixed order, so by default a rerun differs from
+  # the first logged step (ListOps reruns ended up to 0.75 points apart). This sets XLA's
+  # deterministic ops (DETERMINISTIC_XLA_FLAG in XLA_FLAGS, which lra_sparse.main sets before
+  # JAX starts; a run started from Python must have it set already) and the attention kernels'
+  # backward without atomics (every kind's ``deterministic_kernels``). Slower.
+  config.deterministic = False
 
   config.batch_size = 32
   config.num_train_steps = 5000
@@ -314,13 +327,16 @@ def check_override_keys(config: ml_collections.ConfigDict, keys, where: str = ""
 
 def run_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The config a run uses and records: ``attention`` holds ``kind`` and that kind's block
-  only (checked by the kind's config class); everything else as given."""
+  only (checked by the kind's config class), with ``deterministic_kernels`` on where
+  ``config.deterministic`` asks for it; everything else as given."""
   attention = parse_attention_config(config.attention)   # checks kind and its fields
   resolved = ml_collections.ConfigDict(config.to_dict())
   kind = attention.KIND
   pruned = ml_collections.ConfigDict()
   pruned.kind = kind
   pruned[kind] = resolved.attention[kind]
+  if config.get("deterministic") and "deterministic_kernels" in pruned[kind]:
+    pruned[kind].deterministic_kernels = True
   resolved.attention = pruned
   return resolved
 

@@ -99,6 +99,8 @@ def main(argv):
   if not FLAGS["verbosity"].present:
     # Library INFO chatter (orbax, absl) drowns the progress bar; --verbosity=0 brings it back.
     logging.set_verbosity(logging.WARNING)
+  if FLAGS.config.get("deterministic") is True:
+    train.enable_deterministic_xla()       # before JAX starts its backend, just below
   # Before any other use of JAX: join the run's other processes, if there are any.
   distributed.initialize(distributed.decide(FLAGS.coordinator_address, FLAGS.num_processes,
                                             FLAGS.process_id))

@@ -343,6 +343,22 @@ def validate_config(config) -> None:
                      "traced")
   metric_writers.check_config(config)
   objectives_lib.check_config(config)
+  if not isinstance(config.deterministic, bool):
+    raise ValueError(f"config.deterministic={config.deterministic!r} must be True or False")
+  if config.deterministic and config_lib.DETERMINISTIC_XLA_FLAG not in os.environ.get(
+      "XLA_FLAGS", "").split():
+    raise ValueError(
+        f"config.deterministic=True needs XLA_FLAGS to hold {config_lib.DETERMINISTIC_XLA_FLAG} "
+        "before JAX starts (python -m lra_sparse.main sets it; from Python, set it before "
+        "importing jax)")
+
+
+def enable_deterministic_xla() -> None:
+  """Adds DETERMINISTIC_XLA_FLAG to XLA_FLAGS; effective only before JAX starts its backend
+  (``lra_sparse.main`` calls it before any device is used)."""
+  words = os.environ.get("XLA_FLAGS", "").split()
+  if config_lib.DETERMINISTIC_XLA_FLAG not in words:
+    os.environ["XLA_FLAGS"] = " ".join(words + [config_lib.DETERMINISTIC_XLA_FLAG])
 
 
 def _load_splits(config, spec) -> dict[str, dict[str, np.ndarray]]:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lra_sparse import config as config_lib
 from lra_sparse import train
 from lra_sparse.data import pipeline
 
@@ -99,6 +100,7 @@ import json
 import jax
 import jax.numpy as jnp
 from conftest import make_tiny_config
+from lra_sparse import config as config_lib
 from lra_sparse import train
 config = make_tiny_config(num_train_steps=6, log_every_steps=1, eval_every_steps=6,
                           checkpoint_every_steps=6)
@@ -406,3 +408,59 @@ def test_resuming_a_run_recorded_before_a_new_default_keeps_its_old_behaviour(tm
     train.check_resume_config(old, config, str(tmp_path))
   config.attention.dsa.mse_normalization = "scaled_mean"
   assert train.check_resume_config(old, config, str(tmp_path)) == []
+
+
+def test_deterministic_runs_set_xla_flags_and_every_kernel_backward_without_atomics(
+    tmp_path, tiny_config, listops_dir, monkeypatch):
+  """config.deterministic: main puts XLA's deterministic ops into XLA_FLAGS before JAX starts
+  (the subprocess has no XLA_FLAGS of its own, and the trainer refuses the run without them),
+  and every kind with a ``deterministic_kernels`` field records it on; started from Python
+  without the flag, the run is refused in one line."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.run(
+      [sys.executable, "-m", "lra_sparse.main", "--config=configs/listops.py:tiny",
+       f"--workdir={tmp_path / 'run'}", "--config.deterministic=True",
+       f"--config.data.data_dir={listops_dir}", "--config.data.max_length=128",
+       "--config.num_train_steps=2", "--config.eval_every_steps=2",
+       "--config.checkpoint_every_steps=2", "--config.log_every_steps=1",
+       "--config.num_eval_batches=1", "--config.batch_size=8"],
+      cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  config = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert config["deterministic"] is True
+  assert config["attention"]["dense"]["deterministic_kernels"] is True
+
+  for kind in ("dense", "dfss", "dsa"):
+    resolved = config_lib.run_config(tiny_config(**{"attention.kind": kind,
+                                                     "deterministic": True}))
+    assert resolved.attention[kind].deterministic_kernels is True, kind
+    assert config_lib.run_config(tiny_config(**{"attention.kind": kind})).attention[
+        kind].deterministic_kernels is False, kind
+  nystrom = config_lib.run_config(tiny_config(**{"attention.kind": "nystrom",
+                                                 "deterministic": True}))
+  assert "deterministic_kernels" not in nystrom.attention.nystrom
+
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  with pytest.raises(ValueError, match="config.deterministic=True needs XLA_FLAGS to hold "
+                                       "--xla_gpu_deterministic_ops=true before JAX starts"):
+    train.train_and_evaluate(tiny_config(deterministic=True), str(tmp_path / "python"))
+  assert not (tmp_path / "python" / "config.json").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["dense", "dfss", "dsa", "nystrom"])
+def test_deterministic_gpu_reruns_repeat_bit_for_bit(tmp_path, listops_dir, kind):
+  """On a GPU a rerun of one config differs from the first logged step (unordered atomic
+  sums); with config.deterministic the two runs' logs match bit for bit (bf16, so each kind
+  trains on its fused kernels where it has them)."""
+  records = []
+  for name in ("first", "second"):
+    proc = _main(tmp_path, f"--config.attention.kind={kind}", "--config.deterministic=True",
+                 "--config.model.dtype=bfloat16", f"--config.data.data_dir={listops_dir}",
+                 "--config.num_train_steps=20", "--config.eval_every_steps=10",
+                 "--config.checkpoint_every_steps=20", "--config.log_every_steps=5",
+                 workdir=name)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records.append([{k: v for k, v in r.items() if k not in ("time", "steps_per_sec")}
+                    for r in _read_metrics(tmp_path / name)])
+  assert len(records[0]) > 4 and records[0] == records[1]
