@@ -97,7 +97,9 @@ PREDICTOR_ONLY = {"attention.dsa.mse_gradient": "predictor",
 # (26.15 +- 7.68) and two without it (29.80 +- 4.27). The loss is still the paper's joint
 # loss; only where L_MSE's gradient goes differs (the paper does not say). Its weight then
 # scales only W~'s gradient, which Adam normalises: 1.0, as those runs had it. The "weight"
-# and "granularity" presets ran the joint update at MSE_WEIGHT and keep it.
+# and "granularity" presets ran the joint update at MSE_WEIGHT and keep it. Untested: the
+# joint update at weights below the "weight" grid (1e-12..1e-8, where the task loss would
+# drive q and k again), the paper's literal reading.
 UPDATE = {**PREDICTOR_ONLY, "attention.dsa.mse_weight": 1.0}
 UNTRAINED = {**PREDICTOR_ONLY, "attention.dsa.mse_weight": 0.0}
 DSA = {"attention.kind": "dsa", "attention.dsa.sigma": 0.25, "attention.dsa.quant_bits": 0,
