@@ -74,6 +74,8 @@ _DSA_MSE_ROWS = {
     "Dense (the base runs)": r"dense__listops-stable__seed=\d+",
     "Predictor warm-up (500 steps on dense attention)": r"warm__listops-stable__seed=\d+",
     "DSA-90, joint update (Eq. 6 weight 1e-06)": r"dsa__listops-stable__dsa90-joint__seed=\d+",
+    **{f"DSA-90, joint update (Eq. 6 weight {w})":
+       rf"dsa__listops-stable__dsa90-joint-w{w}__seed=\d+" for w in ("1e-12", "1e-10", "1e-08")},
     "DSA-90, joint update, L_MSE kept from the block input X":
         r"dsa__listops-stable__dsa90-joint-no-x-grad__seed=\d+",
     "DSA-90, predictor-only L_MSE": r"dsa__listops-stable__dsa90-predictor__seed=\d+",

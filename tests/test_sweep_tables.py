@@ -1623,7 +1623,10 @@ def test_dsa_listops_mse_preset_warms_the_predictor_on_dense_attention_first(tmp
             o["num_train_steps"]) == (dense[seed], 0.0, "predictor", 500)
     assert o["attention.dsa.mse_input_gradient"] is False
   finetunes = [r for r in runs if r.name.startswith("dsa__")]
-  assert len(finetunes) == 15 and len(by_name) == 21
+  assert len(finetunes) == 24 and len(by_name) == 30
+  joint_weights = sorted(r.overrides["attention.dsa.mse_weight"] for r in finetunes
+                         if "joint" in r.name and "no-x-grad" not in r.name)
+  assert joint_weights == sorted([1e-12] * 3 + [1e-10] * 3 + [1e-8] * 3 + [1e-6] * 3)
   predictor = next(r for r in finetunes if "__dsa90-predictor__" in r.name)
   runs = [*runs, dataclasses.replace(predictor, name="leaky", overrides={
       **predictor.overrides, "attention.dsa.mse_input_gradient": True})]
@@ -1637,8 +1640,8 @@ def test_dsa_listops_mse_preset_warms_the_predictor_on_dense_attention_first(tmp
       warmed = run.name.endswith(f"warm__seed={seed}")
       assert config["init_from"] == (warm[seed].workdir if warmed else dense[seed])
       assert (config["attention.dsa.mse_gradient"] == "joint") == ("joint" in run.name)
-      assert config["attention.dsa.mse_input_gradient"] == run.name.startswith(
-          "dsa__listops-stable__dsa90-joint__")
+      assert config["attention.dsa.mse_input_gradient"] == (
+          "__dsa90-joint" in run.name and "no-x-grad" not in run.name)
     for preset, table in tables_by_preset.items():
       hits = [row.label for row in table.rows
               if all(m(config.get(k)) if callable(m) else config.get(k) == m
