@@ -153,14 +153,8 @@ def test_non_finite_weights_are_never_checkpointed(tmp_path, tiny_config, monkey
   np.testing.assert_allclose(result["test"]["loss"], reference["test"]["loss"], rtol=1e-5)
 
 
-def test_ctrl_c_inside_a_train_step_call_still_checkpoints_the_step_reached(
-    tmp_path, tiny_config, monkeypatch, request):
-  """The train step donates its input state: a Ctrl-C delivered inside the call (where the
-  loop spends its time once the device queue is full) used to land after the input was
-  consumed and before the output was bound, so nothing could be saved and every step since
-  the last checkpoint was lost (a Pathfinder-32 fine-tune lost 1,074 steps that way)."""
-  previous = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal
-  request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
+def _ctrl_c_inside_train_step_call(monkeypatch, number: int):
+  """A Ctrl-C inside the ``number``-th train step's call, before it returns."""
   real_in_mesh, calls = train.in_mesh, []
 
   def in_mesh(step, mesh):
@@ -170,11 +164,22 @@ def test_ctrl_c_inside_a_train_step_call_still_checkpoints_the_step_reached(
       out = real(*args)
       if len(args) == 3:                   # the train step (state, batch, rng)
         calls.append(1)
-        if len(calls) == 7:
-          os.kill(os.getpid(), signal.SIGINT)   # Ctrl-C before the call returns
+        if len(calls) == number:
+          os.kill(os.getpid(), signal.SIGINT)
       return out
     return call
   monkeypatch.setattr(train, "in_mesh", in_mesh)
+
+
+def test_ctrl_c_inside_a_train_step_call_still_checkpoints_the_step_reached(
+    tmp_path, tiny_config, monkeypatch, request):
+  """The train step donates its input state: a Ctrl-C delivered inside the call (where the
+  loop spends its time once the device queue is full) used to land after the input was
+  consumed and before the output was bound, so nothing could be saved and every step since
+  the last checkpoint was lost (a Pathfinder-32 fine-tune lost 1,074 steps that way)."""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal
+  request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
+  _ctrl_c_inside_train_step_call(monkeypatch, 7)
   workdir = tmp_path / "run"
   with pytest.raises(TrainingInterrupted, match="interrupted at step 7; saved a checkpoint at "
                                                 "step 7;"):
@@ -195,26 +200,14 @@ def test_a_second_ctrl_c_as_the_first_is_handled_cuts_nothing(
   starts; the step reached is still saved, and the run resumes from it."""
   previous = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal
   request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
-  real_in_mesh, real_deferred, calls = train.in_mesh, train.sigint_deferred, []
-
-  def in_mesh(step, mesh):
-    real = real_in_mesh(step, mesh)
-
-    def call(*args):
-      out = real(*args)
-      if len(args) == 3:                   # the train step (state, batch, rng)
-        calls.append(1)
-        if len(calls) == 7:
-          os.kill(os.getpid(), signal.SIGINT)   # the first Ctrl-C, inside the call
-      return out
-    return call
+  real_deferred = train.sigint_deferred
+  _ctrl_c_inside_train_step_call(monkeypatch, 7)      # the first Ctrl-C
 
   def deferred_after_a_second_ctrl_c():
     os.kill(os.getpid(), signal.SIGINT)    # the forwarded copy, as the handler starts
     for _ in range(10_000):                # the handler runs at a bytecode boundary: in here
       pass
     return real_deferred()
-  monkeypatch.setattr(train, "in_mesh", in_mesh)
   monkeypatch.setattr(train, "sigint_deferred", deferred_after_a_second_ctrl_c)
   workdir = tmp_path / "run"
   with pytest.raises((TrainingInterrupted, KeyboardInterrupt)) as stopped:
