@@ -1151,8 +1151,10 @@ def test_configs_written_before_later_fields_read_with_the_behaviour_they_ran():
              "optim": {"trainable": "predictor_"},
              "profile_steps": "3:5", "eval_train_mode": True,
              "wandb": {"project": "p", "entity": ""}, "objective": "denoise",
-             "denoise": {"mask_rate": 0.3, "mask_share": 1.0, "random_share": 0.0}}
+             "denoise": {"mask_rate": 0.3, "mask_share": 1.0, "random_share": 0.0},
+             "deterministic": True}
   assert config_lib.upgrade_legacy_config(current) == current
+  assert new["listops"]["deterministic"] is False     # before the option: GPU atomics
   # Runs from before self-pretraining classified, with no mask token.
   assert new["listops"]["objective"] == "classify"
   assert new["listops"]["model.mask_token"] is False
