@@ -89,10 +89,6 @@ ADDED_FIELDS = (
 ) + tuple((key, value, None) for key, value in EARLIER_MODEL.items())
 
 
-# What ``config.deterministic`` needs in XLA_FLAGS before JAX starts its backend.
-DETERMINISTIC_XLA_FLAG = "--xla_gpu_deterministic_ops=true"
-
-
 def get_base_config() -> ml_collections.ConfigDict:
   """Shared defaults for every LRA task (google-research/long-range-arena, transformer_base)."""
   config = ml_collections.ConfigDict()
@@ -177,9 +173,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   # True: a rerun of the same config on the same machine and software repeats the run bit for
   # bit. On a GPU, sums with atomics add in no fixed order, so by default a rerun differs from
   # the first logged step (ListOps reruns ended up to 0.75 points apart). This sets XLA's
-  # deterministic ops (DETERMINISTIC_XLA_FLAG in XLA_FLAGS, which lra_sparse.main sets before
-  # JAX starts; a run started from Python must have it set already) and the attention kernels'
-  # backward without atomics (every kind's ``deterministic_kernels``). Slower.
+  # deterministic ops (train.DETERMINISTIC_XLA_FLAG in XLA_FLAGS, which lra_sparse.main sets
+  # before JAX starts; a run started from Python must have it set already) and the attention
+  # kernels' backward without atomics (every kind's ``deterministic_kernels``). Slower.
   config.deterministic = False
 
   config.batch_size = 32

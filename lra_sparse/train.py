@@ -315,6 +315,10 @@ def make_model(config, spec: TaskSpec) -> nn.Module:
                      padding_at_end=spec.padding_at_end)
 
 
+# What ``config.deterministic`` needs in XLA_FLAGS before JAX starts its backend.
+DETERMINISTIC_XLA_FLAG = "--xla_gpu_deterministic_ops=true"
+
+
 def validate_config(config) -> None:
   """Checks of the run-level fields, before any data is read or anything compiles."""
   flat = config_lib.flatten_config(config.to_dict())
@@ -345,10 +349,10 @@ def validate_config(config) -> None:
   objectives_lib.check_config(config)
   if not isinstance(config.deterministic, bool):
     raise ValueError(f"config.deterministic={config.deterministic!r} must be True or False")
-  if config.deterministic and config_lib.DETERMINISTIC_XLA_FLAG not in os.environ.get(
+  if config.deterministic and DETERMINISTIC_XLA_FLAG not in os.environ.get(
       "XLA_FLAGS", "").split():
     raise ValueError(
-        f"config.deterministic=True needs XLA_FLAGS to hold {config_lib.DETERMINISTIC_XLA_FLAG} "
+        f"config.deterministic=True needs XLA_FLAGS to hold {DETERMINISTIC_XLA_FLAG} "
         "before JAX starts (python -m lra_sparse.main sets it; from Python, set it before "
         "importing jax)")
 
@@ -357,8 +361,8 @@ def enable_deterministic_xla() -> None:
   """Adds DETERMINISTIC_XLA_FLAG to XLA_FLAGS; effective only before JAX starts its backend
   (``lra_sparse.main`` calls it before any device is used)."""
   words = os.environ.get("XLA_FLAGS", "").split()
-  if config_lib.DETERMINISTIC_XLA_FLAG not in words:
-    os.environ["XLA_FLAGS"] = " ".join(words + [config_lib.DETERMINISTIC_XLA_FLAG])
+  if DETERMINISTIC_XLA_FLAG not in words:
+    os.environ["XLA_FLAGS"] = " ".join(words + [DETERMINISTIC_XLA_FLAG])
 
 
 def _load_splits(config, spec) -> dict[str, dict[str, np.ndarray]]:

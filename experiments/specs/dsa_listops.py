@@ -29,20 +29,20 @@ Presets:
     predicted score of the block pair), with MSE_WEIGHT, 3 seeds: what block granularity, the
     structure tile-skipping kernels need, costs in accuracy (the runs also log the predictor's
     hit rate and, for blocks, the share of real pairs kept).
-  "mse": how L_MSE should reach the model, DSA-90, 3 seeds (it chose UPDATE, below). The weight preset showed that
-    neither the predictor's hit rate nor the cross-entropy moves with the Eq. 6 weight (Adam):
-    in the joint update Eq. 6 (10^6 x the cross-entropy at the start even at weight 1e-6)
-    pulls the model towards a fresh, random predictor at every weight. Rows: the joint
-    update at MSE_WEIGHT, as autodiff of the joint loss has it (L_MSE's gradient reaches q/k
-    through S and every layer below through the predictor's input X), the same at the
-    JOINT_SMALL_WEIGHTS, and with X kept out (``attention.dsa.mse_input_gradient=False``);
-    the predictor-only update (PREDICTOR_ONLY:
-    S a fixed target, X without gradient, so only W~ learns from L_MSE); the predictor-only
-    update after WARM_STEPS of a predictor warm-up on dense attention (a "warm" stage from the
-    dense run: DSA at sparsity 0, predictor-only, so the first sparse step selects with a
-    trained predictor), fine and 64 x 64 block selection. The warm rows train WARM_STEPS more
-    steps in all. The first run of this preset (``dsa_listops_mse_input_leak/``) ran before
-    ``mse_input_gradient`` existed: its "predictor-only" runs let L_MSE reach X.
+  "mse": how L_MSE should reach the model, DSA-90, 3 seeds (it chose UPDATE, below). The weight
+    preset showed that neither the predictor's hit rate nor the cross-entropy moves with the
+    Eq. 6 weight (Adam): in the joint update Eq. 6 (10^6 x the cross-entropy at the start even at
+    weight 1e-6) pulls the model towards a fresh, random predictor at every weight. Rows: the
+    joint update at MSE_WEIGHT, as autodiff of the joint loss has it (L_MSE's gradient reaches
+    q/k through S and every layer below through the predictor's input X), the same at the
+    JOINT_SMALL_WEIGHTS, and with X kept out (``attention.dsa.mse_input_gradient=False``); the
+    predictor-only update (PREDICTOR_ONLY: S a fixed target, X without gradient, so only W~
+    learns from L_MSE); the predictor-only update after WARM_STEPS of a predictor warm-up on
+    dense attention (a "warm" stage from the dense run: DSA at sparsity 0, predictor-only, so
+    the first sparse step selects with a trained predictor), fine and 64 x 64 block selection.
+    The warm rows train WARM_STEPS more steps in all. The first run of this preset
+    (``dsa_listops_mse_input_leak/``) ran before ``mse_input_gradient`` existed: its
+    "predictor-only" runs let L_MSE reach X.
   "best_val", "weight_best_val", "table2_best_val", "granularity_best_val", "mse_best_val": the
     same runs, test at the best validation step.
   "granularity_hit_rate": the granularity runs' predictor hit rate on the validation split at
