@@ -1652,6 +1652,53 @@ def test_dsa_listops_mse_preset_warms_the_predictor_on_dense_attention_first(tmp
       assert len(hits) == expected, (preset, run.name, hits)
 
 
+def test_dsa_listops_sparsity_table2_shares_one_set_of_dense_bases(tmp_path, monkeypatch):
+  """dsa_listops.py:sparsity_table2: one set of dense bases, then the sparsity preset's runs
+  (config for config) and table2's grid less the cell equal to DSA-90; on its root each
+  fine-tune fills exactly one cell of each table it belongs to (DSA-90 one of each), and the
+  preset has no table of its own."""
+  monkeypatch.chdir(REPO)
+  runs = _spec_runs("experiments/specs/dsa_listops.py:sparsity_table2", tmp_path / "st")
+  dense = [r for r in runs if not r.depends_on]
+  assert sorted(r.overrides["seed"] for r in dense) == [0, 1, 2]
+  by_name = {r.name: r.overrides for r in runs}
+  sparsity = {r.name: r.overrides for r in _spec_runs("experiments/specs/dsa_listops.py",
+                                                      tmp_path / "s")}
+  strip = lambda o: {k: v for k, v in o.items() if k != "init_from"}  # noqa: E731
+  for name, overrides in sparsity.items():
+    assert strip(by_name[name]) == strip(overrides), name
+  table2 = {r.name: r.overrides for r in _spec_runs("experiments/specs/dsa_listops.py:table2",
+                                                    tmp_path / "t")}
+  extra = set(by_name) - set(sparsity)
+  assert extra == set(table2) - {f"dsa__listops-stable__sigma0.25-FP32__seed={s}"
+                                 for s in (0, 1, 2)} - set(sparsity)
+  assert len(runs) == 3 + 18 + 57
+  for name in extra:
+    assert strip(by_name[name]) == strip(table2[name]), name
+  spec_tables = {p: tables.load_table(f"experiments/specs/dsa_listops.py{p}")
+                 for p in ("", ":table2")}
+  for run in runs:
+    config = {"task": "listops", "attention.dsa.granularity": "fine", "init_from": "",
+              **run.overrides}
+    if run.depends_on:
+      config["init_from"] = "runs/dense"
+    cells = {}
+    for preset, table in spec_tables.items():
+      cells[preset] = [(row.label, column.label) for row in table.rows
+                       for column in table.columns
+                       for m_all in [{**row.match, **column.match}]
+                       if all(m(config.get(k)) if callable(m) else config.get(k) == m
+                              for k, m in m_all.items())]
+    o = run.overrides
+    in_table2 = (run.depends_on and o["attention.dsa.sparsity"] == 0.9
+                 and o["attention.dsa.mse_weight"] == 1.0)
+    in_sparsity = run.name in sparsity
+    assert len(cells[""]) == int(in_sparsity), (run.name, cells)
+    assert len(cells[":table2"]) == int(bool(in_table2)), (run.name, cells)
+  with pytest.raises(ValueError, match="sweep preset"):
+    tables.load_table("experiments/specs/dsa_listops.py:sparsity_table2")
+
+
 def test_dsa_weight_pick_accuracy_first_then_hit_rate_within_the_noise():
   """pick_mse_weight: the best mean validation accuracy wins outright when the others are more
   than VAL_NOISE under it; within VAL_NOISE the predictor's hit rate decides (ties: the

@@ -48,6 +48,14 @@ Presets:
   "granularity_hit_rate": the granularity runs' predictor hit rate on the validation split at
     the last step (the share of the keys each rule keeps that the same rule on the real scores
     keeps too).
+  "sparsity_table2": the sparsity and table2 presets in one sweep (a sweep preset only): one set
+    of dense bases, then the sparsity preset's 18 fine-tunes, then table2's grid less its sigma
+    0.25 / FP32 cell, which is the sparsity preset's DSA-90 config value for value. The dense
+    bases' checkpoints do not outlive a device machine and their reruns differ (GPU sums in no
+    fixed order), so fine-tunes belong in a table only beside the dense runs they started
+    from: this preset spends the dense bases once on both tables. Both tables build from its
+    root: ``--spec=experiments/specs/dsa_listops.py`` and ``...:table2`` (each run fills one
+    cell of one table, DSA-90 one of each).
   "tiny": the sparsity preset at DSA-90 only, one seed, on ``make demo``'s ListOps (a CPU).
 Until the "weight" preset has run, MSE_WEIGHT is a placeholder and the tables' titles say so
 (MSE_WEIGHT_MEASURED).
@@ -69,7 +77,8 @@ SEEDS = (0, 1, 2)
 WEIGHT_SEEDS = (0, 1)
 PRESETS = ("", "best_val", "weight", "weight_best_val", "table2", "table2_best_val",
            "granularity", "granularity_best_val", "granularity_hit_rate", "mse", "mse_best_val",
-           "mse_hit_rate", "tiny")
+           "mse_hit_rate", "sparsity_table2", "tiny")
+SWEEP_ONLY = ("sparsity_table2",)
 GRANULARITY_SPARSITIES = (0.9, 0.95)
 BLOCK = {"attention.dsa.granularity": "block", "attention.dsa.block_size": 64}
 DENSE_CONFIG = "configs/listops.py:stable"
@@ -155,6 +164,13 @@ def _check(preset: str) -> str:
 
 
 def _variants(kind: str) -> list[Variant]:
+  if kind == "sparsity_table2":
+    # The group leaves sigma and precision to the variants (table2's), so the sparsity rows
+    # name DSA's own.
+    own = {key: DSA[key] for key in ("attention.dsa.sigma", "attention.dsa.quant_bits")}
+    sparsity = [Variant(v.label, {**own, **v.overrides}) for v in _variants("")]
+    same_as_dsa90 = f"sigma{DSA['attention.dsa.sigma']:g}-FP32"
+    return sparsity + [v for v in _variants("table2") if v.label != same_as_dsa90]
   if kind == "weight":
     return [Variant(f"w{w:g}", {"attention.dsa.sparsity": 0.9,
                                 "attention.dsa.mse_weight": w}) for w in WEIGHTS]
@@ -188,7 +204,8 @@ def _variants(kind: str) -> list[Variant]:
 
 def _fixed(kind: str) -> dict:
   """DSA's settings every fine-tune of the preset shares (table2's variants set the rest)."""
-  varied = ("attention.dsa.sigma", "attention.dsa.quant_bits") if kind == "table2" else ()
+  varied = (("attention.dsa.sigma", "attention.dsa.quant_bits")
+            if kind in ("table2", "sparsity_table2") else ())
   return {key: value for key, value in DSA.items() if key not in varied}
 
 
@@ -222,6 +239,10 @@ def _hit_rate_table(title: str, rows: list[Selector], columns: list[Selector],
 
 def get_table(preset: str = "") -> Table:
   kind = _check(preset)
+  if kind in SWEEP_ONLY:
+    raise ValueError(f"experiments/specs/dsa_listops.py:{preset} is a sweep preset with no "
+                     "table of its own: build its tables with the presets '' (sparsity) and "
+                     "'table2' on its root")
   best_val = preset.endswith("best_val")
   split = "test_at_best_val" if best_val else "test"
   placeholder = "" if MSE_WEIGHT_MEASURED else f" [Eq. 6 weight {MSE_WEIGHT:g}: not yet measured]"
@@ -243,7 +264,8 @@ def get_table(preset: str = "") -> Table:
                + placeholder),
         split=split,
         rows=[Selector(f"sigma {s:g}", {"attention.kind": "dsa", "attention.dsa.sigma": s,
-                                        **UPDATE, **finetuned}) for s in SIGMAS],
+                                        "attention.dsa.sparsity": 0.9, **UPDATE,
+                                        **finetuned}) for s in SIGMAS],
         columns=[Selector(name, {"task": "listops", "attention.dsa.quant_bits": bits})
                  for name, bits in PRECISIONS])
   if kind == "mse":
@@ -297,11 +319,13 @@ def get_table(preset: str = "") -> Table:
         split=split, rows=rows, columns=column)
   sparsities = (0.9,) if kind == "tiny" else SPARSITIES
   rows = [Selector("Dense (the base runs)", {"attention.kind": "dense"})]
+  # DSA's sigma and precision pinned: a root of "sparsity_table2" holds table2's grid too.
+  own = {**DSA, **finetuned}
   for s in sparsities:
     rows.append(Selector(f"DSA-{round(100 * s)}", {
-        "attention.kind": "dsa", "attention.dsa.sparsity": s, **UPDATE, **finetuned}))
+        **own, "attention.dsa.sparsity": s, **UPDATE}))
     rows.append(Selector(f"DSA-{round(100 * s)}, untrained predictor", {
-        "attention.kind": "dsa", "attention.dsa.sparsity": s, **UNTRAINED, **finetuned}))
+        **own, "attention.dsa.sparsity": s, **UNTRAINED}))
   return Table(
       title=("DSA fine-tuned from dense on ListOps by sparsity: test accuracy (%) "
              + ("at the best validation step" if best_val else "at the last step")
