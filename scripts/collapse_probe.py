@@ -1,0 +1,114 @@
+"""Where a classifier run that sits at chance has lost its input: per-stage spread across examples.
+
+  python -m scripts.collapse_probe --workdir=RUN [--workdir=RUN ...] [--data_dir=DIR]
+      [--split=val] [--num_examples=256]
+
+Rebuilds each run's model from its config.json, loads its newest checkpoint's parameters and
+runs the first ``num_examples`` of ``split`` (evaluation mode: no dropout). It prints, for the
+pooled encoder features, the classifier head's hidden layer (before its ReLU) and the logits,
+how much they vary across examples (the standard deviation over examples, averaged over
+features), and for the hidden layer how many units are positive for at least one example:
+a head whose hidden units are all at or below zero for every input (dead ReLUs) gives the
+same logits for every example, so no gradient reaches the encoder and the run stays where it
+is whatever its attention does.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+from absl import app, flags
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string("workdir", [], "A run directory (config.json and checkpoints/).")
+flags.DEFINE_string("data_dir", "", "The task's data directory (default: the run's own).")
+flags.DEFINE_string("split", "val", "The split whose first examples run.")
+flags.DEFINE_integer("num_examples", 256, "How many examples of the split run.")
+
+
+def _spread(x) -> float:
+  """The standard deviation over examples (axis 0), averaged over the other axes."""
+  return float(np.asarray(x, np.float64).std(axis=0).mean())
+
+
+def load_run(workdir: str, *, data_dir: str = "", split: str = "val",
+             num_examples: int = 256):
+  """(model, params, batch, targets, checkpoint step) of ``workdir``'s newest checkpoint on the
+  first ``num_examples`` of ``split``."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+
+  from lra_sparse import checkpointing  # pylint: disable=import-outside-toplevel
+  from lra_sparse import train  # pylint: disable=import-outside-toplevel
+  from lra_sparse import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  from lra_sparse.data import get_task  # pylint: disable=import-outside-toplevel
+
+  if not os.path.isfile(os.path.join(workdir, workdir_lib.CONFIG_FILE)):
+    raise FileNotFoundError(f"--workdir={workdir!r}: no {workdir_lib.CONFIG_FILE} there")
+  if num_examples < 2:
+    raise ValueError(f"--num_examples={num_examples}: a spread needs at least 2 examples")
+  config = ml_collections.ConfigDict(workdir_lib.read_config(workdir))
+  if data_dir:
+    config.data.data_dir = data_dir
+  task = get_task(config.task)
+  spec = task.spec(config)
+  model = train.make_model(config, spec)
+  arrays = task.load_split(config, split)
+  count = min(num_examples, len(arrays["targets"]))
+  batch = {name: jnp.asarray(arrays[name][:count]) for name in spec.input_names}
+  variables = jax.jit(lambda rng: model.init(rng, batch, deterministic=True))(
+      jax.random.key(0))
+  params, fresh, _ = checkpointing.load_params_from(workdir, variables["params"],
+                                                   what="--workdir")
+  if fresh:
+    raise ValueError(f"checkpoint in {workdir} lacks parameters {fresh[:5]}")
+  steps = [int(name) for name in os.listdir(os.path.join(workdir, "checkpoints"))
+           if name.isdigit()]
+  return model, params, batch, np.asarray(arrays["targets"][:count]), max(steps)
+
+
+def head_report(model, params, batch, targets) -> dict:
+  """The spreads across examples and the live hidden units of the classifier head (module
+  docstring), and the accuracy on ``targets``."""
+  logits, state = model.apply({"params": params}, batch, deterministic=True,
+                              capture_intermediates=True, mutable=["intermediates"])
+  captured = state["intermediates"]
+  head = captured.get("head", {})
+  if "Dense_0" not in head or "encoder" not in captured:
+    raise ValueError(f"the model has no encoder and classifier head with a hidden layer "
+                     f"(intermediates: {sorted(captured)})")
+  features = np.asarray(captured["encoder"]["__call__"][0], np.float64)
+  hidden = np.asarray(head["Dense_0"]["__call__"][0], np.float64)
+  logits = np.asarray(logits, np.float64)
+  return {"examples": int(len(targets)), "features_spread": _spread(features),
+          "hidden_spread": _spread(hidden), "hidden_units": int(hidden.shape[-1]),
+          "hidden_units_live": int((hidden > 0).any(axis=0).sum()),
+          "hidden_max": float(hidden.max()), "logits_spread": _spread(logits),
+          "accuracy": float((logits.argmax(-1) == targets).mean())}
+
+
+def probe(workdir: str, *, data_dir: str = "", split: str = "val",
+          num_examples: int = 256) -> dict:
+  """The report of one run (see the module docstring)."""
+  model, params, batch, targets, step = load_run(workdir, data_dir=data_dir, split=split,
+                                                 num_examples=num_examples)
+  return {"workdir": workdir, "checkpoint": step,
+          **head_report(model, params, batch, targets)}
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not FLAGS.workdir:
+    raise app.UsageError("give at least one --workdir")
+  for workdir in FLAGS.workdir:
+    print(json.dumps(probe(workdir, data_dir=FLAGS.data_dir, split=FLAGS.split,
+                           num_examples=FLAGS.num_examples)))
+
+
+if __name__ == "__main__":
+  app.run(main)
