@@ -255,7 +255,8 @@ def in_mesh(step, mesh: Mesh):
 def make_eval_step(model: nn.Module, *, train_mode: bool = False, objective=CLASSIFY):
   """Metric sums of one batch: loss, accuracy, the share of examples predicted as each class
   (``predicted_<c>``, the histogram a collapse to one class shows in; classification only)
-  and aux metrics. With ``train_mode`` the model runs as in training (dropout on, drawn from
+  and aux metrics, and per class the sums of the logits and of their squares, from which
+  ``evaluate`` reports ``logit_spread``. With ``train_mode`` the model runs as in training (dropout on, drawn from
   ``rng``): the diagnostic that tells a gap between training and evaluation mode from bad
   parameters. The denoising objective draws its corruption from ``rng`` (a fixed key per
   evaluation batch, so every evaluation scores the same corrupted positions)."""
@@ -271,27 +272,46 @@ def make_eval_step(model: nn.Module, *, train_mode: bool = False, objective=CLAS
     if objective.histogram:
       predicted = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1]) * weights[:, None]
       sums.update({f"predicted_{c}": total for c, total in enumerate(jnp.sum(predicted, 0))})
+      real = logits.astype(jnp.float32) * weights[:, None]
+      sums[LOGIT_SUMS] = jnp.sum(real, 0)
+      sums[LOGIT_SQUARES] = jnp.sum(real * logits.astype(jnp.float32), 0)
     # Aux metrics are batch means: weight them by the batch's real examples.
     sums.update({name: value * count for name, value in aux_metrics.items()})
     return sums
   return eval_step
 
 
+# eval_step's per-class logit sums (classification), which ``evaluate`` turns into
+# ``logit_spread``.
+LOGIT_SUMS, LOGIT_SQUARES = "logit_sums", "logit_squares"
+
+
 def evaluate(eval_step, params, model_state, arrays, batch_size, batch_sharding,
              max_batches: int = 0, rng=None) -> dict[str, float]:
   """Metric means over ``arrays`` (the first ``max_batches`` batches; 0 = all). With several
   processes each puts its rows of every batch on its devices; the sums are global. ``rng``:
-  for an ``eval_step`` in train mode (batch b draws its dropout from ``fold_in(rng, b)``)."""
-  totals: dict[str, float] = {}
+  for an ``eval_step`` in train mode (batch b draws its dropout from ``fold_in(rng, b)``).
+  Classification adds ``logit_spread``: the standard deviation of each class's logit over the
+  examples, averaged over classes. It is 0 (to float32 rounding) when the model gives every
+  input the same logits (e.g. a classifier head whose ReLU units are all dead), where no
+  gradient reaches the encoder any more."""
+  totals: dict[str, Any] = {}
   for b, (batch, weights) in enumerate(eval_batches(arrays, batch_size, max_batches)):
     batch = put_global_batch(batch, batch_sharding)
     weights = put_global_batch(weights, batch_sharding)
     extra = () if rng is None else (jax.random.fold_in(rng, b),)
     sums = jax.device_get(eval_step(params, model_state, batch, weights, *extra))
     for key, value in sums.items():
-      totals[key] = totals.get(key, 0.0) + float(value)
+      value = np.asarray(value, np.float64)
+      totals[key] = totals.get(key, 0.0) + (value if value.ndim else float(value))
   count = totals.pop("count")
-  return {key: value / count for key, value in totals.items()}
+  means = {key: value / count for key, value in totals.items()
+           if key not in (LOGIT_SUMS, LOGIT_SQUARES)}
+  if LOGIT_SUMS in totals:
+    mean = totals[LOGIT_SUMS] / count
+    variance = np.maximum(totals[LOGIT_SQUARES] / count - mean ** 2, 0.0)
+    means["logit_spread"] = float(np.sqrt(variance).mean())
+  return means
 
 
 class _NoWriter:

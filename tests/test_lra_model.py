@@ -330,3 +330,34 @@ def test_last_vs_best_counts_seeds_that_end_near_their_best(tmp_path):
   assert [(s, round(l, 2)) for s, l, _, _ in rows["b"]["runs"]] == [(0, 34.0)]
   assert rows["b"]["stable"] == 1
   assert rows["b"]["others"] == ["b1 (unfinished, step 100)"]
+
+
+def test_logit_spread_is_the_logits_std_over_examples_and_zero_for_a_dead_head(tiny_config):
+  """train.evaluate's logit_spread: each class's logit std over the real examples (the padded
+  copies of the last batch left out), averaged over classes, as numpy has it from the logits
+  of every example at once; a head whose hidden ReLU units are all dead gives 0."""
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=import-outside-toplevel
+  config = tiny_config()
+  task = get_task(config.task)
+  model = train.make_model(config, task.spec(config))
+  arrays = task.load_split(config, "val")
+  inputs = jnp.asarray(arrays["inputs"])
+  params = model.init(jax.random.key(1), {"inputs": inputs[:2]}, deterministic=True)["params"]
+  sharding = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("data",)), PartitionSpec("data"))
+  eval_step = jax.jit(train.make_eval_step(model))
+
+  def spreads(p):
+    got = train.evaluate(eval_step, p, None, arrays, 48, sharding)["logit_spread"]
+    logits = np.asarray(model.apply({"params": p}, {"inputs": inputs}, deterministic=True),
+                        np.float64)
+    return got, logits.std(axis=0).mean()
+
+  assert len(arrays["targets"]) % 48 != 0        # a padded last batch
+  got, want = spreads(params)
+  assert want > 1e-3 and got == pytest.approx(want, rel=1e-4)
+  head = params["head"]
+  dead = {**params, "head": {**head,
+                             "Dense_0": {**head["Dense_0"], "bias": head["Dense_0"]["bias"] - 1e4},
+                             "Dense_1": {**head["Dense_1"], "bias": head["Dense_1"]["bias"] + 0.3}}}
+  got, want = spreads(dead)
+  assert want == 0.0 and got < 1e-3
