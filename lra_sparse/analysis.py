@@ -311,15 +311,11 @@ def define_flags() -> None:
   flags.mark_flags_as_required(["workdir", "out"])
 
 
-def analyse_run(workdir: str, out: str, *, json_path: str = "", split: str = "test",
-                data_dir: str = "", num_examples: int = 4, example: int = 0, layer: int = 0,
-                head: int = 0) -> dict[str, Any]:
-  """Rebuilds the model from ``workdir``'s config.json, loads the last checkpoint's parameters
-  (``checkpointing.load_params_from``), runs the first ``num_examples`` of ``split``, returns
-  (and prints) the L^p ticket qualities of every attention layer and plots ``layer`` /
-  ``head`` of ``example`` to ``out``.
-  """
-  import json  # pylint: disable=import-outside-toplevel
+def load_run(workdir: str, *, data_dir: str = "", split: str = "test",
+             num_examples: int = 4) -> tuple[Any, nn.Module, Any, dict[str, Any], np.ndarray]:
+  """(config, model, params, batch, targets): the model rebuilt from ``workdir``'s config.json,
+  the parameters of its last checkpoint (``checkpointing.load_params_from``) and the first
+  ``num_examples`` of ``split`` (of ``data_dir`` when given, else the run's own data)."""
   import os  # pylint: disable=import-outside-toplevel
 
   import ml_collections  # pylint: disable=import-outside-toplevel
@@ -338,8 +334,6 @@ def analyse_run(workdir: str, out: str, *, json_path: str = "", split: str = "te
   model = train.make_model(config, spec)
   arrays = task.load_split(config, split)
   count = min(num_examples, len(arrays["targets"]))
-  if not 0 <= example < count:
-    raise ValueError(f"--example={example} must be in [0, {count})")
   batch = {name: jnp.asarray(arrays[name][:count]) for name in spec.input_names}
   variables = jax.jit(lambda rng: model.init(rng, batch, deterministic=True))(
       jax.random.key(0))
@@ -348,6 +342,24 @@ def analyse_run(workdir: str, out: str, *, json_path: str = "", split: str = "te
   if fresh:
     raise ValueError(f"checkpoint in {workdir} lacks parameters {fresh[:5]} of the model "
                      f"its config.json describes")
+  return config, model, params, batch, np.asarray(arrays["targets"][:count])
+
+
+def analyse_run(workdir: str, out: str, *, json_path: str = "", split: str = "test",
+                data_dir: str = "", num_examples: int = 4, example: int = 0, layer: int = 0,
+                head: int = 0) -> dict[str, Any]:
+  """Rebuilds the model from ``workdir``'s config.json, loads the last checkpoint's parameters
+  (``checkpointing.load_params_from``), runs the first ``num_examples`` of ``split``, returns
+  (and prints) the L^p ticket qualities of every attention layer and plots ``layer`` /
+  ``head`` of ``example`` to ``out``.
+  """
+  import json  # pylint: disable=import-outside-toplevel
+
+  config, model, params, batch, targets = load_run(workdir, data_dir=data_dir, split=split,
+                                                   num_examples=num_examples)
+  count = len(targets)
+  if not 0 <= example < count:
+    raise ValueError(f"--example={example} must be in [0, {count})")
   captured = capture_attention(model, {"params": params}, batch, deterministic=True)
   if not 0 <= layer < len(captured):
     raise ValueError(f"--layer={layer} must be in [0, {len(captured)})")

@@ -20,9 +20,9 @@ from typing import Sequence
 
 from absl import app, flags
 
-import jax
-import jax.numpy as jnp
 import numpy as np
+
+from lra_sparse import analysis
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("workdir", [], "A run directory (config.json and checkpoints/).")
@@ -40,35 +40,13 @@ def load_run(workdir: str, *, data_dir: str = "", split: str = "val",
              num_examples: int = 256):
   """(model, params, batch, targets, checkpoint step) of ``workdir``'s newest checkpoint on the
   first ``num_examples`` of ``split``."""
-  import ml_collections  # pylint: disable=import-outside-toplevel
-
-  from lra_sparse import checkpointing  # pylint: disable=import-outside-toplevel
-  from lra_sparse import train  # pylint: disable=import-outside-toplevel
-  from lra_sparse import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
-  from lra_sparse.data import get_task  # pylint: disable=import-outside-toplevel
-
-  if not os.path.isfile(os.path.join(workdir, workdir_lib.CONFIG_FILE)):
-    raise FileNotFoundError(f"--workdir={workdir!r}: no {workdir_lib.CONFIG_FILE} there")
   if num_examples < 2:
     raise ValueError(f"--num_examples={num_examples}: a spread needs at least 2 examples")
-  config = ml_collections.ConfigDict(workdir_lib.read_config(workdir))
-  if data_dir:
-    config.data.data_dir = data_dir
-  task = get_task(config.task)
-  spec = task.spec(config)
-  model = train.make_model(config, spec)
-  arrays = task.load_split(config, split)
-  count = min(num_examples, len(arrays["targets"]))
-  batch = {name: jnp.asarray(arrays[name][:count]) for name in spec.input_names}
-  variables = jax.jit(lambda rng: model.init(rng, batch, deterministic=True))(
-      jax.random.key(0))
-  params, fresh, _ = checkpointing.load_params_from(workdir, variables["params"],
-                                                   what="--workdir")
-  if fresh:
-    raise ValueError(f"checkpoint in {workdir} lacks parameters {fresh[:5]}")
+  _, model, params, batch, targets = analysis.load_run(workdir, data_dir=data_dir, split=split,
+                                                       num_examples=num_examples)
   steps = [int(name) for name in os.listdir(os.path.join(workdir, "checkpoints"))
            if name.isdigit()]
-  return model, params, batch, np.asarray(arrays["targets"][:count]), max(steps)
+  return model, params, batch, targets, max(steps)
 
 
 def head_report(model, params, batch, targets) -> dict:
