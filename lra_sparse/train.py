@@ -281,6 +281,11 @@ def make_eval_step(model: nn.Module, *, train_mode: bool = False, objective=CLAS
   return eval_step
 
 
+def seed_keys(seed: int):
+  """(parameter initialisation key, dropout key) of a run with ``config.seed = seed``."""
+  return jax.random.split(jax.random.key(seed))
+
+
 # eval_step's per-class logit sums (classification), which ``evaluate`` turns into
 # ``logit_spread``.
 LOGIT_SUMS, LOGIT_SQUARES = "logit_sums", "logit_squares"
@@ -479,8 +484,7 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.DATA_AXIS))
   replicated = NamedSharding(mesh, PartitionSpec())
 
-  rng = jax.random.key(config.seed)
-  init_rng, dropout_rng = jax.random.split(rng)
+  init_rng, dropout_rng = seed_keys(config.seed)
   sample = {key: value[:1] for key, value in splits["train"].items()}
   variables = jax.jit(lambda r: model.init(r, sample, deterministic=True))(init_rng)
   variables = flax.core.unfreeze(variables)

@@ -1,7 +1,7 @@
 """Where a classifier run that sits at chance has lost its input: per-stage spread across examples.
 
   python -m scripts.collapse_probe --workdir=RUN [--workdir=RUN ...] [--data_dir=DIR]
-      [--split=val] [--num_examples=256]
+      [--split=val] [--num_examples=256] [--init_seed=S]
 
 Rebuilds each run's model from its config.json, loads its newest checkpoint's parameters and
 runs the first ``num_examples`` of ``split`` (evaluation mode: no dropout). It prints, for the
@@ -20,15 +20,19 @@ from typing import Sequence
 
 from absl import app, flags
 
+import jax
 import numpy as np
 
 from lra_sparse import analysis
+from lra_sparse import train
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("workdir", [], "A run directory (config.json and checkpoints/).")
 flags.DEFINE_string("data_dir", "", "The task's data directory (default: the run's own).")
 flags.DEFINE_string("split", "val", "The split whose first examples run.")
 flags.DEFINE_integer("num_examples", 256, "How many examples of the split run.")
+flags.DEFINE_integer("init_seed", None, "Probe the run's model as the trainer initialises it "
+                     "at this seed (step 0) instead of its checkpoint.")
 
 
 def _spread(x) -> float:
@@ -37,13 +41,20 @@ def _spread(x) -> float:
 
 
 def load_run(workdir: str, *, data_dir: str = "", split: str = "val",
-             num_examples: int = 256):
-  """(model, params, batch, targets, checkpoint step) of ``workdir``'s newest checkpoint on the
-  first ``num_examples`` of ``split``."""
+             num_examples: int = 256, init_seed: int | None = None):
+  """(model, params, batch, targets, step) of ``workdir``'s newest checkpoint (or, with
+  ``init_seed``, of the trainer's initialisation at that seed: step 0) on the first
+  ``num_examples`` of ``split``."""
   if num_examples < 2:
     raise ValueError(f"--num_examples={num_examples}: a spread needs at least 2 examples")
   _, model, params, batch, targets = analysis.load_run(workdir, data_dir=data_dir, split=split,
                                                        num_examples=num_examples)
+  if init_seed is not None:
+    sample = {name: value[:1] for name, value in batch.items()}
+    init_key, _ = train.seed_keys(init_seed)
+    params = jax.jit(lambda key: model.init(key, sample, deterministic=True))(
+        init_key)["params"]
+    return model, params, batch, targets, 0
   steps = [int(name) for name in os.listdir(os.path.join(workdir, "checkpoints"))
            if name.isdigit()]
   return model, params, batch, targets, max(steps)
@@ -69,13 +80,18 @@ def head_report(model, params, batch, targets) -> dict:
           "accuracy": float((logits.argmax(-1) == targets).mean())}
 
 
-def probe(workdir: str, *, data_dir: str = "", split: str = "val",
-          num_examples: int = 256) -> dict:
-  """The report of one run (see the module docstring)."""
+def probe(workdir: str, *, data_dir: str = "", split: str = "val", num_examples: int = 256,
+          init_seed: int | None = None) -> dict:
+  """The report of one run (see the module docstring), with ``mean_logit_gap``: the mean over
+  examples of the largest logit minus the smallest (how confident the head is)."""
   model, params, batch, targets, step = load_run(workdir, data_dir=data_dir, split=split,
-                                                 num_examples=num_examples)
+                                                 num_examples=num_examples,
+                                                 init_seed=init_seed)
+  logits = np.asarray(model.apply({"params": params}, batch, deterministic=True), np.float64)
   return {"workdir": workdir, "checkpoint": step,
-          **head_report(model, params, batch, targets)}
+          **({} if init_seed is None else {"init_seed": init_seed}),
+          **head_report(model, params, batch, targets),
+          "mean_logit_gap": float((logits.max(-1) - logits.min(-1)).mean())}
 
 
 def main(argv: Sequence[str]) -> None:
@@ -85,7 +101,7 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError("give at least one --workdir")
   for workdir in FLAGS.workdir:
     print(json.dumps(probe(workdir, data_dir=FLAGS.data_dir, split=FLAGS.split,
-                           num_examples=FLAGS.num_examples)))
+                           num_examples=FLAGS.num_examples, init_seed=FLAGS.init_seed)))
 
 
 if __name__ == "__main__":

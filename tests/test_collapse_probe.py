@@ -60,3 +60,21 @@ def test_the_cli_prints_one_line_per_run_and_names_a_missing_run(run_dir, tmp_pa
   missing = subprocess.run(command[:3] + [f"--workdir={tmp_path / 'none'}"], cwd=REPO,
                            env=env, capture_output=True, text=True)
   assert missing.returncode != 0 and "no config.json there" in missing.stderr
+
+
+def test_init_seed_probes_the_parameters_the_trainer_starts_from(tmp_path, listops_dir):
+  """A run at learning rate 0 keeps its initial parameters in its checkpoint: the probe at
+  --init_seed of the run's seed reports the same, another seed does not."""
+  workdir = str(tmp_path / "frozen")
+  config = make_tiny_config("listops", num_train_steps=2, seed=3, **{
+      "data.data_dir": listops_dir, "data.max_length": 128, "optim.learning_rate": 0.0,
+      "optim.warmup_steps": 0, "checkpoint_every_steps": 2})
+  train.train_and_evaluate(config, workdir)
+  stored = collapse_probe.probe(workdir, num_examples=16)
+  started = collapse_probe.probe(workdir, num_examples=16, init_seed=3)
+  other = collapse_probe.probe(workdir, num_examples=16, init_seed=4)
+  assert (stored["checkpoint"], started["checkpoint"]) == (2, 0)
+  for key in ("features_spread", "hidden_spread", "hidden_max", "logits_spread",
+              "mean_logit_gap"):
+    assert started[key] == pytest.approx(stored[key], rel=1e-5), key
+    assert other[key] != pytest.approx(stored[key], rel=1e-3), key
