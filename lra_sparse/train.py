@@ -256,10 +256,11 @@ def make_eval_step(model: nn.Module, *, train_mode: bool = False, objective=CLAS
   """Metric sums of one batch: loss, accuracy, the share of examples predicted as each class
   (``predicted_<c>``, the histogram a collapse to one class shows in; classification only)
   and aux metrics, and per class the sums of the logits and of their squares, from which
-  ``evaluate`` reports ``logit_spread``. With ``train_mode`` the model runs as in training (dropout on, drawn from
-  ``rng``): the diagnostic that tells a gap between training and evaluation mode from bad
-  parameters. The denoising objective draws its corruption from ``rng`` (a fixed key per
-  evaluation batch, so every evaluation scores the same corrupted positions)."""
+  ``evaluate`` reports ``logit_spread``. With ``train_mode`` the model runs as in training
+  (dropout on, drawn from ``rng``): the diagnostic that tells a gap between training and
+  evaluation mode from bad parameters. The denoising objective draws its corruption from
+  ``rng`` (a fixed key per evaluation batch, so every evaluation scores the same corrupted
+  positions)."""
   def eval_step(params, model_state, batch, weights, rng=None):
     variables = {"params": params, **(model_state or {})}
     rngs = {"dropout": rng} if train_mode else None

@@ -10,7 +10,8 @@ how much they vary across examples (the standard deviation over examples, averag
 features), and for the hidden layer how many units are positive for at least one example:
 a head whose hidden units are all at or below zero for every input (dead ReLUs) gives the
 same logits for every example, so no gradient reaches the encoder and the run stays where it
-is whatever its attention does.
+is whatever its attention does. ``--init_seed=S`` probes the model as the trainer initialises
+it at seed S (step 0) instead of the checkpoint.
 """
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def load_run(workdir: str, *, data_dir: str = "", split: str = "val",
 
 def head_report(model, params, batch, targets) -> dict:
   """The spreads across examples and the live hidden units of the classifier head (module
-  docstring), and the accuracy on ``targets``."""
+  docstring), ``mean_logit_gap`` (the mean over examples of the largest logit minus the
+  smallest: how confident the head is) and the accuracy on ``targets``."""
   logits, state = model.apply({"params": params}, batch, deterministic=True,
                               capture_intermediates=True, mutable=["intermediates"])
   captured = state["intermediates"]
@@ -77,21 +79,19 @@ def head_report(model, params, batch, targets) -> dict:
           "hidden_spread": _spread(hidden), "hidden_units": int(hidden.shape[-1]),
           "hidden_units_live": int((hidden > 0).any(axis=0).sum()),
           "hidden_max": float(hidden.max()), "logits_spread": _spread(logits),
+          "mean_logit_gap": float((logits.max(-1) - logits.min(-1)).mean()),
           "accuracy": float((logits.argmax(-1) == targets).mean())}
 
 
 def probe(workdir: str, *, data_dir: str = "", split: str = "val", num_examples: int = 256,
           init_seed: int | None = None) -> dict:
-  """The report of one run (see the module docstring), with ``mean_logit_gap``: the mean over
-  examples of the largest logit minus the smallest (how confident the head is)."""
+  """The report of one run (see the module docstring)."""
   model, params, batch, targets, step = load_run(workdir, data_dir=data_dir, split=split,
                                                  num_examples=num_examples,
                                                  init_seed=init_seed)
-  logits = np.asarray(model.apply({"params": params}, batch, deterministic=True), np.float64)
   return {"workdir": workdir, "checkpoint": step,
           **({} if init_seed is None else {"init_seed": init_seed}),
-          **head_report(model, params, batch, targets),
-          "mean_logit_gap": float((logits.max(-1) - logits.min(-1)).mean())}
+          **head_report(model, params, batch, targets)}
 
 
 def main(argv: Sequence[str]) -> None:

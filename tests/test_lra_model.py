@@ -336,7 +336,8 @@ def test_logit_spread_is_the_logits_std_over_examples_and_zero_for_a_dead_head(t
   """train.evaluate's logit_spread: each class's logit std over the real examples (the padded
   copies of the last batch left out), averaged over classes, as numpy has it from the logits
   of every example at once; a head whose hidden ReLU units are all dead gives 0."""
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=import-outside-toplevel
+  from jax.sharding import (  # pylint: disable=import-outside-toplevel
+      Mesh, NamedSharding, PartitionSpec)
   config = tiny_config()
   task = get_task(config.task)
   model = train.make_model(config, task.spec(config))
