@@ -311,10 +311,11 @@ def define_flags() -> None:
   flags.mark_flags_as_required(["workdir", "out"])
 
 
-def load_run(workdir: str, *, data_dir: str = "", split: str = "test",
-             num_examples: int = 4) -> tuple[Any, nn.Module, Any, dict[str, Any], np.ndarray]:
+def load_run(workdir: str, *, data_dir: str = "", split: str = "test", num_examples: int = 4,
+             init_key=None) -> tuple[Any, nn.Module, Any, dict[str, Any], np.ndarray]:
   """(config, model, params, batch, targets): the model rebuilt from ``workdir``'s config.json,
-  the parameters of its last checkpoint (``checkpointing.load_params_from``) and the first
+  the parameters of its last checkpoint (``checkpointing.load_params_from``; with
+  ``init_key``, the model's initialisation from that key instead) and the first
   ``num_examples`` of ``split`` (of ``data_dir`` when given, else the run's own data)."""
   import os  # pylint: disable=import-outside-toplevel
 
@@ -335,8 +336,11 @@ def load_run(workdir: str, *, data_dir: str = "", split: str = "test",
   arrays = task.load_split(config, split)
   count = min(num_examples, len(arrays["targets"]))
   batch = {name: jnp.asarray(arrays[name][:count]) for name in spec.input_names}
-  variables = jax.jit(lambda rng: model.init(rng, batch, deterministic=True))(
-      jax.random.key(0))
+  sample = {name: value[:1] for name, value in batch.items()}
+  variables = jax.jit(lambda rng: model.init(rng, sample, deterministic=True))(
+      jax.random.key(0) if init_key is None else init_key)
+  if init_key is not None:
+    return config, model, variables["params"], batch, np.asarray(arrays["targets"][:count])
   params, fresh, _ = checkpointing.load_params_from(workdir, variables["params"],
                                                    what="--workdir")
   if fresh:

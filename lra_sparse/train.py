@@ -275,7 +275,7 @@ def make_eval_step(model: nn.Module, *, train_mode: bool = False, objective=CLAS
       sums.update({f"predicted_{c}": total for c, total in enumerate(jnp.sum(predicted, 0))})
       real = logits.astype(jnp.float32) * weights[:, None]
       sums[LOGIT_SUMS] = jnp.sum(real, 0)
-      sums[LOGIT_SQUARES] = jnp.sum(real * logits.astype(jnp.float32), 0)
+      sums[LOGIT_SQUARES] = jnp.sum(real * logits, 0)
     # Aux metrics are batch means: weight them by the batch's real examples.
     sums.update({name: value * count for name, value in aux_metrics.items()})
     return sums

@@ -21,7 +21,6 @@ from typing import Sequence
 
 from absl import app, flags
 
-import jax
 import numpy as np
 
 from lra_sparse import analysis
@@ -48,13 +47,11 @@ def load_run(workdir: str, *, data_dir: str = "", split: str = "val",
   ``num_examples`` of ``split``."""
   if num_examples < 2:
     raise ValueError(f"--num_examples={num_examples}: a spread needs at least 2 examples")
+  init_key = None if init_seed is None else train.seed_keys(init_seed)[0]
   _, model, params, batch, targets = analysis.load_run(workdir, data_dir=data_dir, split=split,
-                                                       num_examples=num_examples)
+                                                       num_examples=num_examples,
+                                                       init_key=init_key)
   if init_seed is not None:
-    sample = {name: value[:1] for name, value in batch.items()}
-    init_key, _ = train.seed_keys(init_seed)
-    params = jax.jit(lambda key: model.init(key, sample, deterministic=True))(
-        init_key)["params"]
     return model, params, batch, targets, 0
   steps = [int(name) for name in os.listdir(os.path.join(workdir, "checkpoints"))
            if name.isdigit()]
