@@ -15,11 +15,13 @@
 #   PREPARE    a command that makes the data (default: LRA-size ListOps into data/listops,
 #              when missing), e.g. the Pathfinder-32 generator for experiments/specs/lra_pixels.py.
 #   CARRY_IN   a directory holding the pI/ folders of an earlier call's $OUT (carry parts):
-#              each is unpacked into ROOT.pI first, so runs resume from their checkpoints on a
-#              fresh machine (runs longer than one call: copy $OUT's pI/ folders into
-#              experiments/carry/NAME/ and commit them, since a new session starts from a
-#              fresh clone; experiments/carry/README.md). A run already at or past the
-#              carried checkpoint (a later call on the same machine) keeps its own copy.
+#              each carried run is unpacked first into the root ROOT.pI of the I-th REGEX, the
+#              one that selects it (whichever part it came in; in every root whose REGEX
+#              selects it), so runs resume from their checkpoints on a fresh machine (runs
+#              longer than one call: copy $OUT's pI/ folders into experiments/carry/NAME/ and
+#              commit them, since a new session starts from a fresh clone;
+#              experiments/carry/README.md). A run already at or past the carried
+#              checkpoint (a later call on the same machine) keeps its own copy.
 #   RETURN_CHECKPOINTS  0: no carry parts (runs that finish on one machine, or checkpoints
 #              too large to come back); default 1.
 #   GPUS       comma-separated GPU ids of a multi-GPU machine: the sweep of the I-th REGEX
@@ -34,10 +36,27 @@ spec=$1; root=$2; deadline=$3; shift 3
 source "$(dirname "$0")/sweep_data.sh"
 prepare_data || exit 1
 if [ -n "${CARRY_IN:-}" ]; then
-  for parts in "$CARRY_IN"/p*; do
-    [ -d "$parts" ] || continue
-    python -m lra_sparse.sweep.carry --unpack --root="$root.$(basename "$parts")" \
-      --parts_dir="$parts" || exit 1
+  # Each carried run goes to the root of the REGEX that selects it, whatever part holds it;
+  # one that no REGEX selects is named and left out.
+  placed=(); left=(); i=0
+  for re in "$@"; do
+    for parts in "$CARRY_IN"/p*; do
+      [ -d "$parts" ] || continue
+      lines=$(python -m lra_sparse.sweep.carry --unpack --root="$root.p$i" \
+        --parts_dir="$parts" --runs="$re") || exit 1
+      while IFS= read -r line; do
+        [ -n "$line" ] || continue
+        case "$line" in
+          *": left out "*) left+=("${line%%: left out *}") ;;
+          *) echo "carry -> $root.p$i: $line"; placed+=("${line%%: *}") ;;
+        esac
+      done <<< "$lines"
+    done
+    i=$((i + 1))
+  done
+  for run in $(printf '%s\n' "${left[@]}" | sort -u); do
+    printf '%s\n' "${placed[@]}" | grep -qxF -- "$run" ||
+      echo "carry: $run is carried in $CARRY_IN but no REGEX selects it; left out" >&2
   done
 fi
 gpus=()

@@ -344,7 +344,30 @@ def test_carry_command_line(tmp_path):
                         cwd=REPO, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0 and done.stdout.strip() == "r1: unpacked", done.stderr
   assert sorted(os.listdir(tmp_path / "copy" / "r1")) == ["config.json", "metrics.jsonl"]
+  # --runs: only the runs it selects (device_sweep.sh places each carried run in the root of
+  # the REGEX that selects it), never the packed root's sweep.json.
+  (tmp_path / "two" / "grid__seed=0").mkdir(parents=True)
+  (tmp_path / "two" / "grid__seed=1").mkdir()
+  for name in ("grid__seed=0", "grid__seed=1"):
+    (tmp_path / "two" / name / "config.json").write_text("{}")
+  (tmp_path / "two" / "sweep.json").write_text("{}")
+  done = subprocess.run(carry + ["--pack", f"--root={tmp_path / 'two'}",
+                                 f"--parts_dir={tmp_path / 'two_parts'}"],
+                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr
+  done = subprocess.run(carry + ["--unpack", f"--root={tmp_path / 'sel'}",
+                                 f"--parts_dir={tmp_path / 'two_parts'}", "--runs=seed=1$"],
+                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0 and done.stdout.splitlines() == [
+      "grid__seed=0: left out (--runs='seed=1$' does not match it)",
+      "grid__seed=1: unpacked"], done.stdout + done.stderr
+  assert os.listdir(tmp_path / "sel") == ["grid__seed=1"]
   for args, message in (
+      (["--unpack", "--root=x", f"--parts_dir={tmp_path / 'two_parts'}", "--runs=seed=[1"],
+       "error: --runs='seed=[1' is not a regular expression (unterminated character set at "
+       "position 5)"),
+      (["--pack", f"--root={tmp_path / 'two'}", "--parts_dir=y", "--runs=seed"],
+       "error: --runs selects what --unpack unpacks; --pack carries the whole root"),
       (["--pack", "--unpack", "--root=x", "--parts_dir=y"],
        "error: give exactly one of --pack and --unpack"),
       (["--pack", f"--root={tmp_path / 'absent'}", "--parts_dir=y"],

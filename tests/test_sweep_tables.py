@@ -1324,7 +1324,9 @@ def test_sigterm_stops_the_sweep_like_ctrl_c_even_with_sigint_ignored(tmp_path, 
     assert sweep.returncode == 130, (signum, output[-2000:])
     assert not (root / "listops-tiny__seed=1").exists(), (signum, output[-2000:])
     manifest = {r["name"]: r for r in json.loads((root / "sweep.json").read_text())["runs"]}
-    assert manifest["listops-tiny__seed=0"]["state"] == "interrupted", signum
+    error_file = run_dir / "sweep_error.txt"
+    assert manifest["listops-tiny__seed=0"]["state"] == "interrupted", (
+        signum, error_file.read_text() if error_file.exists() else "(no sweep_error.txt)")
     log = (run_dir / "sweep_run.log").read_text()
     assert log.count("interrupted: interrupted at step") == (
         1 if signum == signal.SIGTERM else 2), log[-2000:]
@@ -1360,12 +1362,14 @@ def test_device_sweep_carries_checkpoints_to_a_fresh_machine(tmp_path, listops_d
   assert sorted(os.listdir(moved / "listops-tiny__seed=0" / "checkpoints")) == ["8"]
   assert not (moved / "listops-tiny__seed=0" / "run.lock").exists()
   os.remove(moved / "listops-tiny__seed=0" / "result.json")
-  carry.pack(str(moved), str(tmp_path / "carry" / "p0"))
+  # carried as part p3: the run goes to the root of the REGEX that selects it (the first)
+  carry.pack(str(moved), str(tmp_path / "carry" / "p3"))
   subprocess.run(["rm", "-rf", str(root) + ".p0"], check=True)
   done = subprocess.run(command, env=dict(env, OUT=str(out2), CARRY_IN=str(tmp_path / "carry"),
                                           GPUS="5,7"),
                         capture_output=True, text=True, timeout=600, check=False)
   assert done.returncode == 0, done.stdout + done.stderr
+  assert f"carry -> {root}.p0: listops-tiny__seed=0: unpacked (checkpoint 8)" in done.stdout
   with open(os.path.join(run_dir, "sweep_run.log")) as f:
     log = f.read()
   assert log.count("sweep launch") == 2 and "at step 8" in log

@@ -16,9 +16,14 @@ parts is one error that names the largest runs, before anything is written.
 carried one keeps its local copy (the carried one would move it back); every other carried run
 replaces its local copy. Resuming from the unpacked root then continues each run exactly where
 the packed one stopped (``tests/test_reliability.py::test_a_carried_run_resumes_bit_identically``).
+With ``--runs=REGEX`` only the runs whose name it matches (``re.search``, as the sweep's own
+``--runs``) are unpacked, and the pack's ``sweep.json`` is not (it describes the packed root):
+``scripts/device_sweep.sh`` unpacks every carried part into the root of each REGEX that way,
+so a run resumes under the sweep that selects it whatever part it came in.
 
   python -m lra_sparse.sweep.carry --pack --root=runs/pf --parts_dir=$OUT
   python -m lra_sparse.sweep.carry --unpack --root=runs/pf --parts_dir=experiments/carry/pf/p0
+  python -m lra_sparse.sweep.carry --unpack --root=runs/pf.p1 --parts_dir=... --runs='__seed=2$'
 """
 from __future__ import annotations
 
@@ -151,15 +156,21 @@ def _read_parts(parts_dir: str) -> bytes:
   return b"".join(open(found[i], "rb").read() for i in range(1, total + 1))
 
 
-def unpack(root: str, parts_dir: str) -> dict[str, str]:
-  """Unpacks the parts in ``parts_dir`` under ``root``; returns run -> what happened to it."""
+def unpack(root: str, parts_dir: str, runs: str = "") -> dict[str, str]:
+  """Unpacks the parts in ``parts_dir`` under ``root`` (with ``runs``, a regular expression,
+  only the runs whose name it matches, and no root file); returns run -> what happened to it.
+  """
+  try:
+    selects = re.compile(runs).search if runs else None
+  except re.error as e:
+    raise ValueError(f"--runs={runs!r} is not a regular expression ({e})") from None
   data = _read_parts(parts_dir)
   try:
     tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:gz")
     names = tar.getmembers()
   except (tarfile.TarError, EOFError, OSError) as e:
     raise ValueError(f"--parts_dir={parts_dir!r}: the joined parts are not a whole pack ({e})")
-  runs: dict[str, list[tarfile.TarInfo]] = {}
+  by_run: dict[str, list[tarfile.TarInfo]] = {}
   carried: dict[str, int] = {}          # run -> the step of its carried checkpoint
   root_files = []
   for member in names:
@@ -177,10 +188,13 @@ def unpack(root: str, parts_dir: str) -> dict[str, str]:
         carried[run] = max(carried.get(run, 0), int(parts[at + 1]))
     else:
       run = "/".join(parts[:-1])
-    runs.setdefault(run, []).append(member)
+    by_run.setdefault(run, []).append(member)
   os.makedirs(root, exist_ok=True)
   outcome = {}
-  for run, members in sorted(runs.items()):
+  for run, members in sorted(by_run.items()):
+    if selects is not None and not selects(run):
+      outcome[run] = f"left out (--runs={runs!r} does not match it)"
+      continue
     local = os.path.join(root, run)
     step = carried.get(run)
     have = newest_checkpoint_step(local)
@@ -192,7 +206,7 @@ def unpack(root: str, parts_dir: str) -> dict[str, str]:
     for member in members:
       tar.extract(member, path=root, filter="data")
     outcome[run] = f"unpacked (checkpoint {step})" if step is not None else "unpacked"
-  for member in root_files:
+  for member in root_files if selects is None else ():
     tar.extract(member, path=root, filter="data")
   return outcome
 
@@ -204,6 +218,8 @@ def define_flags() -> None:
   flags.DEFINE_string("parts_dir", None, "Where the parts are written / read.")
   flags.DEFINE_float("part_mb", 15.0, "Largest part, MiB.")
   flags.DEFINE_integer("max_parts", 8, "Most parts a pack may take.")
+  flags.DEFINE_string("runs", "", "With --unpack: only the runs whose name this regular "
+                      "expression matches (re.search), and not the pack's sweep.json.")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -214,12 +230,14 @@ def main(argv: Sequence[str]) -> None:
     raise ValueError("give exactly one of --pack and --unpack")
   if not f.root or not f.parts_dir:
     raise ValueError("--root and --parts_dir are required")
+  if f.pack and f.runs:
+    raise ValueError("--runs selects what --unpack unpacks; --pack carries the whole root")
   if f.pack:
     paths = pack(f.root, f.parts_dir, f.part_mb, f.max_parts)
     size = sum(os.path.getsize(p) for p in paths) / 2**20
     print(f"packed {f.root} into {len(paths)} part(s), {size:.1f} MiB: {f.parts_dir}")
   else:
-    for run, what in unpack(f.root, f.parts_dir).items():
+    for run, what in unpack(f.root, f.parts_dir, f.runs).items():
       print(f"{run}: {what}")
 
 
