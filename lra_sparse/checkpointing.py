@@ -152,29 +152,34 @@ def sigint_after():
 
 
 def save_on_interrupt(manager, state, finite, last_saved) -> tuple[Optional[int], str]:
-  """Checkpoints the state reached when Ctrl-C stopped training, so that a resumed run loses
-  no steps; returns (the step reached, as the state counts it, or None where unknown; what the
-  workdir keeps, for the message).  Skipped (and said) when that
-  step is already saved, when something non-finite was seen since the last save, when the
-  interrupt came while a step was consuming its (donated) input state, and with several
-  processes (a save is collective there and the others may not have stopped)."""
+  """Lets a save in flight finish, then checkpoints the state reached when Ctrl-C stopped
+  training, so that a resumed run loses no steps; returns (the step reached, as the state
+  counts it, or None where unknown; what the workdir keeps, for the message).  Skipped (and
+  said) when that step is already saved, when something non-finite was seen since the last
+  save, when the interrupt came while a step was consuming its (donated) input state, and with
+  several processes (a save is collective there and the others may not have stopped). An error
+  on the way (the save in flight failed; a Ctrl-C that landed inside JAX's tracing left it
+  unusable) is said in the message: the run still stops as interrupted, keeping what it has."""
   kept = (f"checkpoints up to step {last_saved} are kept" if last_saved is not None
           else "no checkpoint was written yet")
-  if jax.process_count() > 1:
-    return None, kept
-  leaves = jax.tree.leaves(state)
-  if any(getattr(x, "is_deleted", lambda: False)() for x in leaves):
-    return None, kept + " (the interrupt came mid-step)"
-  step = int(jax.device_get(state.step))
-  if step == last_saved or step in manager.all_steps():
-    return step, f"its checkpoint at step {step} is kept"
-  if not (bool(finite) and bool(all_finite(state.params))):
-    return step, kept + " (nothing non-finite is saved)"
+  step = None
   try:
+    manager.wait_until_finished()
+    if jax.process_count() > 1:
+      return None, kept
+    leaves = jax.tree.leaves(state)
+    if any(getattr(x, "is_deleted", lambda: False)() for x in leaves):
+      return None, kept + " (the interrupt came mid-step)"
+    step = int(jax.device_get(state.step))
+    if step == last_saved or step in manager.all_steps():
+      return step, f"its checkpoint at step {step} is kept"
+    if not (bool(finite) and bool(all_finite(state.params))):
+      return step, kept + " (nothing non-finite is saved)"
     manager.save(step, args=ocp.args.StandardSave(state))
     manager.wait_until_finished()
   except Exception as e:  # pylint: disable=broad-except  (the interrupt is what gets reported)
-    return step, kept + f" (saving step {step} failed: {first_line(e)})"
+    what = f"saving step {step}" if step is not None else "the save on interrupt"
+    return step, kept + f" ({what} failed: {first_line(e)})"
   return step, f"saved a checkpoint at step {step}"
 
 

@@ -660,19 +660,23 @@ def _train_accepted_run(config, workdir, writer, *, state, start_step, resumed, 
           best = {"step": done, "val_accuracy": val["accuracy"], **run_eval("test", 0)}
           writer.write(done, BEST_SPLIT, {k: v for k, v in best.items() if k != "step"})
       if saves:
-        if not (bool(finite) and bool(all_finite(state.params))):
-          raise diverged((last_saved or 0) + 1, done)
+        # A Ctrl-C waits for the check (its first call compiles: an interrupt landing inside
+        # JAX's tracing could leave it unusable for the interrupt's own save) and the save.
         with sigint_after():
+          if not (bool(finite) and bool(all_finite(state.params))):
+            raise diverged((last_saved or 0) + 1, done)
           manager.save(done, args=ocp.args.StandardSave(state))
           last_saved, finite = done, jnp.array(True)
       if evaluates or saves:
         window_started += time.perf_counter() - paused
   except KeyboardInterrupt:
     with sigint_deferred():           # a second Ctrl-C (a sweep forwards its own) waits
-      progress.close()
-      manager.wait_until_finished()    # a save in flight completes (or fails) first
+      progress.close()                 # a save in flight completes (or fails) first:
       reached, kept = save_on_interrupt(manager, state, finite, last_saved)
-      manager.close()
+      try:
+        manager.close()
+      except Exception as error:  # pylint: disable=broad-except  (said; the saves are done)
+        kept += f" (closing the checkpoints failed: {first_line(error)})"
     raise TrainingInterrupted(f"interrupted at step {reached or done}; {kept}; run the same "
                               "command to resume") from None
   except TrainingDiverged:

@@ -220,6 +220,44 @@ def test_a_second_ctrl_c_as_the_first_is_handled_cuts_nothing(
   assert result["step"] == 30
 
 
+def test_ctrl_c_inside_the_check_before_a_save_waits_for_the_save(
+    tmp_path, tiny_config, monkeypatch, request):
+  """The finiteness check before a save compiles on its first call; a Ctrl-C landing inside
+  JAX's tracing there could leave it unusable for the interrupt's own save. The check and the
+  save take a Ctrl-C only once both are done: the step is saved by the scheduled save."""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal
+  request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
+  real_all_finite = train.all_finite
+
+  def interrupted_check(tree):
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(10_000):     # the handler runs at a bytecode boundary: in here
+      pass
+    return real_all_finite(tree)
+  monkeypatch.setattr(train, "all_finite", interrupted_check)
+  workdir = tmp_path / "run"
+  with pytest.raises(TrainingInterrupted, match="interrupted at step 10; its checkpoint at "
+                                                "step 10 is kept;"):
+    _run(tiny_config, workdir, checkpoint_every_steps=10, log_every_steps=5)
+  assert _steps(workdir) == [10]
+
+
+def test_an_error_in_the_save_on_interrupt_is_said_not_raised(tiny_config):
+  """A save in flight that fails as Ctrl-C stops the run (or a JAX call that fails there) is
+  named in the interrupt's message: the run stops as interrupted, keeping what it has, instead
+  of ending as a crash that a sweep records as failed."""
+  from lra_sparse.checkpointing import save_on_interrupt  # pylint: disable=import-outside-toplevel
+
+  class FailedSave:
+    def wait_until_finished(self):
+      raise OSError("No space left on device")
+
+  state = {"step": jnp.array(7), "params": {"w": jnp.ones(3)}}
+  assert save_on_interrupt(FailedSave(), state, jnp.array(True), 5) == (
+      None, "checkpoints up to step 5 are kept (the save on interrupt failed: OSError: No "
+      "space left on device)")
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed one
 def test_ctrl_c_swallowed_by_a_gc_callback_still_stops_the_run_at_the_next_step(
     tmp_path, tiny_config, monkeypatch, request):
