@@ -252,6 +252,11 @@ def in_mesh(step, mesh: Mesh):
   return call
 
 
+# eval_step's per-class logit sums (classification), which ``evaluate`` turns into
+# ``logit_spread``.
+LOGIT_SUMS, LOGIT_SQUARES = "logit_sums", "logit_squares"
+
+
 def make_eval_step(model: nn.Module, *, train_mode: bool = False, objective=CLASSIFY):
   """Metric sums of one batch: loss, accuracy, the share of examples predicted as each class
   (``predicted_<c>``, the histogram a collapse to one class shows in; classification only)
@@ -285,11 +290,6 @@ def make_eval_step(model: nn.Module, *, train_mode: bool = False, objective=CLAS
 def seed_keys(seed: int):
   """(parameter initialisation key, dropout key) of a run with ``config.seed = seed``."""
   return jax.random.split(jax.random.key(seed))
-
-
-# eval_step's per-class logit sums (classification), which ``evaluate`` turns into
-# ``logit_spread``.
-LOGIT_SUMS, LOGIT_SQUARES = "logit_sums", "logit_squares"
 
 
 def evaluate(eval_step, params, model_state, arrays, batch_size, batch_sharding,

@@ -16,7 +16,6 @@ it at seed S (step 0) instead of the checkpoint.
 from __future__ import annotations
 
 import json
-import os
 from typing import Sequence
 
 from absl import app, flags
@@ -25,6 +24,7 @@ import numpy as np
 
 from lra_sparse import analysis
 from lra_sparse import train
+from lra_sparse.sweep import carry
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("workdir", [], "A run directory (config.json and checkpoints/).")
@@ -53,9 +53,7 @@ def load_run(workdir: str, *, data_dir: str = "", split: str = "val",
                                                        init_key=init_key)
   if init_seed is not None:
     return model, params, batch, targets, 0
-  steps = [int(name) for name in os.listdir(os.path.join(workdir, "checkpoints"))
-           if name.isdigit()]
-  return model, params, batch, targets, max(steps)
+  return model, params, batch, targets, carry.newest_checkpoint_step(workdir)
 
 
 def head_report(model, params, batch, targets) -> dict:
